@@ -1,0 +1,93 @@
+"""GPU families: the sets of devices that run the same machine code for our kernels.
+
+Detection reads the running device (compute capability on CUDA, ``gcnArchName`` on ROCm) and
+never guesses from memory sizes. Nothing here touches a GPU at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    vendor: str  # "cuda" or "hip"
+    arch: int | str  # compute capability as int (90) or gfx name
+    warp_size: int
+    shared_mem_bytes: int  # per block (CUDA, opt-in maximum) / per workgroup LDS (ROCm)
+    matrix_instruction: str  # what the compile check looks for in the machine code
+    devices: str
+
+    def target(self):
+        """The Triton ``GPUTarget`` this family compiles for."""
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget(self.vendor, self.arch, self.warp_size)
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("sm80", "cuda", 80, 32, 166912, "mma.sync", "A100, A800, A30 (cc 8.0)"),
+        Family("sm90", "cuda", 90, 32, 232448, "wgmma", "H100, H200, H20, GH200 (cc 9.0)"),
+        Family("cdna2", "hip", "gfx90a", 64, 65536, "v_mfma", "MI210, MI250X (gfx90a)"),
+        Family("cdna3", "hip", "gfx942", 64, 65536, "v_mfma", "MI300X, MI300A, MI325X (gfx942)"),
+        Family("cdna4", "hip", "gfx950", 64, 163840, "v_mfma", "MI350X, MI355X (gfx950)"),
+    )
+}
+
+_CUDA_CC = {(8, 0): "sm80", (9, 0): "sm90"}
+_HIP_ARCH = {"gfx90a": "cdna2", "gfx942": "cdna3", "gfx950": "cdna4"}
+
+
+def family_from_properties(props) -> str | None:
+    """Family name from ``torch.cuda.get_device_properties`` output, or None if not in the table.
+
+    On ROCm ``gcnArchName`` may carry feature suffixes (``gfx942:sramecc+:xnack-``)."""
+    arch_name = getattr(props, "gcnArchName", None) or ""
+    if torch.version.hip is not None or arch_name.startswith("gfx"):
+        return _HIP_ARCH.get(arch_name.split(":")[0])
+    return _CUDA_CC.get((props.major, props.minor))
+
+
+def nearest_family(props) -> str:
+    """The family whose configuration an unknown device runs (it reports no golden family)."""
+    arch_name = getattr(props, "gcnArchName", None) or ""
+    if torch.version.hip is not None or arch_name.startswith("gfx"):
+        gfx = arch_name.split(":")[0]
+        if gfx.startswith("gfx95"):
+            return "cdna4"
+        return "cdna3" if gfx.startswith("gfx94") else "cdna2"
+    return "sm90" if (props.major, props.minor) >= (9, 0) else "sm80"
+
+
+@lru_cache(maxsize=None)
+def _family_of_index(index: int) -> str | None:
+    return family_from_properties(torch.cuda.get_device_properties(index))
+
+
+@lru_cache(maxsize=None)
+def _config_family_of_index(index: int) -> str:
+    props = torch.cuda.get_device_properties(index)
+    return family_from_properties(props) or nearest_family(props)
+
+
+def family(device: torch.device | int | None = None) -> str | None:
+    """The family of ``device`` (default: the current CUDA/ROCm device), e.g. ``"sm90"``;
+    None when no GPU is present or the device is outside the family table."""
+    if not torch.cuda.is_available():
+        return None
+    index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index
+    if index is None:
+        index = torch.cuda.current_device()
+    return _family_of_index(index)
+
+
+def config_family(device: torch.device) -> str:
+    """The family whose configuration runs on ``device`` (the nearest one for unknown devices)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _config_family_of_index(index)

@@ -1,0 +1,327 @@
+"""Backward kernels: delta preprocess, dK/dV per key tile, dQ per query tile. No atomics.
+
+* ``delta = rowsum(O * dO) - dlse`` per (row, head): O is the forward output (varlen) or its
+  float32 copy (fixed_order); folding ``dlse`` here makes ``lse`` differentiable.
+* dK/dV: one program per (key tile of one sequence, kv head). It loops the query heads of its
+  GQA group in ascending order and, for each, the query tiles in ascending order, so every
+  dK/dV element is a fixed-order sum written once.
+* dQ: one program per (query tile, query head), key tiles ascending, as in the forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from portattn.configs import upcast_dot
+from portattn.kernels.primitives import (
+    key_range,
+    load_lse2,
+    mask_scores,
+    mma,
+    mma_rounded,
+    query_range,
+    recompute_p,
+    seq_bounds,
+    tile_index,
+    visible_mask,
+)
+
+
+@triton.jit
+def attn_bwd_preprocess_kernel(
+    o, do, dlse, delta,
+    cu_seqlens_q,
+    stride_ot, stride_oh, stride_dot, stride_doh, stride_dlse_t, stride_dlse_h,
+    batch, n_heads_q,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    HAS_DLSE: tl.constexpr,
+):
+    i_b, i_m = tile_index(batch, False)
+    i_h = tl.program_id(1)
+    bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
+    m_start = i_m * BLOCK_M
+    if m_start >= seqlen_q:
+        return
+    o_q = m_start + tl.arange(0, BLOCK_M)
+    o_d = tl.arange(0, BLOCK_D)
+    m_row = o_q < seqlen_q
+    m_q = m_row[:, None] & (o_d < HEAD_DIM)[None, :]
+    o_rows = (bos_q + o_q.to(tl.int64))[:, None]
+    b_o = tl.load(o + o_rows * stride_ot + i_h.to(tl.int64) * stride_oh + o_d[None, :],
+                  mask=m_q, other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_D]
+    b_do = tl.load(do + o_rows * stride_dot + i_h.to(tl.int64) * stride_doh + o_d[None, :],
+                   mask=m_q, other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_D]
+    b_delta = tl.sum(b_o * b_do, 1)  # [BLOCK_M]
+    if HAS_DLSE:
+        p_dlse = dlse + (bos_q + o_q.to(tl.int64)) * stride_dlse_t + i_h * stride_dlse_h
+        b_delta = b_delta - tl.load(p_dlse, mask=m_row, other=0.0)
+    tl.store(delta + (bos_q + o_q.to(tl.int64)) * n_heads_q + i_h, b_delta, mask=m_row)
+
+
+@triton.jit
+def _dkdv_query_tiles(
+    b_dk, b_dv, b_k, b_v,
+    p_q_base, p_do_base, p_lse_base, p_delta_base, stride_qt, stride_dot, n_heads_q,
+    o_k, o_d, m_d, seqlen_q, seqlen_k, diag, scale_log2,
+    m_lo, m_hi,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SPLIT_P: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Accumulate query tiles [m_lo, m_hi) (ascending) of one head into dK, dV (transposed
+    form: scores are [BLOCK_N, BLOCK_M], so P^T and dS^T feed the products directly)."""
+    for m_start in range(m_lo, m_hi, BLOCK_M):
+        o_q = m_start + tl.arange(0, BLOCK_M)
+        m_row = o_q < seqlen_q
+        m_q = m_row[:, None] & m_d[None, :]
+        b_q = tl.load(p_q_base + o_q.to(tl.int64)[:, None] * stride_qt + o_d[None, :],
+                      mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
+        b_do = tl.load(p_do_base + o_q.to(tl.int64)[:, None] * stride_dot + o_d[None, :],
+                       mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
+        b_lse2 = load_lse2(p_lse_base + o_q.to(tl.int64) * n_heads_q, m_row)  # [BLOCK_M]
+        b_delta = tl.load(p_delta_base + o_q.to(tl.int64) * n_heads_q, mask=m_row, other=0.0)
+        b_qkT = mma(b_k, tl.trans(b_q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
+        if MASKED:
+            b_qkT = mask_scores(b_qkT, visible_mask(o_q[None, :], o_k[:, None], seqlen_k, diag,
+                                                    CAUSAL))
+        b_pT = recompute_p(b_qkT, b_lse2[None, :], scale_log2)  # [BLOCK_N, BLOCK_M]
+        b_dv = mma_rounded(b_pT, b_do, b_dv, SPLIT_P, UPCAST)
+        b_dpT = mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
+        b_dsT = b_pT * (b_dpT - b_delta[None, :])  # [BLOCK_N, BLOCK_M]
+        b_dk = mma_rounded(b_dsT, b_q, b_dk, SPLIT_P, UPCAST)
+    return b_dk, b_dv
+
+
+@triton.jit
+def attn_bwd_dkdv_kernel(
+    q, k, v, do, lse, delta, dk, dv,
+    cu_seqlens_q, cu_seqlens_k,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+    batch, n_heads_q, scale, scale_log2,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SPLIT_P: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    i_b, i_n = tile_index(batch, False)
+    i_hk = tl.program_id(1)
+    bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
+    bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
+    n_start = i_n * BLOCK_N
+    if n_start >= seqlen_k:
+        return
+    diag = seqlen_k - seqlen_q
+
+    o_k = n_start + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
+    o_krows = (bos_k + o_k.to(tl.int64))[:, None]
+    b_k = tl.load(k + o_krows * stride_kt + i_hk.to(tl.int64) * stride_kh + o_d[None, :],
+                  mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
+    b_v = tl.load(v + o_krows * stride_vt + i_hk.to(tl.int64) * stride_vh + o_d[None, :],
+                  mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
+    m_lo, m_full = query_range(n_start, seqlen_q, diag, BLOCK_M, BLOCK_N, CAUSAL)
+
+    b_dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    b_dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for i_g in range(GROUP):  # query heads of the group, ascending
+        i_h = (i_hk * GROUP + i_g).to(tl.int64)
+        p_q_base = q + bos_q * stride_qt + i_h * stride_qh
+        p_do_base = do + bos_q * stride_dot + i_h * stride_doh
+        p_lse_base = lse + bos_q * n_heads_q + i_h
+        p_delta_base = delta + bos_q * n_heads_q + i_h
+        b_dk, b_dv = _dkdv_query_tiles(
+            b_dk, b_dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
+            stride_qt, stride_dot, n_heads_q, o_k, o_d, m_d, seqlen_q, seqlen_k, diag,
+            scale_log2, m_lo, m_full,
+            BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, UPCAST,
+        )
+        b_dk, b_dv = _dkdv_query_tiles(
+            b_dk, b_dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
+            stride_qt, stride_dot, n_heads_q, o_k, o_d, m_d, seqlen_q, seqlen_k, diag,
+            scale_log2, m_full, seqlen_q,
+            BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, UPCAST,
+        )
+    b_dk = b_dk * scale
+    tl.store(dk + o_krows * stride_dkt + i_hk.to(tl.int64) * stride_dkh + o_d[None, :],
+             b_dk.to(dk.dtype.element_ty), mask=m_k)
+    tl.store(dv + o_krows * stride_dvt + i_hk.to(tl.int64) * stride_dvh + o_d[None, :],
+             b_dv.to(dv.dtype.element_ty), mask=m_k)
+
+
+@triton.jit
+def _dq_key_tiles(
+    b_dq, b_q, b_do, b_lse2, b_delta,
+    p_k_base, p_v_base, stride_kt, stride_vt,
+    o_q, o_d, m_d, seqlen_k, diag, scale_log2,
+    n_lo, n_hi,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SPLIT_P: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Accumulate key tiles [n_lo, n_hi) (ascending) into dQ."""
+    for n_start in range(n_lo, n_hi, BLOCK_N):
+        o_k = n_start + tl.arange(0, BLOCK_N)
+        m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
+        b_k = tl.load(p_k_base + o_k.to(tl.int64)[:, None] * stride_kt + o_d[None, :],
+                      mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
+        b_v = tl.load(p_v_base + o_k.to(tl.int64)[:, None] * stride_vt + o_d[None, :],
+                      mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
+        b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
+        if MASKED:
+            b_qk = mask_scores(b_qk, visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag,
+                                                  CAUSAL))
+        b_p = recompute_p(b_qk, b_lse2[:, None], scale_log2)  # [BLOCK_M, BLOCK_N]
+        b_dp = mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
+        b_ds = b_p * (b_dp - b_delta[:, None])  # [BLOCK_M, BLOCK_N]
+        b_dq = mma_rounded(b_ds, b_k, b_dq, SPLIT_P, UPCAST)  # [BLOCK_M, BLOCK_D]
+    return b_dq
+
+
+@triton.jit
+def attn_bwd_dq_kernel(
+    q, k, v, do, lse, delta, dq,
+    cu_seqlens_q, cu_seqlens_k,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_dot, stride_doh, stride_dqt, stride_dqh,
+    batch, n_heads_q, scale, scale_log2,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SPLIT_P: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    i_b, i_m = tile_index(batch, CAUSAL)
+    i_h = tl.program_id(1)
+    i_hk = i_h // GROUP
+    bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
+    bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
+    m_start = i_m * BLOCK_M
+    if m_start >= seqlen_q:
+        return
+    diag = seqlen_k - seqlen_q
+
+    o_q = m_start + tl.arange(0, BLOCK_M)
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    m_row = o_q < seqlen_q
+    m_q = m_row[:, None] & m_d[None, :]
+    o_rows = (bos_q + o_q.to(tl.int64))[:, None]
+    b_q = tl.load(q + o_rows * stride_qt + i_h.to(tl.int64) * stride_qh + o_d[None, :],
+                  mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
+    b_do = tl.load(do + o_rows * stride_dot + i_h.to(tl.int64) * stride_doh + o_d[None, :],
+                   mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
+    o_lse = (bos_q + o_q.to(tl.int64)) * n_heads_q + i_h
+    b_lse2 = load_lse2(lse + o_lse, m_row)  # [BLOCK_M]
+    b_delta = tl.load(delta + o_lse, mask=m_row, other=0.0)  # [BLOCK_M]
+    p_k_base = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
+    p_v_base = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
+    n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+
+    b_dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    b_dq = _dq_key_tiles(
+        b_dq, b_q, b_do, b_lse2, b_delta, p_k_base, p_v_base, stride_kt, stride_vt,
+        o_q, o_d, m_d, seqlen_k, diag, scale_log2, 0, n_full,
+        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, UPCAST,
+    )
+    b_dq = _dq_key_tiles(
+        b_dq, b_q, b_do, b_lse2, b_delta, p_k_base, p_v_base, stride_kt, stride_vt,
+        o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_full, n_hi,
+        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, UPCAST,
+    )
+    b_dq = b_dq * scale
+    tl.store(dq + o_rows * stride_dqt + i_h.to(tl.int64) * stride_dqh + o_d[None, :],
+             b_dq.to(dq.dtype.element_ty), mask=m_q)
+
+
+def attn_bwd(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o_for_delta: torch.Tensor,
+    lse: torch.Tensor,
+    dlse: torch.Tensor | None,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    softmax_scale: float,
+    split_p: bool,
+    cfg,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the three backward kernels.
+
+    do, o_for_delta: [total_q, Hq, D] (any strides with stride(-1) == 1; o_for_delta is the
+    forward output, or its float32 copy for fixed_order); lse: float32 [total_q, Hq];
+    dlse: float32 [total_q, Hq] or None. Returns dq [total_q, Hq, D], dk, dv [total_k, Hkv, D].
+    """
+    total_q, n_heads_q, head_dim = q.shape
+    n_heads_k = k.shape[1]
+    batch = cu_seqlens_q.numel() - 1
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    if batch == 0 or (total_q == 0 and k.shape[0] == 0):
+        return dq, dk, dv
+    delta = torch.empty((total_q, n_heads_q), dtype=torch.float32, device=q.device)
+    common = dict(
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+    )
+    kernel_flags = dict(
+        GROUP=n_heads_q // n_heads_k,
+        CAUSAL=causal,
+        SPLIT_P=split_p,
+        UPCAST=upcast_dot(q),
+    )
+    scale_log2 = softmax_scale * 1.4426950408889634
+    if total_q > 0:
+        pre = cfg.bwd_pre
+        dlse_arg = dlse if dlse is not None else lse
+        attn_bwd_preprocess_kernel[(triton.cdiv(max_seqlen_q, pre.block_m) * batch, n_heads_q)](
+            o_for_delta, do, dlse_arg, delta, cu_seqlens_q,
+            o_for_delta.stride(0), o_for_delta.stride(1), do.stride(0), do.stride(1),
+            dlse_arg.stride(0), dlse_arg.stride(1),
+            batch, n_heads_q,
+            BLOCK_M=pre.block_m, HAS_DLSE=dlse is not None, **common, **pre.launch_kwargs(),
+        )
+    if k.shape[0] > 0:
+        t = cfg.bwd_dkdv
+        attn_bwd_dkdv_kernel[(triton.cdiv(max_seqlen_k, t.block_n) * batch, n_heads_k)](
+            q, k, v, do, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            batch, n_heads_q, softmax_scale, scale_log2,
+            BLOCK_M=t.block_m, BLOCK_N=t.block_n, **common, **kernel_flags, **t.launch_kwargs(),
+        )
+    if total_q > 0:
+        t = cfg.bwd_dq
+        attn_bwd_dq_kernel[(triton.cdiv(max_seqlen_q, t.block_m) * batch, n_heads_q)](
+            q, k, v, do, lse, delta, dq, cu_seqlens_q, cu_seqlens_k,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
+            batch, n_heads_q, softmax_scale, scale_log2,
+            BLOCK_M=t.block_m, BLOCK_N=t.block_n, **common, **kernel_flags, **t.launch_kwargs(),
+        )
+    return dq, dk, dv

@@ -1,0 +1,174 @@
+"""Forward kernel: online-softmax attention over a packed (varlen) batch, with LSE export.
+
+One program per (query tile of one sequence, query head). Key tiles are visited in ascending
+order, anchored at the sequence's own key start: first the tiles every row of the query tile
+fully sees (no mask), then the tiles that need a mask (causal diagonal, sequence end).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from portattn.configs import upcast_dot
+from portattn.kernels.primitives import (
+    key_range,
+    mask_scores,
+    mma,
+    mma_rounded,
+    online_softmax_step,
+    seq_bounds,
+    tile_index,
+    visible_mask,
+)
+
+LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _fwd_key_tiles(
+    b_acc, b_m, b_l, b_q,
+    p_k_base, p_v_base, stride_kt, stride_vt,
+    o_q, o_d, m_d, seqlen_k, diag, scale_log2,
+    n_lo, n_hi,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SPLIT_P: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Accumulate key tiles [n_lo, n_hi) (ascending) into (acc, m, l)."""
+    for n_start in range(n_lo, n_hi, BLOCK_N):
+        o_k = n_start + tl.arange(0, BLOCK_N)
+        m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
+        p_k = p_k_base + o_k.to(tl.int64)[:, None] * stride_kt + o_d[None, :]
+        p_v = p_v_base + o_k.to(tl.int64)[:, None] * stride_vt + o_d[None, :]
+        b_k = tl.load(p_k, mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
+        b_v = tl.load(p_v, mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
+        b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
+        if MASKED:
+            b_qk = mask_scores(b_qk, visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, CAUSAL))
+        b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, scale_log2)
+        b_acc = b_acc * b_alpha[:, None]
+        b_acc = mma_rounded(b_p, b_v, b_acc, SPLIT_P, UPCAST)  # [BLOCK_M, BLOCK_D]
+    return b_acc, b_m, b_l
+
+
+@triton.jit
+def attn_fwd_kernel(
+    q, k, v, o, lse, o32,
+    cu_seqlens_q, cu_seqlens_k,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_ot, stride_oh, stride_o32t, stride_o32h,
+    batch, n_heads_q, scale_log2,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SPLIT_P: tl.constexpr,
+    STORE_O32: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    i_b, i_m = tile_index(batch, CAUSAL)
+    i_h = tl.program_id(1)
+    i_hk = i_h // GROUP
+    bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
+    bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
+    m_start = i_m * BLOCK_M
+    if m_start >= seqlen_q:
+        return
+    diag = seqlen_k - seqlen_q
+
+    o_q = m_start + tl.arange(0, BLOCK_M)  # [BLOCK_M] positions in the sequence
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    m_q = (o_q < seqlen_q)[:, None] & m_d[None, :]
+    p_q = q + (bos_q + o_q.to(tl.int64))[:, None] * stride_qt + i_h.to(tl.int64) * stride_qh
+    b_q = tl.load(p_q + o_d[None, :], mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
+    p_k_base = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
+    p_v_base = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
+
+    n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+
+    b_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    b_l = tl.zeros([BLOCK_M], tl.float32)
+    b_acc, b_m, b_l = _fwd_key_tiles(
+        b_acc, b_m, b_l, b_q, p_k_base, p_v_base, stride_kt, stride_vt,
+        o_q, o_d, m_d, seqlen_k, diag, scale_log2, 0, n_full,
+        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, UPCAST,
+    )
+    b_acc, b_m, b_l = _fwd_key_tiles(
+        b_acc, b_m, b_l, b_q, p_k_base, p_v_base, stride_kt, stride_vt,
+        o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_full, n_hi,
+        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, UPCAST,
+    )
+
+    # Rows that saw no key: out 0, lse -inf.
+    m_empty = b_l == 0.0
+    b_out = b_acc / tl.where(m_empty, 1.0, b_l)[:, None]  # [BLOCK_M, BLOCK_D]
+    b_lse = tl.where(m_empty, float("-inf"), (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * LN2)
+
+    o_rows = (bos_q + o_q.to(tl.int64))[:, None]
+    p_o = o + o_rows * stride_ot + i_h.to(tl.int64) * stride_oh + o_d[None, :]
+    tl.store(p_o, b_out.to(o.dtype.element_ty), mask=m_q)
+    p_lse = lse + (bos_q + o_q.to(tl.int64)) * n_heads_q + i_h
+    tl.store(p_lse, b_lse, mask=o_q < seqlen_q)
+    if STORE_O32:
+        p_o32 = o32 + o_rows * stride_o32t + i_h.to(tl.int64) * stride_o32h + o_d[None, :]
+        tl.store(p_o32, b_out, mask=m_q)
+
+
+def attn_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    causal: bool,
+    softmax_scale: float,
+    split_p: bool,
+    store_o32: bool,
+    cfg,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Launch the forward kernel.
+
+    q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: int32 [B + 1].
+    Returns out [total_q, Hq, D] (q.dtype), lse float32 [total_q, Hq] (natural log) and,
+    when ``store_o32``, a float32 copy of out [total_q, Hq, D] (else None).
+    """
+    total_q, n_heads_q, head_dim = q.shape
+    n_heads_k = k.shape[1]
+    batch = cu_seqlens_q.numel() - 1
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((total_q, n_heads_q), dtype=torch.float32, device=q.device)
+    out32 = torch.empty(q.shape, dtype=torch.float32, device=q.device) if store_o32 else None
+    if total_q == 0 or batch == 0:
+        return out, lse, out32
+    tiles = cfg.fwd
+    grid = (triton.cdiv(max_seqlen_q, tiles.block_m) * batch, n_heads_q)
+    o32_arg = out32 if store_o32 else out
+    attn_fwd_kernel[grid](
+        q, k, v, out, lse, o32_arg,
+        cu_seqlens_q, cu_seqlens_k,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), o32_arg.stride(0), o32_arg.stride(1),
+        batch, n_heads_q, softmax_scale * LOG2E,
+        GROUP=n_heads_q // n_heads_k,
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        CAUSAL=causal,
+        SPLIT_P=split_p,
+        STORE_O32=store_o32,
+        UPCAST=upcast_dot(q),
+        **tiles.launch_kwargs(),
+    )
+    return out, lse, out32

@@ -1,0 +1,155 @@
+"""Shared ``@triton.jit`` primitives used by the forward and backward kernels.
+
+Everything that decides the *bits* of a result lives here once, so the two kernels
+(``varlen`` and ``fixed_order``) cannot drift apart: they differ only by the constexpr
+``SPLIT_P`` (split-P second MMA) and by where the backward reads O from.
+
+Conventions: ``b_`` block values, ``p_`` pointers, ``o_`` offsets, ``m_`` masks.
+Scores are kept in log2 units: ``s2 = (q . k) * scale * log2(e)``, so ``exp2`` replaces ``exp``.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def mma(b_a, b_b, b_acc, UPCAST: tl.constexpr):
+    """``b_acc + b_a @ b_b`` in float32 with operands in the input dtype.
+
+    ``UPCAST`` is set only under Triton's interpreter for bfloat16 (the interpreter multiplies
+    raw bfloat16 bits, triton-lang/triton#11584); the operands are exact in float32, so the
+    result is the same product.
+    """
+    if UPCAST:
+        b_acc = tl.dot(b_a.to(tl.float32), b_b.to(tl.float32), b_acc, input_precision="ieee")
+    else:
+        b_acc = tl.dot(b_a, b_b, b_acc)
+    return b_acc
+
+
+@triton.jit
+def mma_rounded(b_x, b_b, b_acc, SPLIT_P: tl.constexpr, UPCAST: tl.constexpr):
+    """``b_acc + b_x @ b_b`` where ``b_x`` is float32 (P or dS) and must be rounded to the
+    input dtype of ``b_b`` for the matrix unit.
+
+    ``SPLIT_P=False`` (varlen): one product with ``round(b_x)``.
+    ``SPLIT_P=True`` (fixed_order): ``b_x = hi + lo`` with ``hi = round(b_x)`` and
+    ``lo = round(b_x - hi)``; both products are accumulated, ``hi`` first, keeping about twice
+    the mantissa of the input dtype.
+    """
+    b_hi = b_x.to(b_b.dtype)
+    b_acc = mma(b_hi, b_b, b_acc, UPCAST)
+    if SPLIT_P:
+        b_lo = (b_x - b_hi.to(tl.float32)).to(b_b.dtype)
+        b_acc = mma(b_lo, b_b, b_acc, UPCAST)
+    return b_acc
+
+
+@triton.jit
+def visible_mask(o_q, o_k, seqlen_k, diag, CAUSAL: tl.constexpr):
+    """Which (query, key) pairs are visible. ``o_q`` and ``o_k`` are positions local to the
+    sequence, already shaped to broadcast ([M, 1] and [1, N], or transposed for the dK/dV
+    program). Causal is bottom-right aligned: query ``i`` sees key ``j`` iff
+    ``j <= i + diag`` with ``diag = seqlen_k - seqlen_q``."""
+    m_vis = o_k < seqlen_k
+    if CAUSAL:
+        m_vis = m_vis & (o_k <= o_q + diag)
+    return m_vis
+
+
+@triton.jit
+def key_range(m_start, seqlen_k, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr):
+    """For the query tile starting at ``m_start``: (n_full, n_hi). Key tiles starting below
+    ``n_full`` are fully visible to every row of the tile (no mask needed); tiles in
+    [n_full, n_hi) need the mask; keys from n_hi on are seen by no row of the tile."""
+    if CAUSAL:
+        n_hi = tl.minimum(seqlen_k, tl.maximum(m_start + BLOCK_M + diag, 0))
+        n_full = tl.minimum(tl.maximum(m_start + diag + 1, 0), seqlen_k) // BLOCK_N * BLOCK_N
+    else:
+        n_hi = seqlen_k
+        n_full = seqlen_k // BLOCK_N * BLOCK_N
+    return n_full, n_hi
+
+
+@triton.jit
+def query_range(n_start, seqlen_q, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                CAUSAL: tl.constexpr):
+    """For the key tile starting at ``n_start``: (m_lo, m_full). Query tiles below ``m_lo`` see
+    no key of the tile; tiles in [m_lo, m_full) need the causal mask; tiles from ``m_full`` up to
+    the sequence end see the whole tile. Tile starts are multiples of BLOCK_M."""
+    if CAUSAL:
+        m_lo = tl.minimum(tl.maximum(n_start - diag, 0), seqlen_q) // BLOCK_M * BLOCK_M
+        m_full = tl.maximum(n_start + BLOCK_N - 1 - diag, 0)
+        m_full = tl.minimum((m_full + BLOCK_M - 1) // BLOCK_M * BLOCK_M, seqlen_q)
+        m_full = tl.maximum(m_full, m_lo)
+    else:
+        m_lo = 0
+        m_full = 0
+    return m_lo, m_full
+
+
+@triton.jit
+def mask_scores(b_qk, m_vis):
+    """Masks *raw* scores (before the scale) with -inf. The scale is applied afterwards in the
+    same expression on masked and unmasked tiles, so both compile to the same arithmetic
+    (a masked tile that is fully visible gives the very same bits). Requires scale > 0."""
+    return tl.where(m_vis, b_qk, float("-inf"))
+
+
+@triton.jit
+def online_softmax_step(b_qk, b_m, b_l, scale_log2):
+    """One step of the online softmax over a key tile.
+
+    b_qk: [M, N] raw scores (masked entries -inf); b_m: [M] running max (log2 units);
+    b_l: [M] running sum. Returns (b_p [M, N], b_alpha [M], b_m, b_l).
+    A row that has seen no visible key keeps ``m = -inf``; it is shifted by 0 instead, so no
+    ``-inf - -inf`` NaN appears. A fully masked tile leaves (m, l) unchanged and has alpha = 1.
+    """
+    b_m_new = tl.maximum(b_m, tl.max(b_qk, 1) * scale_log2)
+    b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    b_p = tl.exp2(b_qk * scale_log2 - b_m_use[:, None])
+    b_alpha = tl.exp2(b_m - b_m_use)
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    return b_p, b_alpha, b_m_new, b_l
+
+
+@triton.jit
+def recompute_p(b_qk, b_lse2_row, scale_log2):
+    """Backward: probabilities from raw scores and the forward's log2-sum-exp per row.
+    ``b_lse2_row`` must be +inf for rows that saw no key (so P = 0 there), never -inf."""
+    return tl.exp2(b_qk * scale_log2 - b_lse2_row)
+
+
+@triton.jit
+def load_lse2(p_lse, m_row):
+    """The forward's LSE for backward use, in log2 units. Rows outside the sequence and rows
+    that saw no key (lse = -inf) get +inf, so their recomputed P is exactly 0."""
+    b_lse = tl.load(p_lse, mask=m_row, other=float("-inf"))
+    return tl.where(b_lse == float("-inf"), float("inf"), b_lse * 1.4426950408889634)
+
+
+@triton.jit
+def seq_bounds(cu_seqlens, i_b):
+    """Start (int64, so token offsets times strides never overflow) and length of sequence
+    ``i_b`` in a packed tensor."""
+    bos = tl.load(cu_seqlens + i_b).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_b + 1).to(tl.int64)
+    return bos, (eos - bos).to(tl.int32)
+
+
+@triton.jit
+def tile_index(batch, REVERSE: tl.constexpr):
+    """Decode program id 0 into (sequence, tile) with the sequence fastest.
+
+    The tile index is local to the sequence: tiles are anchored at each sequence's own start.
+    ``REVERSE`` launches the last (for causal, the heaviest) tiles first; launch order never
+    changes any bits, only scheduling.
+    """
+    pid = tl.program_id(0)
+    n_tiles = tl.num_programs(0) // batch
+    i_b = pid % batch
+    i_t = pid // batch
+    if REVERSE:
+        i_t = n_tiles - 1 - i_t
+    return i_b, i_t

@@ -1,0 +1,78 @@
+"""The spec made executable: plain PyTorch attention, one sequence at a time, in float64.
+
+Used by the tests, ``python -m portattn check`` and later the golden and bench tools. Runs on any
+device; differentiable (so the lse gradient can be checked through autograd).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _attention_one(q, k, v, causal: bool, scale: float):
+    """q: [Sq, Hq, D], k/v: [Sk, Hkv, D] (float64) -> out [Sq, Hq, D], lse [Sq, Hq]."""
+    seqlen_q, n_heads_q, head_dim = q.shape
+    seqlen_k, n_heads_k = k.shape[0], k.shape[1]
+    group = n_heads_q // n_heads_k
+    k = k.repeat_interleave(group, dim=1)  # query head h reads kv head h // group
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale  # [Hq, Sq, Sk]
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
+    if causal:
+        rows = torch.arange(seqlen_q, device=q.device)[:, None]
+        cols = torch.arange(seqlen_k, device=q.device)[None, :]
+        visible = cols <= rows + (seqlen_k - seqlen_q)  # bottom-right aligned
+    scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [Hq, Sq]; -inf where a row sees no key
+    seen = torch.isfinite(lse)
+    probs = torch.exp(scores - torch.where(seen, lse, torch.zeros_like(lse))[..., None])
+    probs = torch.where(seen[..., None], probs, torch.zeros_like(probs))
+    out = torch.einsum("hqk,khd->qhd", probs, v)
+    return out, lse.transpose(0, 1)
+
+
+def reference_varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 reference of ``portattn.varlen_attention``.
+
+    q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: [B + 1].
+    Returns (out float64 [total_q, Hq, D], lse float64 [total_q, Hq]). Rows that see no key get
+    out 0 and lse -inf. Gradients flow to q, k, v (through out and lse).
+    """
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    q, k, v = q.double(), k.double(), v.double()
+    bounds_q = cu_seqlens_q.tolist()
+    bounds_k = cu_seqlens_k.tolist()
+    outs, lses = [], []
+    for b in range(len(bounds_q) - 1):
+        sq = slice(bounds_q[b], bounds_q[b + 1])
+        sk = slice(bounds_k[b], bounds_k[b + 1])
+        out, lse = _attention_one(q[sq], k[sk], v[sk], causal, scale)
+        outs.append(out)
+        lses.append(lse)
+    if not outs:
+        return q.new_zeros(q.shape), q.new_zeros(q.shape[:2])
+    return torch.cat(outs), torch.cat(lses)
+
+
+def reference_attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None):
+    """Float64 reference of the dense ``portattn.attention``: q [B, Sq, Hq, D], k/v
+    [B, Sk, Hkv, D] -> (out [B, Sq, Hq, D], lse [B, Hq, Sq])."""
+    batch, seqlen_q = q.shape[:2]
+    seqlen_k = k.shape[1]
+    steps = torch.arange(batch + 1)
+    out, lse = reference_varlen_attention(
+        q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
+        steps * seqlen_q, steps * seqlen_k, causal=causal, softmax_scale=softmax_scale,
+    )
+    return out.view(*q.shape), lse.view(batch, seqlen_q, -1).permute(0, 2, 1)

@@ -1,0 +1,141 @@
+"""Input checks for the public API. Every bad input raises before any kernel launch, naming the
+argument and what was expected; nothing is silently corrected."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from portattn.configs import HEAD_DIMS, KERNELS, interpreter_active
+
+
+class DTypeError(TypeError, ValueError):
+    """A tensor has the wrong dtype. It is both a TypeError (a wrong type of element) and a
+    ValueError (a bad argument value), so callers may catch either."""
+
+
+@dataclass(frozen=True)
+class VarlenShape:
+    batch: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+def _check_tensor(name: str, x) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, device: torch.device) -> list[int]:
+    _check_tensor(name, cu)
+    if cu.dtype != torch.int32:
+        raise DTypeError(f"{name} must have dtype torch.int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"{name} must be 1-D with B + 1 >= 1 entries, got shape {tuple(cu.shape)}")
+    if cu.device != device:
+        raise ValueError(f"{name} must be on {device} like q, got {cu.device}")
+    values = cu.tolist()  # one host sync: the checks below need the values
+    if values[0] != 0:
+        raise ValueError(f"{name}[0] must be 0, got {values[0]}")
+    for i in range(len(values) - 1):
+        if values[i + 1] < values[i]:
+            raise ValueError(
+                f"{name} must be non-decreasing, got {name}[{i}]={values[i]} > "
+                f"{name}[{i + 1}]={values[i + 1]}"
+            )
+    if values[-1] != total:
+        raise ValueError(f"{name}[-1] must equal the total token count {total}, got {values[-1]}")
+    return values
+
+
+def _check_max_seqlen(name: str, given, real: int) -> int:
+    if given is None:
+        return real
+    if isinstance(given, bool) or not isinstance(given, int):
+        raise TypeError(f"{name} must be an int or None, got {type(given).__name__}")
+    if given < real:
+        raise ValueError(f"{name}={given} is smaller than the longest sequence ({real})")
+    return given
+
+
+def check_common(q, k, v, causal, softmax_scale, return_lse, kernel) -> float:
+    """Checks shared by the varlen and dense entry points; returns the softmax scale."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, x)
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise DTypeError(f"q must be torch.float16 or torch.bfloat16, got {q.dtype}")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise DTypeError(f"{name} must have the dtype of q ({q.dtype}), got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name} must be on the device of q ({q.device}), got {x.device}")
+    if q.device.type == "cpu" and not interpreter_active():
+        raise ValueError(
+            "q, k, v are CPU tensors: portattn runs on CUDA/ROCm GPUs, or on the CPU only under "
+            "Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported)"
+        )
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"q must be on a CUDA/ROCm device, got {q.device}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if not isinstance(kernel, str):
+        raise TypeError(f"kernel must be a str, got {type(kernel).__name__}")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    head_dim = q.shape[-1]
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale}")
+    return float(softmax_scale)
+
+
+def check_heads_and_dims(q, k, v, token_dims: int) -> None:
+    """q: [..., Hq, D], k/v: [..., Hkv, D] with ``token_dims`` leading dims."""
+    want = token_dims + 2
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != want:
+            raise ValueError(f"{name} must be {want}-D, got shape {tuple(x.shape)}")
+        if x.stride(-1) != 1 and x.shape[-1] > 1:
+            raise ValueError(f"{name}.stride(-1) must be 1 (last dim contiguous), got {x.stride(-1)}")
+    head_dim = q.shape[-1]
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head dim must be one of {HEAD_DIMS}, got {head_dim}")
+    for name, x in (("k", k), ("v", v)):
+        if x.shape[-1] != head_dim:
+            raise ValueError(f"{name} head dim must equal q's ({head_dim}), got {x.shape[-1]}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    n_heads_q, n_heads_k = q.shape[-2], k.shape[-2]
+    if n_heads_k == 0 or n_heads_q == 0:
+        raise ValueError(f"head counts must be >= 1, got Hq={n_heads_q}, Hkv={n_heads_k}")
+    if n_heads_q % n_heads_k != 0:
+        raise ValueError(f"Hq ({n_heads_q}) must be a multiple of Hkv ({n_heads_k})")
+    if n_heads_q > 65535:
+        raise ValueError(f"Hq must be at most 65535 (grid limit), got {n_heads_q}")
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> VarlenShape:
+    """q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: int32 [B + 1]."""
+    check_heads_and_dims(q, k, v, token_dims=1)
+    values_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
+    values_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
+    if len(values_q) != len(values_k):
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must describe the same batch, got "
+            f"{len(values_q) - 1} and {len(values_k) - 1} sequences"
+        )
+    real_q = max((b - a for a, b in zip(values_q, values_q[1:])), default=0)
+    real_k = max((b - a for a, b in zip(values_k, values_k[1:])), default=0)
+    return VarlenShape(
+        batch=len(values_q) - 1,
+        max_seqlen_q=_check_max_seqlen("max_seqlen_q", max_seqlen_q, real_q),
+        max_seqlen_k=_check_max_seqlen("max_seqlen_k", max_seqlen_k, real_k),
+    )
