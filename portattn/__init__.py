@@ -1,11 +1,22 @@
 """portattn: portable, bitwise-deterministic attention kernels in Triton.
 
 ``import portattn`` does no GPU work and reads no configuration; both happen at first call.
+Importing it registers the custom ops ``torch.ops.portattn.varlen_fwd`` / ``varlen_bwd``.
 """
 
-from portattn.attention import attention, varlen_attention
+from portattn.api import attention, varlen_attention
 from portattn.families import family
+from portattn.flash_compat import flash_attn_func, flash_attn_varlen_func
+from portattn.merge import merge_attention_states
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "family", "varlen_attention", "__version__"]
+__all__ = [
+    "attention",
+    "family",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "merge_attention_states",
+    "varlen_attention",
+    "__version__",
+]

@@ -1,13 +1,16 @@
-"""Command line: ``python -m portattn {check,compile}``.
+"""Command line: ``python -m portattn {check,compile,bench,golden}``.
 
-On a machine without a GPU, ``check`` runs the kernels under Triton's interpreter: it sets
-TRITON_INTERPRET=1 for its own process before importing the kernels, and says so.
+On a machine without a GPU, ``check`` runs the kernels under Triton's interpreter, and says so.
+Triton decides between compiling and interpreting when a kernel is defined, i.e. when
+``portattn`` is imported, which ``python -m portattn`` has already done by the time this module
+runs; so ``check`` re-runs itself in a child process with TRITON_INTERPRET=1 set.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 
 
@@ -19,10 +22,17 @@ def _gpu_present() -> bool:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     if not _gpu_present() and os.environ.get("TRITON_INTERPRET") != "1":
-        if "triton" in sys.modules:
-            print("error: no GPU and triton already imported; rerun with TRITON_INTERPRET=1")
+        # The kernels were defined (compiled mode) when portattn was imported: re-run with the
+        # interpreter switched on from the start. The package itself never sets it.
+        from portattn.check import numpy_problem
+
+        problem = numpy_problem()
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
             return 2
-        os.environ["TRITON_INTERPRET"] = "1"
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        argv = [sys.executable, "-m", "portattn", "check"] + (["--verbose"] if args.verbose else [])
+        return subprocess.call(argv, env=env)
     from portattn.check import run_check
 
     return run_check(verbose=args.verbose)
@@ -32,6 +42,18 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from portattn.compilecheck import main as compile_main
 
     return compile_main(args)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from portattn.bench import main as bench_main
+
+    return bench_main(args)
+
+
+def _cmd_golden(args: argparse.Namespace) -> int:
+    from portattn.golden.cli import main as golden_main
+
+    return golden_main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +76,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="compile every configuration for every GPU family on this machine and check it",
         description="Ahead-of-time compile check: see portattn.compilecheck.",
     )
+    from portattn.compilecheck import add_arguments
+
+    add_arguments(p_compile)
     p_compile.set_defaults(func=_cmd_compile)
+    p_bench = sub.add_parser(
+        "bench",
+        help="time both kernels against SDPA and FlexAttention on the GPU (TFLOP/s, ratios)",
+        description="Benchmark portattn's kernels against SDPA (cuDNN, flash) and "
+        "FlexAttention on packed bfloat16 workloads; prints a markdown table.",
+    )
+    p_bench.add_argument("--json", help="write all timings to this JSON file")
+    p_bench.set_defaults(func=_cmd_bench)
+    p_golden = sub.add_parser(
+        "golden",
+        help="verify / refresh the golden output hashes of this GPU's family (docs/golden.md)",
+        description="Golden output hashes per GPU family: verify them bitwise on this GPU, "
+        "refresh them, or check the compile fingerprints beside them (CPU).",
+    )
+    from portattn.golden.cli import add_arguments as add_golden_arguments
+
+    add_golden_arguments(p_golden)
+    p_golden.set_defaults(func=_cmd_golden)
     return parser
 
 

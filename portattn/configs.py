@@ -7,9 +7,9 @@ lazily, at the first call, never at import.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import functools
 import os
 from dataclasses import asdict, dataclass
 
@@ -56,43 +56,76 @@ class KernelConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _tiles(spec: tuple[int, ...], amd: dict[str, int]) -> Tiles:
+    """(block_m, block_n, warps, stages[, waves_per_eu]): a fifth number overrides the row's
+    ``waves_per_eu`` for this one kernel."""
+    knobs = dict(amd, waves_per_eu=spec[4]) if len(spec) == 5 else amd
+    return Tiles(*spec[:4], **knobs)
+
+
 def _cfg(fwd, dkdv, dq, amd=None) -> KernelConfig:
     """Compact row: (block_m, block_n, warps, stages) per kernel; ``amd`` = AMD knobs."""
     amd = amd or {}
     pre = Tiles(64, 64, 4, 1, **amd)
-    return KernelConfig(Tiles(*fwd, **amd), pre, Tiles(*dkdv, **amd), Tiles(*dq, **amd))
+    return KernelConfig(_tiles(fwd, amd), pre, _tiles(dkdv, amd), _tiles(dq, amd))
 
 
+# Rows are chosen so that every kernel compiles without register spills, within the family's
+# shared memory / LDS, using its matrix instructions (``python -m portattn compile`` checks it).
+# fixed_order keeps two rounded copies of P and dS (split-P), so where it needs smaller tiles
+# than varlen it has its own row in _FIXED_ORDER.
+_AMD = dict(waves_per_eu=2, matrix_instr_nonkdim=16, kpack=1)
+_AMD1 = dict(waves_per_eu=1, matrix_instr_nonkdim=16, kpack=1)
 # fmt: off
 # head_dim:        fwd (BM, BN, warps, stages)   dK/dV (BM, BN, w, s)   dQ (BM, BN, w, s)
+# sm90 entries marked * run on mma.sync: every wgmma tiling of them spills (measured by the
+# compile check, which lists them in MMA_EXCEPTIONS).
 _SM90 = {
-    32:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2)),
-    64:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2)),
-    96:  _cfg((128, 128, 8, 2),  (64, 128, 8, 2),  (128, 64, 8, 2)),
-    128: _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2)),
-    256: _cfg((128, 64, 8, 2),   (32, 64, 8, 2),   (64, 32, 8, 2)),
+    32:  _cfg((128, 128, 8, 3),  (16, 128, 8, 2),  (128, 64, 8, 2)),
+    64:  _cfg((128, 128, 8, 3),  (16, 128, 8, 2),  (128, 64, 8, 2)),
+    96:  _cfg((128, 128, 8, 3),  (16, 64, 8, 3),   (128, 64, 8, 2)),
+    128: _cfg((128, 128, 8, 3),  (16, 64, 8, 3),   (128, 64, 8, 2)),
+    256: _cfg((64, 64, 8, 2),    (32, 32, 8, 1),   (64, 32, 8, 2)),  # dK/dV *
 }
 _SM80 = {
-    32:  _cfg((128, 64, 4, 3),   (32, 64, 4, 2),   (64, 32, 4, 2)),
-    64:  _cfg((128, 64, 4, 3),   (32, 64, 4, 2),   (64, 32, 4, 2)),
-    96:  _cfg((128, 64, 4, 2),   (32, 64, 4, 2),   (64, 32, 4, 2)),
-    128: _cfg((128, 64, 4, 2),   (32, 64, 4, 2),   (64, 32, 4, 2)),
-    256: _cfg((64, 64, 4, 2),    (32, 32, 4, 1),   (32, 32, 4, 1)),
+    32:  _cfg((128, 64, 4, 3),   (16, 64, 4, 2),   (64, 32, 4, 2)),
+    64:  _cfg((128, 64, 8, 3),   (32, 32, 4, 2),   (64, 32, 4, 2)),
+    96:  _cfg((64, 64, 8, 3),    (16, 64, 8, 2),   (64, 32, 4, 2)),
+    128: _cfg((64, 64, 8, 3),    (16, 64, 8, 2),   (64, 32, 4, 2)),
+    256: _cfg((64, 64, 8, 1),    (32, 32, 8, 1),   (32, 32, 4, 1)),
 }
 _CDNA3 = {
-    32:  _cfg((128, 64, 4, 1),   (32, 64, 4, 1),   (64, 32, 4, 1), dict(waves_per_eu=2, matrix_instr_nonkdim=16, kpack=1)),
-    64:  _cfg((128, 64, 4, 1),   (32, 64, 4, 1),   (64, 32, 4, 1), dict(waves_per_eu=2, matrix_instr_nonkdim=16, kpack=1)),
-    96:  _cfg((128, 64, 4, 1),   (32, 64, 4, 1),   (64, 32, 4, 1), dict(waves_per_eu=2, matrix_instr_nonkdim=16, kpack=1)),
-    128: _cfg((128, 64, 4, 1),   (32, 64, 4, 1),   (64, 32, 4, 1), dict(waves_per_eu=2, matrix_instr_nonkdim=16, kpack=1)),
-    256: _cfg((64, 64, 4, 1),    (32, 32, 4, 1),   (32, 32, 4, 1), dict(waves_per_eu=1, matrix_instr_nonkdim=16, kpack=1)),
+    32:  _cfg((128, 64, 4, 1),   (32, 64, 4, 1),   (64, 32, 4, 1), _AMD),
+    64:  _cfg((128, 64, 4, 1),   (32, 64, 4, 1),   (64, 32, 4, 1), _AMD),
+    96:  _cfg((128, 64, 4, 1),   (32, 64, 4, 1),   (64, 32, 4, 1), _AMD),
+    128: _cfg((128, 64, 4, 1),   (32, 64, 4, 1),   (64, 32, 4, 1), _AMD),
+    256: _cfg((64, 64, 4, 1),    (32, 32, 4, 1),   (32, 32, 4, 1), _AMD1),
 }
 _CDNA2 = {
-    32:  _cfg((64, 64, 4, 1),    (32, 64, 4, 1),   (64, 32, 4, 1), dict(waves_per_eu=2, matrix_instr_nonkdim=16, kpack=1)),
-    64:  _cfg((64, 64, 4, 1),    (32, 64, 4, 1),   (64, 32, 4, 1), dict(waves_per_eu=2, matrix_instr_nonkdim=16, kpack=1)),
-    96:  _cfg((64, 64, 4, 1),    (32, 64, 4, 1),   (64, 32, 4, 1), dict(waves_per_eu=2, matrix_instr_nonkdim=16, kpack=1)),
-    128: _cfg((64, 64, 4, 1),    (32, 64, 4, 1),   (64, 32, 4, 1), dict(waves_per_eu=2, matrix_instr_nonkdim=16, kpack=1)),
-    256: _cfg((64, 32, 4, 1),    (32, 32, 4, 1),   (32, 32, 4, 1), dict(waves_per_eu=1, matrix_instr_nonkdim=16, kpack=1)),
+    32:  _cfg((64, 64, 4, 1),    (32, 64, 4, 1),   (64, 32, 4, 1), _AMD),
+    64:  _cfg((64, 64, 4, 1),    (32, 64, 4, 1),   (64, 32, 4, 1), _AMD),
+    96:  _cfg((64, 64, 4, 1),    (32, 64, 4, 1),   (64, 32, 4, 1), _AMD),
+    128: _cfg((64, 64, 4, 1),    (32, 64, 4, 1),   (64, 32, 4, 1), _AMD),
+    256: _cfg((64, 32, 4, 1),    (32, 32, 4, 1),   (32, 32, 4, 1), _AMD1),
 }
+# fixed_order rows that differ from the family's row (a fifth number is waves_per_eu).
+_FIXED_ORDER = {
+    "sm90": {
+        96:  _cfg((128, 64, 8, 3),   (32, 32, 8, 2),   (128, 64, 8, 2)),  # dK/dV *
+        128: _cfg((128, 64, 8, 3),   (32, 32, 8, 2),   (128, 64, 8, 2)),  # dK/dV *
+        256: _cfg((32, 64, 8, 2),    (16, 32, 8, 1),   (128, 32, 8, 2)),  # fwd *, dK/dV *
+    },
+    "cdna2": {
+        96:  _cfg((64, 64, 4, 1),    (16, 64, 4, 1),   (64, 32, 4, 1), _AMD),
+        128: _cfg((64, 64, 4, 1),    (16, 64, 4, 1),   (64, 32, 4, 1), _AMD),
+    },
+    "cdna3": {
+        96:  _cfg((128, 64, 4, 1, 1), (16, 64, 4, 1),  (32, 32, 4, 1), _AMD),
+        128: _cfg((128, 64, 4, 1, 1), (16, 64, 4, 1),  (32, 32, 4, 1), _AMD),
+        256: _cfg((64, 64, 4, 1),    (16, 32, 4, 1),   (32, 32, 4, 1), _AMD1),
+    },
+}
+_FIXED_ORDER["cdna4"] = _FIXED_ORDER["cdna3"]
 # Small tiles under the CPU interpreter: fast there, and many tile boundaries in small tests.
 _INTERP = {d: _cfg((32, 16, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)) for d in HEAD_DIMS}
 # fmt: on
@@ -107,13 +140,19 @@ _BY_FAMILY = {
 }
 
 
+def _row(family: str, kernel: str, head_dim: int) -> KernelConfig:
+    if kernel == "fixed_order" and head_dim in _FIXED_ORDER.get(family, {}):
+        return _FIXED_ORDER[family][head_dim]
+    return _BY_FAMILY[family][head_dim]
+
+
 @functools.cache
 def config_table() -> dict[tuple[str, str, int, torch.dtype], KernelConfig]:
-    """Every (family, kernel, head_dim, dtype) entry. Both kernels and both dtypes currently
-    share a family's row; they are separate keys so one can be changed alone."""
+    """Every (family, kernel, head_dim, dtype) entry. Both dtypes currently share a row, and
+    both kernels unless _FIXED_ORDER has a row; they are separate keys so one can change alone."""
     return {
-        (fam, kernel, d, dtype): rows[d]
-        for fam, rows in _BY_FAMILY.items()
+        (fam, kernel, d, dtype): _row(fam, kernel, d)
+        for fam in _BY_FAMILY
         for kernel in KERNELS
         for d in HEAD_DIMS
         for dtype in DTYPES

@@ -7,7 +7,7 @@ never guesses from memory sizes. Nothing here touches a GPU at import time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -55,22 +55,30 @@ def family_from_properties(props) -> str | None:
 
 
 def nearest_family(props) -> str:
-    """The family whose configuration an unknown device runs (it reports no golden family)."""
+    """The family whose configuration an unknown device runs (it reports no golden family).
+
+    ROCm: gfx95x -> cdna4, gfx94x -> cdna3, any other gfx -> cdna2 (64 KiB LDS, which every
+    CDNA entry fits). CUDA: compute capability >= 9.0 -> sm90, unless the device reports less
+    opt-in shared memory per block than sm90's limit (e.g. cc 12.x with 99 KiB): then sm80,
+    whose entries fit in 99 KiB (cc 8.6/8.9 too)."""
     arch_name = getattr(props, "gcnArchName", None) or ""
     if torch.version.hip is not None or arch_name.startswith("gfx"):
         gfx = arch_name.split(":")[0]
         if gfx.startswith("gfx95"):
             return "cdna4"
         return "cdna3" if gfx.startswith("gfx94") else "cdna2"
-    return "sm90" if (props.major, props.minor) >= (9, 0) else "sm80"
+    if (props.major, props.minor) < (9, 0):
+        return "sm80"
+    optin = getattr(props, "shared_memory_per_block_optin", None)
+    return "sm80" if optin is not None and optin < FAMILIES["sm90"].shared_mem_bytes else "sm90"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _family_of_index(index: int) -> str | None:
     return family_from_properties(torch.cuda.get_device_properties(index))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _config_family_of_index(index: int) -> str:
     props = torch.cuda.get_device_properties(index)
     return family_from_properties(props) or nearest_family(props)

@@ -42,15 +42,19 @@ def reference_varlen_attention(
     *,
     causal: bool = False,
     softmax_scale: float | None = None,
+    compute_dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 reference of ``portattn.varlen_attention``.
 
     q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: [B + 1].
     Returns (out float64 [total_q, Hq, D], lse float64 [total_q, Hq]). Rows that see no key get
     out 0 and lse -inf. Gradients flow to q, k, v (through out and lse).
+
+    ``compute_dtype`` other than float64 gives the same math done eagerly in that dtype: the
+    yardstick for "as accurate as eager attention in the input dtype".
     """
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    q, k, v = q.double(), k.double(), v.double()
+    q, k, v = q.to(compute_dtype), k.to(compute_dtype), v.to(compute_dtype)
     bounds_q = cu_seqlens_q.tolist()
     bounds_k = cu_seqlens_k.tolist()
     outs, lses = [], []
@@ -72,7 +76,12 @@ def reference_attention(q, k, v, *, causal: bool = False, softmax_scale: float |
     seqlen_k = k.shape[1]
     steps = torch.arange(batch + 1)
     out, lse = reference_varlen_attention(
-        q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
-        steps * seqlen_q, steps * seqlen_k, causal=causal, softmax_scale=softmax_scale,
+        q.reshape(-1, *q.shape[2:]),
+        k.reshape(-1, *k.shape[2:]),
+        v.reshape(-1, *v.shape[2:]),
+        steps * seqlen_q,
+        steps * seqlen_k,
+        causal=causal,
+        softmax_scale=softmax_scale,
     )
     return out.view(*q.shape), lse.view(batch, seqlen_q, -1).permute(0, 2, 1)

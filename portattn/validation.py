@@ -91,7 +91,9 @@ def check_common(q, k, v, causal, softmax_scale, return_lse, kernel) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+        raise TypeError(
+            f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}"
+        )
     if not (math.isfinite(softmax_scale) and softmax_scale > 0):
         raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale}")
     return float(softmax_scale)
@@ -104,7 +106,9 @@ def check_heads_and_dims(q, k, v, token_dims: int) -> None:
         if x.dim() != want:
             raise ValueError(f"{name} must be {want}-D, got shape {tuple(x.shape)}")
         if x.stride(-1) != 1 and x.shape[-1] > 1:
-            raise ValueError(f"{name}.stride(-1) must be 1 (last dim contiguous), got {x.stride(-1)}")
+            raise ValueError(
+                f"{name}.stride(-1) must be 1 (last dim contiguous), got {x.stride(-1)}"
+            )
     head_dim = q.shape[-1]
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head dim must be one of {HEAD_DIMS}, got {head_dim}")
@@ -112,7 +116,9 @@ def check_heads_and_dims(q, k, v, token_dims: int) -> None:
         if x.shape[-1] != head_dim:
             raise ValueError(f"{name} head dim must equal q's ({head_dim}), got {x.shape[-1]}")
     if k.shape[:-1] != v.shape[:-1]:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
     n_heads_q, n_heads_k = q.shape[-2], k.shape[-2]
     if n_heads_k == 0 or n_heads_q == 0:
         raise ValueError(f"head counts must be >= 1, got Hq={n_heads_q}, Hkv={n_heads_k}")

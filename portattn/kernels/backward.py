@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from portattn.configs import upcast_dot
+from portattn.kernels.buffers import new_buffer
 from portattn.kernels.primitives import (
     key_range,
     load_lse2,
@@ -105,8 +106,7 @@ def attn_bwd_dkdv_kernel(
     cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-    batch, n_heads_q, scale, scale_log2,
-    GROUP: tl.constexpr,
+    batch, n_heads_q, group, scale, scale_log2,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -137,8 +137,8 @@ def attn_bwd_dkdv_kernel(
 
     b_dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     b_dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    for i_g in range(GROUP):  # query heads of the group, ascending
-        i_h = (i_hk * GROUP + i_g).to(tl.int64)
+    for i_g in range(group):  # query heads of the group, ascending
+        i_h = (i_hk * group + i_g).to(tl.int64)
         p_q_base = q + bos_q * stride_qt + i_h * stride_qh
         p_do_base = do + bos_q * stride_dot + i_h * stride_doh
         p_lse_base = lse + bos_q * n_heads_q + i_h
@@ -200,8 +200,7 @@ def attn_bwd_dq_kernel(
     cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_dot, stride_doh, stride_dqt, stride_dqh,
-    batch, n_heads_q, scale, scale_log2,
-    GROUP: tl.constexpr,
+    batch, n_heads_q, group, scale, scale_log2,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -212,7 +211,7 @@ def attn_bwd_dq_kernel(
 ):
     i_b, i_m = tile_index(batch, CAUSAL)
     i_h = tl.program_id(1)
-    i_hk = i_h // GROUP
+    i_hk = i_h // group
     bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
     bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
     m_start = i_m * BLOCK_M
@@ -279,18 +278,17 @@ def attn_bwd(
     total_q, n_heads_q, head_dim = q.shape
     n_heads_k = k.shape[1]
     batch = cu_seqlens_q.numel() - 1
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    dq = new_buffer(q.shape, q.dtype, q.device)
+    dk = new_buffer(k.shape, k.dtype, k.device)
+    dv = new_buffer(v.shape, v.dtype, v.device)
     if batch == 0 or (total_q == 0 and k.shape[0] == 0):
         return dq, dk, dv
-    delta = torch.empty((total_q, n_heads_q), dtype=torch.float32, device=q.device)
+    delta = new_buffer((total_q, n_heads_q), torch.float32, q.device)
     common = dict(
         HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
     )
     kernel_flags = dict(
-        GROUP=n_heads_q // n_heads_k,
         CAUSAL=causal,
         SPLIT_P=split_p,
         UPCAST=upcast_dot(q),
@@ -312,7 +310,7 @@ def attn_bwd(
             q, k, v, do, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-            batch, n_heads_q, softmax_scale, scale_log2,
+            batch, n_heads_q, n_heads_q // n_heads_k, softmax_scale, scale_log2,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, **common, **kernel_flags, **t.launch_kwargs(),
         )
     if total_q > 0:
@@ -321,7 +319,7 @@ def attn_bwd(
             q, k, v, do, lse, delta, dq, cu_seqlens_q, cu_seqlens_k,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
-            batch, n_heads_q, softmax_scale, scale_log2,
+            batch, n_heads_q, n_heads_q // n_heads_k, softmax_scale, scale_log2,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, **common, **kernel_flags, **t.launch_kwargs(),
         )
     return dq, dk, dv

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from portattn.configs import upcast_dot
+from portattn.kernels.buffers import new_buffer
 from portattn.kernels.primitives import (
     key_range,
     mask_scores,
@@ -23,7 +24,7 @@ from portattn.kernels.primitives import (
     visible_mask,
 )
 
-LN2 = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = 1.4426950408889634
 
 
@@ -50,7 +51,8 @@ def _fwd_key_tiles(
         b_v = tl.load(p_v, mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
         b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
         if MASKED:
-            b_qk = mask_scores(b_qk, visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, CAUSAL))
+            m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, CAUSAL)
+            b_qk = mask_scores(b_qk, m_vis)
         b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, scale_log2)
         b_acc = b_acc * b_alpha[:, None]
         b_acc = mma_rounded(b_p, b_v, b_acc, SPLIT_P, UPCAST)  # [BLOCK_M, BLOCK_D]
@@ -63,8 +65,7 @@ def attn_fwd_kernel(
     cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_ot, stride_oh, stride_o32t, stride_o32h,
-    batch, n_heads_q, scale_log2,
-    GROUP: tl.constexpr,
+    batch, n_heads_q, group, scale_log2,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -76,7 +77,7 @@ def attn_fwd_kernel(
 ):
     i_b, i_m = tile_index(batch, CAUSAL)
     i_h = tl.program_id(1)
-    i_hk = i_h // GROUP
+    i_hk = i_h // group
     bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
     bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
     m_start = i_m * BLOCK_M
@@ -146,9 +147,9 @@ def attn_fwd(
     total_q, n_heads_q, head_dim = q.shape
     n_heads_k = k.shape[1]
     batch = cu_seqlens_q.numel() - 1
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((total_q, n_heads_q), dtype=torch.float32, device=q.device)
-    out32 = torch.empty(q.shape, dtype=torch.float32, device=q.device) if store_o32 else None
+    out = new_buffer(q.shape, q.dtype, q.device)
+    lse = new_buffer((total_q, n_heads_q), torch.float32, q.device)
+    out32 = new_buffer(q.shape, torch.float32, q.device) if store_o32 else None
     if total_q == 0 or batch == 0:
         return out, lse, out32
     tiles = cfg.fwd
@@ -159,8 +160,7 @@ def attn_fwd(
         cu_seqlens_q, cu_seqlens_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), o32_arg.stride(0), o32_arg.stride(1),
-        batch, n_heads_q, softmax_scale * LOG2E,
-        GROUP=n_heads_q // n_heads_k,
+        batch, n_heads_q, n_heads_q // n_heads_k, softmax_scale * LOG2E,
         HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_M=tiles.block_m,

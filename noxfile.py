@@ -1,0 +1,127 @@
+"""nox sessions for portattn.
+
+- ``tests``: the CPU suite, in its own virtualenv (kernels run under Triton's interpreter; the
+  test harness ``tests/conftest.py`` sets TRITON_INTERPRET=1, nox does not), followed by the
+  CI subset of the ahead-of-time compile check. This is the README's test command, and what
+  ``.ci/run`` runs.
+- ``lint``: ruff check and ruff format --check.
+- ``compile``: the full ahead-of-time compile matrix (every family, kernel, head dim, dtype);
+  CPU only, no GPU needed.
+- ``gpu(family=...)``: the test suite on a GPU of that family, then ``python -m portattn golden
+  verify`` (the stored golden hashes, bitwise), in the *current* Python environment (see the
+  session's docstring).
+- ``golden_refresh(family=...)``: record that family's golden hashes on its GPU (current
+  environment too); see docs/golden.md.
+
+Default (plain ``nox``): lint and tests.
+"""
+
+from __future__ import annotations
+
+import nox
+
+# The CPU CI and the GPU toolchain use the same Triton. torch is installed first and alone: a bare
+# torch requirement can pull a multi-GB CUDA build, while this pin resolves to the CPU build the
+# CI machine keeps on local disk (elsewhere add `--index-url https://download.pytorch.org/whl/cpu`
+# via PIP_INDEX_URL).
+TORCH_CPU = "torch==2.13.0"
+TRITON = "triton==3.6.0"
+FAMILIES = ("sm80", "sm90", "cdna2", "cdna3", "cdna4")
+LINT_PATHS = ("portattn", "tests", "noxfile.py")
+
+nox.options.sessions = ["lint", "tests"]
+
+
+def _install_cpu_stack(session: nox.Session, extras: str = "") -> None:
+    session.install(TORCH_CPU)
+    session.install(TRITON, "-e", f".{extras}")
+
+
+def _pytest(session: nox.Session, *args: str, external: bool = False) -> None:
+    """Run pytest; exit code 5 ("no tests collected") is an error with a clear message."""
+    try:
+        session.run("python", "-m", "pytest", *args, external=external)
+    except nox.command.CommandFailed as exc:
+        code = getattr(exc, "return_code", None)
+        if code == 5 or (code is None and "code 5" in str(exc)):
+            session.error(
+                "pytest collected no tests (exit code 5): tests/ is missing or every test was "
+                "deselected; the suite must not be empty, so this counts as a failure"
+            )
+        raise
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """CPU test suite under Triton's interpreter, then the compile check's CI subset."""
+    _install_cpu_stack(session, "[test]")
+    _pytest(session, "-m", "not gpu", *(session.posargs or ["-q"]))
+    session.run("python", "-m", "portattn", "compile", "--subset", "ci")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check + ruff format --check."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", *LINT_PATHS)
+    session.run("ruff", "format", "--check", *LINT_PATHS)
+
+
+@nox.session
+def compile(session: nox.Session) -> None:
+    """Full ahead-of-time compile matrix for every family (CPU only, no GPU needed)."""
+    _install_cpu_stack(session)
+    session.run("python", "-m", "portattn", "compile", *session.posargs)
+
+
+_PROBE = (
+    "import torch, portattn; "
+    "print(portattn.family(), "
+    "torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU', sep='|')"
+)
+
+
+@nox.session(venv_backend="none")
+@nox.parametrize("family", FAMILIES)
+def gpu(session: nox.Session, family: str) -> None:
+    """The test suite on a GPU of ``family`` (all tests, GPU-only ones included), then the
+    golden hashes (``python -m portattn golden verify --family <family>``).
+
+    Runs in the current Python environment (``venv_backend="none"``): GPU stacks (the vendor's
+    torch build and its Triton: CUDA, or ROCm with pytorch-triton-rocm) are preinstalled per
+    machine and must not be replaced by a fresh install, and GPU machines may have no network.
+    The ``python`` on PATH must be that environment's, with pytest and hypothesis installed.
+    portattn is imported from this checkout (pytest's ``pythonpath = ["."]``); no install needed.
+    """
+    _require_family(session, "gpu", family)
+    _pytest(session, *(session.posargs or ["-q"]), external=True)
+    # Then the stored golden hashes, bitwise, on this GPU (docs/golden.md). Exit 2 (no hashes
+    # recorded for this family / Triton version, or stale ones) fails the session as well.
+    session.run("python", "-m", "portattn", "golden", "verify", "--family", family, external=True)
+
+
+def _require_family(session: nox.Session, name: str, family: str) -> None:
+    """Fail the session unless the GPU in front of it belongs to ``family``."""
+    probe = session.run("python", "-c", _PROBE, external=True, silent=True)
+    found, device = probe.strip().splitlines()[-1].split("|", 1)
+    if found != family:
+        session.error(
+            f"{name}(family={family!r}): this machine has {device} (family {found}), not a "
+            f"{family} GPU; run the session of the family in front of you"
+        )
+    session.log(f"family {found}: {device}")
+
+
+@nox.session(venv_backend="none")
+@nox.parametrize("family", FAMILIES)
+def golden_refresh(session: nox.Session, family: str) -> None:
+    """Record the golden output hashes of ``family`` on its GPU into ``golden/<family>.json``.
+
+    Same environment rule as ``gpu``: the current Python environment (``venv_backend="none"``),
+    nothing installed. Runs every canonical case (twice, to check run-to-run determinism) and
+    merges the hashes into the file under a lock; extra arguments go to
+    ``python -m portattn golden refresh`` (e.g. ``-- --force`` to overwrite differing hashes).
+    """
+    _require_family(session, "golden_refresh", family)
+    refresh = ("python", "-m", "portattn", "golden", "refresh", "--family", family)
+    session.run(*refresh, *session.posargs, external=True)

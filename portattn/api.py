@@ -1,0 +1,218 @@
+"""Public attention functions: argument checks, then the custom ops of :mod:`portattn.ops`.
+
+Layering: kernels (``portattn.kernels``) -> launchers (``attn_fwd`` / ``attn_bwd``) -> custom
+ops ``torch.ops.portattn.varlen_fwd`` / ``varlen_bwd`` with their autograd formula
+(:mod:`portattn.ops`) -> ``varlen_attention`` / ``attention`` (checked public API).
+
+Validation runs here, before the op, never inside it. In eager mode every check runs, including
+the ones that read ``cu_seqlens`` on the host. While ``torch.compile`` traces
+(``torch.compiler.is_compiling()``), the host-value checks are skipped (they would break the
+graph) and ``max_seqlen_q`` / ``max_seqlen_k`` must be given; all shape, dtype, device and
+stride checks still run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from portattn.ops import varlen_fwd
+from portattn.validation import DTypeError, check_common, check_heads_and_dims, check_varlen
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _run_fwd(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, kernel
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The checked arguments into the forward op; returns (out, lse), both differentiable."""
+    # fixed_order's backward reads a float32 copy of out: store it only when a backward can run.
+    store_o32 = kernel == "fixed_order" and _needs_grad(q, k, v)
+    out, lse, _ = varlen_fwd(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal,
+        softmax_scale=scale,
+        kernel=kernel,
+        store_o32=store_o32,
+    )
+    return out, lse
+
+
+def _check_cu_seqlens_traced(name: str, cu, device: torch.device) -> None:
+    """The checks of a cu_seqlens tensor that need no host values (type, dtype, rank, device)."""
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise DTypeError(f"{name} must have dtype torch.int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"{name} must be 1-D with B + 1 >= 1 entries, got shape {tuple(cu.shape)}")
+    if cu.device != device:
+        raise ValueError(f"{name} must be on {device} like q, got {cu.device}")
+
+
+def _check_max_seqlen_traced(name: str, given):
+    if given is None:
+        raise ValueError(
+            f"{name} must be given (an int) when varlen_attention runs under torch.compile: "
+            "deriving it from cu_seqlens needs their host values, a graph break"
+        )
+    if isinstance(given, bool) or not isinstance(given, (int, torch.SymInt)):
+        raise TypeError(f"{name} must be an int, got {type(given).__name__}")
+    if isinstance(given, int) and given < 0:
+        raise ValueError(f"{name} must be >= 0, got {given}")
+    return given
+
+
+def _check_varlen_traced(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """The varlen checks that run while ``torch.compile`` traces: everything that needs no host
+    value of ``cu_seqlens`` (shapes, dtypes, devices, strides, batch sizes, max_seqlen given).
+
+    The value checks of ``cu_seqlens`` (first entry 0, non-decreasing, last entry the token
+    count, max_seqlen at least the longest sequence) are skipped: they need a device-to-host
+    copy, which would break the graph. Returns (max_seqlen_q, max_seqlen_k)."""
+    check_heads_and_dims(q, k, v, token_dims=1)
+    _check_cu_seqlens_traced("cu_seqlens_q", cu_seqlens_q, q.device)
+    _check_cu_seqlens_traced("cu_seqlens_k", cu_seqlens_k, q.device)
+    if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must describe the same batch, got "
+            f"{cu_seqlens_q.shape[0] - 1} and {cu_seqlens_k.shape[0] - 1} sequences"
+        )
+    return (
+        _check_max_seqlen_traced("max_seqlen_q", max_seqlen_q),
+        _check_max_seqlen_traced("max_seqlen_k", max_seqlen_k),
+    )
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    return_lse: bool = False,
+    kernel: str = "varlen",
+):
+    """Attention over a packed batch of variable-length sequences (flash-attn varlen layout).
+
+    Args:
+        q: [total_q, Hq, D] float16 or bfloat16, token-major, ``stride(-1) == 1``.
+        k: [total_k, Hkv, D], same dtype and device; ``Hq % Hkv == 0`` (GQA/MQA: query head
+            ``h`` reads kv head ``h // (Hq // Hkv)``).
+        v: [total_k, Hkv, D].
+        cu_seqlens_q: int32 [B + 1], ``cu[0] == 0``, non-decreasing, ``cu[-1] == total_q``.
+            Sequence ``b`` owns query rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``.
+        cu_seqlens_k: int32 [B + 1], likewise for keys/values (same B).
+        max_seqlen_q, max_seqlen_k: optional ints, at least the longest sequence; derived from
+            cu_seqlens when None.
+        causal: bottom-right aligned mask. In a sequence with ``Sq`` queries and ``Sk`` keys,
+            query row ``i`` sees keys ``j <= i + Sk - Sq``.
+        softmax_scale: finite float > 0; default ``1 / sqrt(D)``.
+        return_lse: also return ``lse``.
+        kernel: ``"varlen"`` (fast: P and dS rounded to the input dtype for their products) or
+            ``"fixed_order"`` (strict: split-P second product, float32 O for the backward).
+
+    Returns:
+        out [total_q, Hq, D] in q's dtype; with ``return_lse``, ``(out, lse)`` where lse is
+        float32 [total_q, Hq], natural log of the sum of exp of the scaled scores, and is
+        differentiable. Rows that see no key (``Sk == 0``, or causal with ``Sq > Sk``) get out 0,
+        lse ``-inf`` and zero gradients.
+
+    Head dims: 32, 64, 96, 128, 256. Token offsets are computed in int64, so packs with more
+    than 2**31 elements are supported. Bad input raises ValueError / TypeError before launch.
+
+    Under ``torch.compile`` (no graph break; the kernels run as the custom ops
+    ``portattn::varlen_fwd`` / ``varlen_bwd``, same bytes as eager): ``max_seqlen_q`` and
+    ``max_seqlen_k`` must be given (ValueError otherwise), and the checks of the *values* of
+    ``cu_seqlens`` and of ``max_seqlen`` against them are skipped, since they need a host copy.
+    The caller then guarantees them, as with flash-attn; shape, dtype, device and stride
+    checks still run.
+    """
+    softmax_scale = check_common(q, k, v, causal, softmax_scale, return_lse, kernel)
+    if torch.compiler.is_compiling():
+        max_seqlen_q, max_seqlen_k = _check_varlen_traced(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+        )
+    else:
+        shape = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        max_seqlen_q, max_seqlen_k = shape.max_seqlen_q, shape.max_seqlen_k
+    out, lse = _run_fwd(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal,
+        softmax_scale,
+        kernel,
+    )
+    return (out, lse) if return_lse else out
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    return_lse: bool = False,
+    kernel: str = "varlen",
+):
+    """Dense attention in BSHD layout, computed on the varlen path (same bits as
+    ``varlen_attention`` on equal-length sequences).
+
+    Args:
+        q: [B, Sq, Hq, D] float16 or bfloat16, ``stride(-1) == 1``.
+        k, v: [B, Sk, Hkv, D], ``Hq % Hkv == 0``.
+        causal, softmax_scale, kernel: as in :func:`varlen_attention` (bottom-right causal:
+            row ``i`` sees keys ``j <= i + Sk - Sq``).
+        return_lse: also return lse, float32 [B, Hq, Sq] (flash-attn's and FlexAttention's
+            layout; a view of the varlen ``[B * Sq, Hq]`` buffer, no copy).
+
+    Returns:
+        out [B, Sq, Hq, D], or ``(out, lse)``.
+
+    Contiguous input (more generally, input whose batch and sequence dims merge into one token
+    dim) is viewed, never copied; other layouts are copied once into that shape. Needs no host
+    values: under ``torch.compile`` every check runs and nothing is required beyond eager.
+    """
+    softmax_scale = check_common(q, k, v, causal, softmax_scale, return_lse, kernel)
+    check_heads_and_dims(q, k, v, token_dims=2)
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}"
+        )
+    batch, seqlen_q, n_heads_q, head_dim = q.shape
+    seqlen_k = k.shape[1]
+    steps = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
+    out, lse = _run_fwd(
+        q.reshape(batch * seqlen_q, n_heads_q, head_dim),
+        k.reshape(batch * seqlen_k, k.shape[2], head_dim),
+        v.reshape(batch * seqlen_k, v.shape[2], head_dim),
+        steps * seqlen_q,
+        steps * seqlen_k,
+        seqlen_q,
+        seqlen_k,
+        causal,
+        softmax_scale,
+        kernel,
+    )
+    out = out.view(batch, seqlen_q, n_heads_q, head_dim)
+    if not return_lse:
+        return out
+    return out, lse.view(batch, seqlen_q, n_heads_q).permute(0, 2, 1)

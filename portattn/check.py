@@ -1,0 +1,309 @@
+"""``python -m portattn check``: detect the device and check a small case of each kernel.
+
+For each kernel ("varlen", "fixed_order"), each dtype and causal off/on, one small packed case
+runs forward and backward (with an upstream gradient on both ``out`` and ``lse``) and is compared
+with ``portattn.reference.reference_varlen_attention`` in float64.
+
+Acceptance rule (the same as the test suite's): for each of out, dq, dk, dv the relative
+Frobenius error against float64 must be at most ``2 x`` the error of the *same computation done
+eagerly in the input dtype* (the reference math run in float16/bfloat16 on the same inputs) plus
+``REL_MARGIN``; for lse (float32) the max abs error over rows that see a key must be at most
+``2 x`` the eager error plus ``LSE_MARGIN``, and rows that see no key must be ``-inf`` exactly.
+On top of that: no NaN anywhere, and every element the float64 reference gives as exactly 0
+(rows that see no key, keys that no query sees) is exactly 0 — output buffers start filled with
+NaN during the check, so an element the kernels never wrote shows up.
+
+Without a GPU the kernels must run under Triton's interpreter (``TRITON_INTERPRET=1``, which the
+CLI sets for its own process) and only float16 is checked (the interpreter mishandles bfloat16
+``tl.dot`` operands, triton-lang/triton#11584).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+# Sequence lengths of the pack: an empty query sequence whose keys nobody sees, a decode-like
+# sequence (Sq < Sk) and one with Sq > Sk (causal: its first Sq - Sk rows see no key).
+LENS_Q = (0, 17, 63)
+LENS_K = (9, 40, 50)
+N_HEADS_Q, N_HEADS_K, HEAD_DIM = 4, 2, 64
+KERNELS = ("varlen", "fixed_order")
+REL_MARGIN = 1e-4
+LSE_MARGIN = 1e-5
+NAMES = ("out", "lse", "dq", "dk", "dv")
+
+
+@dataclass
+class CaseResult:
+    kernel: str
+    dtype: torch.dtype
+    causal: bool
+    errors: dict[str, float] = field(default_factory=dict)
+    limits: dict[str, float] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+def _cu_seqlens(lengths, device) -> torch.Tensor:
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    return torch.tensor(bounds, dtype=torch.int32, device=device)
+
+
+def _inputs(dtype: torch.dtype, device: torch.device, seed: int = 0):
+    """q, k, v, dout, dlse from a fixed seed (drawn in float32 on the CPU, then cast)."""
+    gen = torch.Generator().manual_seed(seed)
+    tq, tk = sum(LENS_Q), sum(LENS_K)
+
+    def rand(*shape, to=dtype):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=to)
+
+    return (
+        rand(tq, N_HEADS_Q, HEAD_DIM),
+        rand(tk, N_HEADS_K, HEAD_DIM),
+        rand(tk, N_HEADS_K, HEAD_DIM),
+        rand(tq, N_HEADS_Q, HEAD_DIM),
+        rand(tq, N_HEADS_Q, to=torch.float32),
+    )
+
+
+def _grads(out, lse, leaves, dout, dlse):
+    """Gradients of q, k, v for upstream gradients dout (on out) and dlse (on lse)."""
+    if not any(x.numel() for x in leaves):
+        return [torch.zeros_like(x) for x in leaves]
+    grads = torch.autograd.grad((out, lse), leaves, (dout, dlse), allow_unused=True)
+    return [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads, strict=True)]
+
+
+def _run_reference(q, k, v, cu_q, cu_k, dout, dlse, causal, compute_dtype):
+    from portattn.reference import reference_varlen_attention
+
+    leaves = [x.detach().to(compute_dtype).requires_grad_() for x in (q, k, v)]
+    out, lse = reference_varlen_attention(
+        *leaves, cu_q, cu_k, causal=causal, compute_dtype=compute_dtype
+    )
+    grads = _grads(out, lse, leaves, dout.to(compute_dtype), dlse.to(lse.dtype))
+    return dict(zip(NAMES, (out.detach(), lse.detach(), *grads), strict=True))
+
+
+def _run_kernel(q, k, v, cu_q, cu_k, dout, dlse, causal, kernel):
+    import portattn
+    from portattn.kernels import buffers
+
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    poison, buffers.POISON = buffers.POISON, True  # unwritten elements stay NaN
+    try:
+        out, lse = portattn.varlen_attention(
+            *leaves, cu_q, cu_k, causal=causal, return_lse=True, kernel=kernel
+        )
+        grads = _grads(out, lse, leaves, dout, dlse)
+    finally:
+        buffers.POISON = poison
+    return dict(zip(NAMES, (out.detach(), lse.detach(), *grads), strict=True))
+
+
+def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative Frobenius error (absolute when the reference is 0)."""
+    diff = (x.double() - ref.double()).norm().item()
+    norm = ref.double().norm().item()
+    return diff / norm if norm > 0 else diff
+
+
+def _lse_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    seen = torch.isfinite(ref)
+    if not seen.any():
+        return 0.0
+    return (x.double()[seen] - ref.double()[seen]).abs().max().item()
+
+
+def _check_case(kernel: str, dtype: torch.dtype, causal: bool, device: torch.device) -> CaseResult:
+    result = CaseResult(kernel, dtype, causal)
+    start = time.perf_counter()
+    q, k, v, dout, dlse = _inputs(dtype, device)
+    cu_q, cu_k = _cu_seqlens(LENS_Q, device), _cu_seqlens(LENS_K, device)
+    ref = _run_reference(q, k, v, cu_q, cu_k, dout, dlse, causal, torch.float64)
+    # Rows that see no key have lse = -inf; their upstream lse gradient is meaningless.
+    dlse = torch.where(torch.isinf(ref["lse"]), 0.0, dlse.double()).float()
+    ref = _run_reference(q, k, v, cu_q, cu_k, dout, dlse, causal, torch.float64)
+    eager = _run_reference(q, k, v, cu_q, cu_k, dout, dlse, causal, dtype)
+    try:
+        got = _run_kernel(q, k, v, cu_q, cu_k, dout, dlse, causal, kernel)
+    except Exception as exc:  # report, keep checking the other cases
+        result.problems.append(f"raised {type(exc).__name__}: {exc}")
+        result.seconds = time.perf_counter() - start
+        return result
+
+    for name in NAMES:
+        x, r = got[name], ref[name]
+        if x.shape != r.shape:
+            result.problems.append(f"{name} has shape {tuple(x.shape)}, expected {tuple(r.shape)}")
+            continue
+        if torch.isnan(x).any():
+            result.problems.append(f"{name} has {int(torch.isnan(x).sum())} NaN (unwritten?)")
+            continue
+        if name == "lse":
+            if not torch.equal(torch.isneginf(x), torch.isneginf(r)):
+                result.problems.append("lse is -inf on different rows than the reference")
+                continue
+            err, base, margin = _lse_err(x, r), _lse_err(eager[name].float(), r), LSE_MARGIN
+        else:
+            if not torch.isfinite(x).all():
+                result.problems.append(f"{name} has inf")
+                continue
+            exact_zero = r == 0
+            if (x[exact_zero] != 0).any():
+                result.problems.append(f"{name} is not 0 where the reference is exactly 0")
+                continue
+            err, base, margin = _rel_err(x, r), _rel_err(eager[name], r), REL_MARGIN
+        result.errors[name] = err
+        result.limits[name] = 2 * base + margin
+        if not err <= result.limits[name]:
+            result.problems.append(
+                f"{name}: error {err:.3g} > limit {result.limits[name]:.3g} "
+                f"(2 x eager {_short(dtype)} {base:.3g} + {margin:g})"
+            )
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _describe_device() -> tuple[torch.device, list[torch.dtype], list[str]]:
+    """The device to check, the dtypes to check on it, and report lines about it."""
+    from portattn.families import FAMILIES, config_family, family
+
+    if not torch.cuda.is_available():
+        lines = [
+            f"device:  no GPU ({_cpu_name()}, {os.cpu_count()} cores); family: none",
+            "no GPU: kernels ran under Triton's interpreter (TRITON_INTERPRET=1), float16",
+        ]
+        return torch.device("cpu"), [torch.float16], lines
+    device = torch.device("cuda", torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(device)
+    if torch.version.hip is not None:
+        arch = f"ROCm {torch.version.hip}, {getattr(props, 'gcnArchName', '?')}"
+    else:
+        arch = f"CUDA {torch.version.cuda}, compute capability {props.major}.{props.minor}"
+    fam = family()
+    if fam is not None:
+        fam_line = f"family:  {fam} ({FAMILIES[fam].devices})"
+    else:
+        fam_line = (
+            f"family:  none (device outside the family table; runs the nearest family's "
+            f"configuration, {config_family(device)}; no golden family)"
+        )
+    lines = [f"device:  {torch.cuda.get_device_name(device)} ({arch})", fam_line]
+    return device, [torch.bfloat16, torch.float16], lines
+
+
+def numpy_problem() -> str | None:
+    """Why Triton's interpreter cannot run with this environment's numpy, or None."""
+    try:
+        import numpy
+    except ImportError:
+        return "Triton's interpreter needs numpy: pip install 'numpy>=1.26,<2.4'"
+    major, minor = (int(x) for x in numpy.__version__.split(".")[:2])
+    if (major, minor) >= (2, 4):
+        return (
+            f"numpy {numpy.__version__}: Triton 3.6's interpreter fails with numpy >= 2.4 (int() "
+            "of 1-element arrays); pip install 'numpy>=1.26,<2.4'"
+        )
+    return None
+
+
+def _interpreter_problem() -> str | None:
+    """Why the kernels cannot run under Triton's interpreter here, or None."""
+    from portattn.configs import interpreter_active
+
+    if not interpreter_active():
+        return (
+            "no GPU, and TRITON_INTERPRET=1 is not set: set it before Python starts (or use "
+            "`python -m portattn check`, which sets it for its own process)"
+        )
+    return numpy_problem()
+
+
+def _fmt_row(cells, widths) -> str:
+    return "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+
+def run_check(verbose: bool = False) -> int:
+    """Run the check and print the report. Returns 0 when every case passes, 1 otherwise
+    (2 when kernels cannot run at all: no GPU and the interpreter is not enabled)."""
+    import triton
+
+    import portattn
+
+    print("portattn check")
+    print(
+        f"versions: portattn {portattn.__version__}, torch {torch.__version__}, "
+        f"triton {triton.__version__}, python {platform.python_version()}"
+    )
+    device, dtypes, lines = _describe_device()
+    for line in lines:
+        print(line)
+    if device.type == "cpu":
+        problem = _interpreter_problem()
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+    print(
+        f"case:    {len(LENS_Q)} sequences, Sq {LENS_Q}, Sk {LENS_K}, Hq {N_HEADS_Q}, "
+        f"Hkv {N_HEADS_K}, D {HEAD_DIM}; forward + backward (gradients on out and lse) "
+        f"vs float64 reference"
+    )
+    print(
+        f"rule:    error <= 2 x (eager same-dtype error) + {REL_MARGIN:g} (out, dq, dk, dv: "
+        f"relative Frobenius; lse: max abs, margin {LSE_MARGIN:g}); no NaN; all outputs written"
+    )
+    print()
+
+    header = ["kernel", "dtype", "causal", *NAMES, "time", "result"]
+    widths = [11, 8, 6, 9, 9, 9, 9, 9, 6, 6]
+    print(_fmt_row(header, widths))
+    results = []
+    for dtype in dtypes:
+        for kernel in KERNELS:
+            for causal in (False, True):
+                res = _check_case(kernel, dtype, causal, device)
+                results.append(res)
+                errs = [f"{res.errors[n]:.2e}" if n in res.errors else "-" for n in NAMES]
+                cells = [kernel, _short(dtype), "yes" if causal else "no", *errs]
+                cells += [f"{res.seconds:.1f}s", "PASS" if res.passed else "FAIL"]
+                print(_fmt_row(cells, widths))
+                if verbose and res.limits:
+                    lims = [f"{res.limits[n]:.2e}" if n in res.limits else "-" for n in NAMES]
+                    print(_fmt_row(["", "", "limit", *lims], widths[:8]))
+                for problem in res.problems:
+                    print(f"    FAIL {problem}")
+    failed = [r for r in results if not r.passed]
+    print()
+    if failed:
+        print(f"FAIL: {len(failed)} of {len(results)} cases failed")
+        return 1
+    print(f"PASS: {len(results)} of {len(results)} cases")
+    return 0

@@ -1,0 +1,615 @@
+"""Ahead-of-time compile check: every kernel of every configuration entry, for its family's
+target, on a machine without a GPU (``python -m portattn compile``).
+
+For each (family, kernel, head_dim, dtype) entry of :func:`portattn.configs.config_table` the four
+Triton kernels (forward, backward preprocess, dK/dV, dQ) are compiled with ``triton.compile`` for
+the family's ``GPUTarget`` and checked:
+
+* it compiles (and its launcher passes exactly the table's tiles and launch options);
+* shared memory / LDS fits the family's limit;
+* no register spills: the ptxas ``-v`` report on CUDA (spill stores/loads, stack frame); on
+  ROCm the AMDGCN metadata's ``.vgpr_spill_count`` and private segment (scratch) size. SGPRs
+  spilled into VGPR lanes (``.sgpr_spill_count`` with no scratch) never reach memory: they are
+  reported, not failed; an SGPR spill to memory shows as scratch and fails;
+* the family's matrix instruction is in the code (``mma.sync`` / ``wgmma.mma_async`` in the PTX,
+  ``v_mfma`` in the AMDGCN assembly); the preprocess kernel has no product and is exempt;
+* a fingerprint: SHA-256 of the machine code (cubin / hsaco), debug and line info off.
+
+Signatures are not written by hand: the real launchers (``attn_fwd`` / ``attn_bwd``) run on CPU
+tensors of a representative launch (:data:`REPRESENTATIVE`) with the kernels swapped for
+recorders, and each recorded call is specialised the way Triton's JIT does it (16-byte aligned
+pointers and multiples of 16 get ``tt.divisibility``, integers equal to 1 become constexprs, on
+ROCm pointers under 2 GiB get ``tt.pointer_range``). Causal is compiled (a superset of the
+non-causal code), with GQA and a ``dlse`` input. Fingerprints describe that specialisation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import inspect
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from portattn.configs import DTYPES, HEAD_DIMS, KERNELS, KernelConfig, config_table
+from portattn.families import FAMILIES, Family
+
+STAGES = ("fwd", "bwd_pre", "bwd_dkdv", "bwd_dq")  # KernelConfig fields, one kernel each
+KERNEL_FUNCTIONS = {
+    "attn_fwd_kernel": "fwd",
+    "attn_bwd_preprocess_kernel": "bwd_pre",
+    "attn_bwd_dkdv_kernel": "bwd_dkdv",
+    "attn_bwd_dq_kernel": "bwd_dq",
+}
+HAS_PRODUCT = {"fwd": True, "bwd_pre": False, "bwd_dkdv": True, "bwd_dq": True}
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+DTYPE_ALIASES = {"fp16": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
+CI_HEAD_DIMS = (128, 64)
+CI_DTYPES = ("bf16",)
+# How each family's matrix instruction shows in the text the check searches.
+MMA_PATTERNS = {
+    "mma.sync": re.compile(r"\bmma\.sync\.aligned\."),
+    "wgmma": re.compile(r"\bwgmma\.mma_async\."),
+    "v_mfma": re.compile(r"\bv_mfma_"),
+}
+# Kernels allowed to use another matrix instruction than their family's (still not FMA):
+# (family, kernel, stage, head_dim) -> instruction. On sm90 every wgmma tiling of these spills
+# registers (measured with this check over the candidate tiles; wgmma needs >= 64 rows per
+# warpgroup, and dK/dV keep two [BLOCK_N, D] float32 accumulators), so they run on mma.sync.
+MMA_EXCEPTIONS = {
+    ("sm90", "varlen", "bwd_dkdv", 256): "mma.sync",
+    ("sm90", "fixed_order", "bwd_dkdv", 96): "mma.sync",
+    ("sm90", "fixed_order", "bwd_dkdv", 128): "mma.sync",
+    ("sm90", "fixed_order", "bwd_dkdv", 256): "mma.sync",
+    ("sm90", "fixed_order", "fwd", 256): "mma.sync",
+}
+# Triton knobs pinned while compiling (Triton's defaults where they change the code; line info
+# off; fresh compiles; the ptxas report printed, to read registers and spills from).
+PINNED_KNOBS: dict[str, dict[str, Any]] = {
+    "compilation": {
+        "always_compile": True,
+        "disable_line_info": True,
+        "dump_ir_extract_di_local_variables": False,
+        "override": False,
+        "allow_non_constexpr_globals": False,
+    },
+    "runtime": {"override_arch": None},
+    "nvidia": {"dump_ptxas_log": True, "disable_ptxas_opt": False},
+    "amd": {
+        "use_buffer_ops": True,
+        "use_async_copy": False,
+        "use_block_pingpong": None,
+        "use_in_thread_transpose": None,
+        "scalarize_packed_fops": False,
+    },
+    "language": {"default_fp_fusion": True},
+}
+# The representative launch whose specialisation is compiled: contiguous packed tensors, GQA
+# (a query-head group of 4 is a runtime loop bound; MHA's group of 1 would be a constexpr).
+REPRESENTATIVE = {"batch": 2, "seqlen": 256, "heads_q": 16, "heads_k": 4, "causal": True}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One configuration-table entry (family, kernel, head_dim, dtype name)."""
+
+    family: str
+    kernel: str
+    head_dim: int
+    dtype: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernel}/d{self.head_dim}/{self.dtype}"
+
+    def torch_dtype(self) -> torch.dtype:
+        return {v: k for k, v in DTYPE_NAMES.items()}[self.dtype]
+
+    def config(self) -> KernelConfig:
+        return config_table()[(self.family, self.kernel, self.head_dim, self.torch_dtype())]
+
+
+@dataclass
+class KernelResult:
+    """Outcome of compiling and checking one kernel of one entry."""
+
+    entry: Entry
+    stage: str
+    config_hash: str
+    failures: list[str] = field(default_factory=list)
+    shared: int | None = None
+    regs: int | None = None
+    spills: int | None = None  # CUDA: spill store+load bytes; ROCm: spilled VGPRs
+    scratch: int | None = None  # CUDA: stack frame bytes; ROCm: private segment bytes
+    sgpr_spills: int | None = None  # ROCm only: SGPRs spilled (to VGPR lanes unless scratch)
+    mma: int | None = None  # matrix instructions found; None where none is expected
+    fingerprint: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def record(self) -> dict[str, Any]:
+        """The JSON record of this kernel (golden files keep these)."""
+        skip = ("entry", "stage", "seconds")
+        record = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        return record | {"ok": self.ok}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One recorded kernel launch: the jit function, its bound arguments and launch options."""
+
+    stage: str
+    fn: Any
+    args: dict[str, Any]
+    options: dict[str, Any]
+
+
+@dataclass
+class Artifacts:
+    """What one compilation produced."""
+
+    shared: int
+    binary: bytes
+    asm: str  # PTX (CUDA) or AMDGCN assembly (ROCm)
+    ptxas_log: str = ""
+
+
+# ----------------------------------------------------------------------------- entries
+
+
+def select_entries(
+    families: Iterable[str] | None = None,
+    kernels: Iterable[str] | None = None,
+    head_dims: Iterable[int] | None = None,
+    dtypes: Iterable[str] | None = None,
+) -> list[Entry]:
+    """Table entries of the real families (never the interpreter row), filtered."""
+    fams = list(families) if families else list(FAMILIES)
+    for name in fams:
+        if name not in FAMILIES:
+            raise ValueError(f"unknown family {name!r}; known: {', '.join(FAMILIES)}")
+    kerns = list(kernels) if kernels else list(KERNELS)
+    dims = list(head_dims) if head_dims else list(HEAD_DIMS)
+    names = [DTYPE_ALIASES[d] for d in dtypes] if dtypes else [DTYPE_NAMES[d] for d in DTYPES]
+    table = config_table()
+    entries = [Entry(f, k, d, n) for f in fams for k in kerns for d in dims for n in names]
+    missing = [e for e in entries if (e.family, e.kernel, e.head_dim, e.torch_dtype()) not in table]
+    if missing:
+        raise ValueError(f"no table entry for {missing[0]}")
+    return entries
+
+
+# ----------------------------------------------------------------------------- launches
+
+
+class _Recorder:
+    """Stands in for a jit kernel in its launcher module and records the launch."""
+
+    def __init__(self, fn: Any, sink: list[tuple[Any, tuple, dict]]) -> None:
+        self.fn = fn
+        self.sink = sink
+
+    def __getitem__(self, grid):
+        def record(*args, **kwargs):
+            self.sink.append((self.fn, args, kwargs))
+
+        return record
+
+
+@contextlib.contextmanager
+def _recording(sink: list) -> Iterator[None]:
+    from portattn.kernels import backward, forward
+
+    swapped = [
+        (m, name) for m in (forward, backward) for name in KERNEL_FUNCTIONS if hasattr(m, name)
+    ]
+    saved = [getattr(mod, name) for mod, name in swapped]
+    try:
+        for mod, name in swapped:
+            setattr(mod, name, _Recorder(getattr(mod, name), sink))
+        yield
+    finally:
+        for (mod, name), fn in zip(swapped, saved):
+            setattr(mod, name, fn)
+
+
+def _bind(fn: Any, args: tuple, kwargs: dict) -> Launch:
+    """Split a recorded call into bound kernel arguments and launch options."""
+    params = {k: v for k, v in kwargs.items() if k in fn.arg_names}
+    options = {k: v for k, v in kwargs.items() if k not in fn.arg_names}
+    bound = inspect.signature(fn.fn).bind(*args, **params)  # jit and interpreted functions
+    bound.apply_defaults()
+    return Launch(KERNEL_FUNCTIONS[fn.__name__], fn, dict(bound.arguments), options)
+
+
+def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, Launch]:
+    """Run the real launchers on CPU tensors of the representative launch and record the four
+    kernel launches they make for ``entry``'s configuration (or ``cfg``)."""
+    from portattn.kernels.backward import attn_bwd
+    from portattn.kernels.forward import attn_fwd
+
+    rep = REPRESENTATIVE
+    n_tok, dim, dtype = rep["batch"] * rep["seqlen"], entry.head_dim, entry.torch_dtype()
+    q, do = (torch.zeros(n_tok, rep["heads_q"], dim, dtype=dtype) for _ in range(2))
+    k, v = (torch.zeros(n_tok, rep["heads_k"], dim, dtype=dtype) for _ in range(2))
+    cu = torch.arange(rep["batch"] + 1, dtype=torch.int32) * rep["seqlen"]
+    seq, causal, scale = rep["seqlen"], rep["causal"], dim**-0.5
+    fixed, cfg = entry.kernel == "fixed_order", cfg or entry.config()
+    sink: list = []
+    with _recording(sink):
+        fwd_args = (q, k, v, cu, cu, seq, causal, scale)
+        out, lse, out32 = attn_fwd(*fwd_args, split_p=fixed, store_o32=fixed, cfg=cfg)
+        bwd_args = (do, q, k, v, out32 if fixed else out, lse, torch.zeros_like(lse), cu, cu)
+        attn_bwd(*bwd_args, seq, seq, causal, scale, split_p=fixed, cfg=cfg)
+    launches = {launch.stage: launch for launch in (_bind(*call) for call in sink)}
+    missing = set(STAGES) - set(launches)
+    if missing:
+        raise RuntimeError(f"launchers did not launch {sorted(missing)}")
+    return launches
+
+
+def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
+    """Where a recorded launch differs from the table's tiles (empty when it reads the table)."""
+    tiles = getattr(cfg, launch.stage)
+    problems = []
+    if launch.options != tiles.launch_kwargs():
+        problems.append(f"launch options {launch.options} != table {tiles.launch_kwargs()}")
+    for param, value in (("BLOCK_M", tiles.block_m), ("BLOCK_N", tiles.block_n)):
+        if param in launch.args and launch.args[param] != value:
+            problems.append(f"{param}={launch.args[param]} != table {value}")
+    return problems
+
+
+# ----------------------------------------------------------------------------- compile
+
+
+def specialize(launch: Launch, backend: Any) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, attrs) for ``ASTSource``, as Triton's JIT builds them."""
+    from triton._C.libtriton import native_specialize_impl
+
+    signature: dict[str, str] = {}
+    constexprs: dict[str, Any] = {}
+    attrs: dict[tuple[int], list] = {}
+    for i, kp in enumerate(launch.fn.params):
+        value = launch.args[kp.name]
+        if kp.is_constexpr:
+            signature[kp.name], constexprs[kp.name] = "constexpr", value
+            continue
+        flags = (kp.is_const, not kp.do_not_specialize, not kp.do_not_specialize_on_alignment)
+        ty, spec = native_specialize_impl(backend, value, *flags)
+        if isinstance(kp.annotation_type, str) and kp.annotation_type:
+            ty = kp.annotation_type
+            if ty == "u1" or ty[:2] in ("fp", "bf") or kp.do_not_specialize:
+                spec = None
+        signature[kp.name] = ty
+        if ty == "constexpr":
+            constexprs[kp.name] = spec
+        elif isinstance(spec, str):
+            attrs[(i,)] = backend.parse_attr(spec)
+    return signature, constexprs, attrs
+
+
+def _option_fields(backend: Any) -> set[str]:
+    from triton.backends.amd.compiler import HIPOptions
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    options = HIPOptions if backend.target.backend == "hip" else CUDAOptions
+    return {f.name for f in fields(options)}
+
+
+@contextlib.contextmanager
+def pinned_knobs(cache_dir: str) -> Iterator[None]:
+    """Triton settings that change the code are pinned to their defaults (whatever the
+    environment says), line info is off, and every compile is fresh, into ``cache_dir``."""
+    from triton import knobs
+
+    pinned = dict(PINNED_KNOBS, cache={"dir": cache_dir})
+    with contextlib.ExitStack() as stack:
+        for group_name, settings in pinned.items():
+            group = getattr(knobs, group_name)
+            stack.enter_context(group.scope())
+            for name, value in settings.items():
+                setattr(group, name, value)
+        yield
+
+
+def compile_launch(launch: Launch, family: Family) -> Artifacts:
+    """Compile one recorded launch for ``family``'s target (call inside :func:`pinned_knobs`)."""
+    import triton
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+
+    target = family.target()
+    backend = make_backend(target)
+    unknown = set(launch.options) - _option_fields(backend)
+    if unknown:
+        raise ValueError(f"launch options {sorted(unknown)} are not {target.backend} options")
+    signature, constexprs, attrs = specialize(launch, backend)
+    src = ASTSource(launch.fn, signature, constexprs, attrs)
+    options = dict(launch.options, debug=False)
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        kernel = triton.compile(src, target=target, options=options)
+    asm = kernel.asm["ptx"] if target.backend == "cuda" else kernel.asm["amdgcn"]
+    return Artifacts(kernel.metadata.shared, kernel.kernel, asm, log.getvalue())
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _int(pattern: str, text: str) -> int | None:
+    match = re.search(pattern, text)
+    return int(match.group(1)) if match else None
+
+
+def resource_usage(art: Artifacts, family: Family) -> dict[str, int | None]:
+    """Registers, spills and scratch: from the ptxas report (CUDA) or AMDGCN metadata."""
+    if family.vendor == "cuda":
+        log = art.ptxas_log
+        stores = _int(r"(\d+) bytes spill stores", log)
+        loads = _int(r"(\d+) bytes spill loads", log)
+        spills = None if stores is None or loads is None else stores + loads
+        return {
+            "regs": _int(r"Used (\d+) registers", log),
+            "spills": spills,
+            "scratch": _int(r"(\d+) bytes stack frame", log),
+        }
+    asm = art.asm
+    # .vgpr_count is the total (architectural + accumulation VGPRs) on CDNA.
+    return {
+        "regs": _int(r"\.vgpr_count:\s+(\d+)", asm),
+        "spills": _int(r"\.vgpr_spill_count:\s+(\d+)", asm),
+        "sgpr_spills": _int(r"\.sgpr_spill_count:\s+(\d+)", asm),
+        "scratch": _int(r"\.private_segment_fixed_size:\s+(\d+)", asm),
+    }
+
+
+def check_artifacts(result: KernelResult, art: Artifacts, family: Family) -> None:
+    """Fill ``result`` from the artifacts and append every failed check to its failures."""
+    result.shared = art.shared
+    result.fingerprint = hashlib.sha256(art.binary).hexdigest()
+    result.__dict__.update(resource_usage(art, family))
+    if art.shared > family.shared_mem_bytes:
+        result.failures.append(f"shared memory {art.shared} > {family.shared_mem_bytes}")
+    if result.spills is None or result.scratch is None:
+        result.failures.append("no register/spill report found")
+    elif result.spills or result.scratch:
+        result.failures.append(f"register spills ({result.spills}) / scratch ({result.scratch})")
+    if HAS_PRODUCT[result.stage]:
+        instr = matrix_instruction(result.entry, result.stage, family)
+        result.mma = len(MMA_PATTERNS[instr].findall(art.asm))
+        if not result.mma:
+            result.failures.append(f"no {instr} instruction")
+
+
+def matrix_instruction(entry: Entry, stage: str, family: Family) -> str:
+    """The matrix instruction ``stage`` of ``entry`` must contain."""
+    key = (entry.family, entry.kernel, stage, entry.head_dim)
+    return MMA_EXCEPTIONS.get(key, family.matrix_instruction)
+
+
+def check_entry(
+    entry: Entry,
+    family: Family | None = None,
+    cfg: KernelConfig | None = None,
+    stages: Iterable[str] = STAGES,
+) -> list[KernelResult]:
+    """Compile and check the kernels ``stages`` of ``entry``. ``family`` (its limits, its
+    instruction) and ``cfg`` (the tiles) replace the table's, for tests and tuning."""
+    family = family or FAMILIES[entry.family]
+    cfg = cfg or entry.config()
+    results = [KernelResult(entry, stage, cfg.content_hash()) for stage in stages]
+    try:
+        launches = record_launches(entry, cfg)
+    except Exception as exc:  # noqa: BLE001 - reported as a failed check
+        for result in results:
+            result.failures.append(f"launch recording failed: {_first_line(exc)}")
+        return results
+    with tempfile.TemporaryDirectory(prefix="portattn-cc-") as cache_dir, pinned_knobs(cache_dir):
+        for result in results:
+            launch = launches[result.stage]
+            result.failures.extend(table_mismatches(launch, cfg))
+            start = time.perf_counter()
+            try:
+                check_artifacts(result, compile_launch(launch, family), family)
+            except Exception as exc:  # noqa: BLE001 - a kernel that does not compile fails
+                result.failures.append(f"compile failed: {_first_line(exc)}")
+            result.seconds = time.perf_counter() - start
+    return results
+
+
+def _first_line(exc: BaseException) -> str:
+    """The exception's type and the last non-empty line of its message (Triton puts the cause
+    there)."""
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()] or [""]
+    return f"{type(exc).__name__}: {lines[-1].strip()[:200]}"
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def interpreter_active() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def run_entries(entries: list[Entry], jobs: int, progress=None) -> list[KernelResult]:
+    """Check ``entries`` on ``jobs`` worker processes (in this process when ``jobs == 1``);
+    ``progress(done, total, entry_results)`` is called as each entry finishes."""
+    results: list[KernelResult] = []
+    if jobs <= 1:
+        for i, entry in enumerate(entries):
+            results.extend(part := check_entry(entry))
+            if progress:
+                progress(i + 1, len(entries), part)
+        return results
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(check_entry, entry) for entry in entries]
+        for i, future in enumerate(as_completed(futures)):
+            results.extend(part := future.result())
+            if progress:
+                progress(i + 1, len(entries), part)
+    order = {e: i for i, e in enumerate(entries)}
+    return sorted(results, key=lambda r: (order[r.entry], STAGES.index(r.stage)))
+
+
+def results_json(results: list[KernelResult]) -> dict[str, dict[str, dict[str, dict]]]:
+    """family -> entry label -> kernel stage -> record."""
+    out: dict[str, dict[str, dict[str, dict]]] = {}
+    for r in results:
+        out.setdefault(r.entry.family, {}).setdefault(r.entry.label, {})[r.stage] = r.record()
+    return out
+
+
+def fingerprints(
+    family: str,
+    kernels: Iterable[str] | None = None,
+    head_dims: Iterable[int] | None = None,
+    dtypes: Iterable[str] | None = None,
+) -> dict[str, dict[str, str | None]]:
+    """Machine-code fingerprints of the entries of ``family`` (all, or those filtered): entry
+    label (e.g. ``"varlen/d128/bf16"``) -> kernel stage -> SHA-256 hex (None where it did not
+    compile). Under Triton's interpreter the compile runs in a child process without
+    ``TRITON_INTERPRET``."""
+    kernels, head_dims, dtypes = (list(x) if x else None for x in (kernels, head_dims, dtypes))
+    if interpreter_active():
+        argv = ["--family", family]
+        for flag, values in (("--kernel", kernels), ("--head-dim", head_dims), ("--dtype", dtypes)):
+            for value in values or ():
+                argv += [flag, str(value)]
+        data = _run_child(argv)
+    else:
+        entries = select_entries([family], kernels, head_dims, dtypes)
+        data = results_json(run_entries(entries, min(os.cpu_count() or 1, len(entries))))
+    return {
+        label: {stage: rec["fingerprint"] for stage, rec in stages.items()}
+        for label, stages in data.get(family, {}).items()
+    }
+
+
+def _run_child(argv: list[str]) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "results.json")
+        cmd = [sys.executable, "-m", "portattn", "compile", "--quiet", "--json", path, *argv]
+        proc = subprocess.run(cmd, env=env, check=False, capture_output=True, text=True)
+        if not os.path.exists(path):
+            raise RuntimeError(
+                f"compile check child failed ({proc.returncode}): {proc.stdout}{proc.stderr}"
+            )
+        with open(path) as f:
+            return json.load(f)
+
+
+# ----------------------------------------------------------------------------- report
+
+
+COLUMNS = ("family", "kernel", "stage", "d", "dtype", "shared", "regs", "spills", "mma")
+COLUMNS += ("fingerprint", "status")
+
+
+def _row(r: KernelResult) -> tuple[str, ...]:
+    if not HAS_PRODUCT[r.stage]:
+        mma = "n/a"
+    else:
+        instr = matrix_instruction(r.entry, r.stage, FAMILIES[r.entry.family])
+        mma = f"{instr} x{r.mma}" if r.mma else "NONE"
+    spills = str(r.spills) + (f" (s{r.sgpr_spills})" if r.sgpr_spills else "")
+    status = "ok" if r.ok else "FAIL: " + "; ".join(r.failures)
+    e = r.entry
+    cells = (e.family, e.kernel, r.stage, e.head_dim, e.dtype, r.shared, r.regs, spills, mma)
+    return (*map(str, cells), (r.fingerprint or "-")[:12], status)
+
+
+def format_table(results: list[KernelResult]) -> str:
+    rows = [COLUMNS] + [_row(r) for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1] for row in rows
+    ]
+    return "\n".join(lines)
+
+
+def _progress_line(done: int, total: int, part: list[KernelResult]) -> None:
+    e = part[0].entry
+    bad = [r for r in part if not r.ok]
+    status = "ok" if not bad else f"FAIL ({', '.join(r.stage for r in bad)})"
+    secs = sum(r.seconds for r in part)
+    print(f"[{done:3d}/{total}] {e.family:5s} {e.label:22s} {status}  ({secs:.1f} s)", flush=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``python -m portattn compile``."""
+    filters = (
+        ("--family", str, list(FAMILIES), "family (default: all)"),
+        ("--kernel", str, list(KERNELS), "kernel (default: both)"),
+        ("--head-dim", int, list(HEAD_DIMS), "head dim (default: all)"),
+        ("--dtype", str, sorted(DTYPE_ALIASES), "input dtype (default: both)"),
+    )
+    for flag, kind, choices, text in filters:
+        parser.add_argument(flag, action="append", type=kind, choices=choices, help=text)
+    ci = "ci: every family, both kernels, head dims 128 and 64, bf16 (filters still apply)"
+    parser.add_argument("--subset", choices=["ci"], help=ci)
+    json_help = "write family -> entry -> kernel -> record as JSON"
+    parser.add_argument("--json", metavar="PATH", help=json_help)
+    jobs_help = "worker processes (default: CPU count)"
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help=jobs_help)
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress or table")
+
+
+def _entries_from_args(args: argparse.Namespace) -> list[Entry]:
+    head_dims, dtypes = args.head_dim, args.dtype
+    if args.subset == "ci":
+        head_dims = head_dims or list(CI_HEAD_DIMS)
+        dtypes = dtypes or list(CI_DTYPES)
+    return select_entries(args.family, args.kernel, head_dims, dtypes)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the compile check; 0 when every check passed, 1 otherwise, 2 on bad usage."""
+    if interpreter_active():
+        print("error: the compile check needs Triton's compiler; unset TRITON_INTERPRET")
+        return 2
+    try:
+        entries = _entries_from_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}")
+        return 2
+    import triton
+
+    quiet = getattr(args, "quiet", False)
+    jobs = max(1, min(getattr(args, "jobs", 1) or 1, len(entries)))
+    if not quiet:
+        what = f"{len(entries)} entries x {len(STAGES)} kernels with Triton {triton.__version__}"
+        print(f"compiling {what} on {jobs} process(es)", flush=True)
+    start = time.perf_counter()
+    results = run_entries(entries, jobs, None if quiet else _progress_line)
+    elapsed = time.perf_counter() - start
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results_json(results), f, indent=1, sort_keys=True)
+    failed = [r for r in results if not r.ok]
+    if not quiet:
+        print(format_table(results))
+        print(f"{len(results)} kernels, {len(failed)} failed, {elapsed:.0f} s", flush=True)
+    return 1 if failed else 0

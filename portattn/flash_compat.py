@@ -1,0 +1,172 @@
+"""Drop-in replacements for flash-attn 2's ``flash_attn_varlen_func`` and ``flash_attn_func``.
+
+Same argument order, defaults and return conventions as ``flash_attn.flash_attn_interface``
+(flash-attn 2.6 to 2.8), computed by portattn's kernels, so that::
+
+    from flash_attn import flash_attn_varlen_func      # becomes
+    from portattn import flash_attn_varlen_func
+
+is the only change a caller needs, as long as it uses the supported features. Features portattn
+does not implement (dropout, sliding window, softcap, ALiBi, paged KV) raise a ValueError naming
+the feature; nothing is silently ignored except ``deterministic``, which portattn always is.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from portattn.api import attention, varlen_attention
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func"]
+
+
+def _unsupported(feature: str, arg: str, value) -> ValueError:
+    return ValueError(
+        f"{feature} is not supported by portattn ({arg}={value!r}); portattn implements plain "
+        "softmax attention with an optional bottom-right causal mask"
+    )
+
+
+def _resolve_features(
+    dropout_p, causal, window_size, softcap, alibi_slopes, block_table=None
+) -> bool:
+    """Reject what portattn does not implement; returns the effective ``causal``.
+
+    ``window_size == (-1, 0)`` is accepted as causal, which is what flash-attn makes of it."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if dropout_p != 0:
+        raise _unsupported("attention dropout (dropout_p > 0)", "dropout_p", dropout_p)
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a pair (left, right), got {window_size!r}")
+    window = tuple(window_size)
+    if window not in ((-1, -1), (-1, 0)):
+        raise _unsupported(
+            "sliding window attention (window_size != (-1, -1))", "window_size", window
+        )
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    if softcap != 0:
+        raise _unsupported("softcapping (softcap != 0)", "softcap", softcap)
+    if alibi_slopes is not None:
+        raise _unsupported("ALiBi (alibi_slopes)", "alibi_slopes", type(alibi_slopes).__name__)
+    if block_table is not None:
+        raise _unsupported(
+            "paged KV cache (block_table)", "block_table", type(block_table).__name__
+        )
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    return causal or window == (-1, 0)
+
+
+def _no_attn_probs(q: torch.Tensor) -> torch.Tensor:
+    # flash-attn returns an empty tensor for S_dmask when dropout is off.
+    return torch.empty((0,), dtype=q.dtype, device=q.device)
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+    *,
+    kernel: str = "varlen",
+):
+    """flash-attn 2's ``flash_attn_varlen_func``, computed by portattn.
+
+    Args:
+        q: [total_q, Hq, D] float16 or bfloat16, ``stride(-1) == 1``.
+        k, v: [total_k, Hkv, D], ``Hq % Hkv == 0`` (GQA/MQA as in flash-attn).
+        cu_seqlens_q, cu_seqlens_k: int32 [B + 1] cumulative sequence lengths.
+        max_seqlen_q, max_seqlen_k: ints, at least the longest query / key sequence.
+        dropout_p: must be 0.0 (dropout is not supported: ValueError).
+        softmax_scale: default ``1 / sqrt(D)``.
+        causal: bottom-right aligned causal mask (flash-attn >= 2.1 convention).
+        window_size: must be ``(-1, -1)``; ``(-1, 0)`` is accepted and means causal, as in
+            flash-attn. Any other window: ValueError.
+        softcap: must be 0.0 (ValueError otherwise).
+        alibi_slopes: must be None (ValueError otherwise).
+        deterministic: accepted and ignored: portattn's forward and backward are always
+            deterministic (atomic-free, fixed order).
+        return_attn_probs: also return ``softmax_lse`` and ``S_dmask``.
+        block_table: must be None (paged KV: ValueError otherwise).
+        kernel: portattn's kernel, ``"varlen"`` or ``"fixed_order"`` (keyword only; not in
+            flash-attn).
+
+    Returns:
+        ``out`` [total_q, Hq, D]; with ``return_attn_probs``, ``(out, softmax_lse, S_dmask)``:
+        ``softmax_lse`` float32 [Hq, total_q] (flash-attn's varlen layout, contiguous) and
+        ``S_dmask`` an empty tensor (what flash-attn returns when dropout is off).
+
+    Differences from flash-attn: rows that see no key (``Sk == 0``, or causal with
+    ``Sq > Sk``) get lse ``-inf`` (flash-attn writes ``+inf``); ``softmax_lse`` is
+    differentiable (flash-attn drops its gradient); the features above raise instead of
+    running. Validation errors are portattn's (ValueError / TypeError naming the argument).
+    """
+    causal = _resolve_features(dropout_p, causal, window_size, softcap, alibi_slopes, block_table)
+    out, lse = varlen_attention(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        return_lse=True,
+        kernel=kernel,
+    )
+    if not return_attn_probs:
+        return out
+    return out, lse.transpose(0, 1).contiguous(), _no_attn_probs(q)
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    kernel: str = "varlen",
+):
+    """flash-attn 2's ``flash_attn_func`` (dense BSHD), computed by portattn.
+
+    Args:
+        q: [B, Sq, Hq, D] float16 or bfloat16, ``stride(-1) == 1``.
+        k, v: [B, Sk, Hkv, D], ``Hq % Hkv == 0``.
+        Other arguments as in :func:`flash_attn_varlen_func`.
+
+    Returns:
+        ``out`` [B, Sq, Hq, D]; with ``return_attn_probs``, ``(out, softmax_lse, S_dmask)`` with
+        ``softmax_lse`` float32 [B, Hq, Sq] (contiguous) and ``S_dmask`` an empty tensor.
+        Same differences from flash-attn as :func:`flash_attn_varlen_func`.
+    """
+    causal = _resolve_features(dropout_p, causal, window_size, softcap, alibi_slopes)
+    out, lse = attention(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, kernel=kernel
+    )
+    if not return_attn_probs:
+        return out
+    return out, lse.contiguous(), _no_attn_probs(q)

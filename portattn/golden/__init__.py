@@ -1,0 +1,50 @@
+"""Golden output hashes per GPU family: canonical cases, a counter-based input generator,
+hashing, the golden files and the verify / refresh / fingerprints commands (DESIGN §5).
+
+``import portattn.golden`` does no GPU work; see ``docs/golden.md`` for the workflow.
+"""
+
+from portattn.golden.cases import CASES, CASES_VERSION, Case, cases_by_name
+from portattn.golden.commands import run_fingerprints, run_refresh, run_verify
+from portattn.golden.inputs import generate
+from portattn.golden.run import CaseResult, accuracy, compute_case, make_inputs
+from portattn.golden.store import (
+    SCHEMA,
+    GoldenConflict,
+    GoldenError,
+    build_record,
+    merge,
+    output_differences,
+    stale_outputs,
+)
+
+
+def verify_against(expected: dict, result: CaseResult) -> list[str]:
+    """Differences of ``result`` from a stored output record (empty when bitwise equal): each
+    line names the case, the tensor, the sequence and the heads."""
+    got = {"inputs_sha256": result.inputs_sha256, "tensors": result.tensors}
+    return output_differences(result.case.name, expected, got)
+
+
+__all__ = [
+    "CASES",
+    "CASES_VERSION",
+    "SCHEMA",
+    "Case",
+    "CaseResult",
+    "GoldenConflict",
+    "GoldenError",
+    "accuracy",
+    "build_record",
+    "cases_by_name",
+    "compute_case",
+    "generate",
+    "make_inputs",
+    "merge",
+    "output_differences",
+    "run_fingerprints",
+    "run_refresh",
+    "run_verify",
+    "stale_outputs",
+    "verify_against",
+]

@@ -1,0 +1,118 @@
+"""The canonical golden cases: a versioned list, small enough to verify in well under a minute.
+
+Bump :data:`CASES_VERSION` whenever a case is added, removed or changed. A case's name is its
+identity in the golden files: never redefine a name, add a new one instead (a golden file stores
+each case's definition, so old files still verify the cases they recorded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+
+CASES_VERSION = 1
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+# Tensor ids of the input generator (see portattn.golden.inputs).
+TENSOR_IDS = {"q": 1, "k": 2, "v": 3, "do": 4, "dlse": 5}
+OUTPUTS = ("out", "lse", "dq", "dk", "dv")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One forward + backward run of ``portattn.varlen_attention``.
+
+    ``lens_q`` / ``lens_k``: per-sequence query / key lengths of the pack. The backward gets
+    ``dO`` and (when ``dlse``) a gradient of lse, both from the input generator.
+    """
+
+    name: str
+    kernel: str
+    lens_q: tuple[int, ...]
+    lens_k: tuple[int, ...]
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: str  # "bf16" or "fp16"
+    causal: bool
+    seed: int
+    dlse: bool = True
+
+    def __post_init__(self) -> None:
+        if len(self.lens_q) != len(self.lens_k):
+            raise ValueError(f"{self.name}: lens_q and lens_k differ in length")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"{self.name}: dtype must be one of {sorted(DTYPES)}")
+        if self.heads_q % self.heads_kv:
+            raise ValueError(f"{self.name}: heads_q must be a multiple of heads_kv")
+
+    @property
+    def entry(self) -> str:
+        """The configuration-table entry it runs, labelled as the compile check labels it."""
+        return f"{self.kernel}/d{self.head_dim}/{self.dtype}"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("name")
+        data["lens_q"], data["lens_k"] = list(self.lens_q), list(self.lens_k)
+        return data
+
+    @classmethod
+    def from_json(cls, name: str, data: dict[str, Any]) -> Case:
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["lens_q"], kwargs["lens_k"] = tuple(data["lens_q"]), tuple(data["lens_k"])
+        return cls(name=name, **kwargs)
+
+
+# A prefill pack with lengths 0, 1 and lengths that are multiples of no tile size.
+PACK = (0, 1, 17, 100, 333)
+# Decode-style: a few queries against long key sequences (bottom-right causal).
+DECODE_Q, DECODE_K = (1, 4, 1), (300, 300, 77)
+# Ragged: causal rows that see no key (Sq > Sk), queries without keys, keys without queries.
+RAGGED_Q, RAGGED_K = (20, 0, 50, 3), (7, 30, 50, 0)
+# Plain multi-head (no GQA) with a partial last tile.
+MHA = (64, 129, 5)
+
+# (tag, lens_q, lens_k, heads_q, heads_kv, head_dim, dtype, causal, dlse)
+_SHAPES = (
+    ("pack-gqa", PACK, PACK, 8, 2, 128, "bf16", True, True),
+    ("pack-gqa", PACK, PACK, 8, 2, 128, "bf16", False, True),
+    ("pack-mqa", PACK, PACK, 4, 1, 64, "fp16", True, True),
+    ("decode-gqa", DECODE_Q, DECODE_K, 8, 2, 128, "bf16", True, True),
+    ("decode-mqa", DECODE_Q, DECODE_K, 4, 1, 64, "fp16", True, True),
+    ("mha", MHA, MHA, 4, 4, 96, "bf16", False, True),
+    ("ragged-mqa-nodlse", RAGGED_Q, RAGGED_K, 4, 1, 64, "fp16", False, False),
+    ("ragged-gqa", RAGGED_Q, RAGGED_K, 8, 2, 128, "bf16", True, True),
+)
+
+
+def _canonical() -> tuple[Case, ...]:
+    cases = []
+    for k_index, kernel in enumerate(("varlen", "fixed_order")):
+        for s_index, (tag, lq, lk, hq, hkv, d, dtype, causal, dlse) in enumerate(_SHAPES):
+            mask = "causal" if causal else "full"
+            name = f"{kernel}-{tag}-d{d}-{dtype}-{mask}"
+            seed = 1000 + 100 * k_index + s_index
+            cases.append(Case(name, kernel, lq, lk, hq, hkv, d, dtype, causal, seed, dlse))
+    return tuple(cases)
+
+
+CASES: tuple[Case, ...] = _canonical()
+
+
+def cases_by_name(names: list[str] | None = None) -> list[Case]:
+    """The canonical cases, or those named (ValueError for an unknown name)."""
+    if not names:
+        return list(CASES)
+    index = {c.name: c for c in CASES}
+    unknown = [n for n in names if n not in index]
+    if unknown:
+        raise ValueError(f"unknown case(s) {unknown}; known: {', '.join(index)}")
+    return [index[n] for n in names]

@@ -1,0 +1,168 @@
+"""Command line of ``python -m portattn golden``: hardware detection, arguments, dispatch."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+
+from portattn.golden.commands import (
+    compile_fingerprints,
+    default_golden_dir,
+    run_fingerprints,
+    run_refresh,
+    run_verify,
+    say,
+)
+
+NOT_A_FAMILY = (
+    "no GPU here: golden hashes are recorded and verified on a GPU of a family (sm80, sm90, "
+    "cdna2, cdna3, cdna4); Triton's CPU interpreter is not a family"
+)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the machine offers: its family (None if not a golden family) and device."""
+
+    family: str | None
+    device: torch.device | None
+    name: str
+
+
+def detect_hardware() -> Hardware:
+    """The current GPU and its family; ``device`` is None without a GPU."""
+    if not torch.cuda.is_available():
+        return Hardware(None, None, "no GPU")
+    from portattn.families import family
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    return Hardware(family(device), device, torch.cuda.get_device_name(device))
+
+
+def hardware_problem(hw: Hardware, requested: str | None) -> str | None:
+    """Why golden hashes cannot be checked or recorded on ``hw`` (for family ``requested``)."""
+    if hw.device is None:
+        return NOT_A_FAMILY
+    if hw.family is None:
+        return (
+            f"{hw.name} is outside the family table: it runs the nearest family's "
+            "configuration but has no golden hashes of its own"
+        )
+    if requested and requested != hw.family:
+        return f"this machine has {hw.name} (family {hw.family}), not a {requested} GPU"
+    return None
+
+
+def cmd_verify(args: argparse.Namespace, hw: Hardware | None = None) -> int:
+    """``golden verify``; ``hw`` replaces the detected hardware (tests inject it)."""
+    hw = hw or detect_hardware()
+    problem = hardware_problem(hw, args.family)
+    if problem:
+        say(f"golden verify: {problem}")
+        return 2
+    return run_verify(hw.family, hw.device, args.golden_dir or default_golden_dir(), args.case)
+
+
+def cmd_refresh(args: argparse.Namespace, hw: Hardware | None = None) -> int:
+    """``golden refresh``; ``hw`` replaces the detected hardware (tests inject it)."""
+    hw = hw or detect_hardware()
+    problem = hardware_problem(hw, args.family)
+    if problem:
+        say(f"golden refresh: {problem}")
+        return 2
+    return run_refresh(
+        hw.family,
+        hw.device,
+        args.golden_dir or default_golden_dir(),
+        force=args.force,
+        case_names=args.case,
+        repeat=args.repeat,
+        fingerprint_fn=None if args.skip_fingerprints else compile_fingerprints,
+    )
+
+
+def cmd_fingerprints(args: argparse.Namespace) -> int:
+    """``golden fingerprints [--update]`` (CPU: needs Triton's compiler, not a GPU)."""
+    from portattn.families import FAMILIES
+
+    families = args.family or list(FAMILIES)
+    return run_fingerprints(families, args.golden_dir or default_golden_dir(), args.update)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Sub-commands of ``python -m portattn golden``."""
+    from portattn.families import FAMILIES
+
+    sub = parser.add_subparsers(dest="golden_command", metavar="ACTION", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--golden-dir",
+        help="directory of <family>.json (default: the "
+        "checkout's golden/, or $PORTATTN_GOLDEN_DIR)",
+    )
+    on_gpu = argparse.ArgumentParser(add_help=False, parents=[common])
+    on_gpu.add_argument(
+        "--family",
+        choices=list(FAMILIES),
+        help="the family expected here; exit 2 when the GPU is of another one",
+    )
+    on_gpu.add_argument(
+        "--case", action="append", metavar="NAME", help="only this case (repeatable; default: all)"
+    )
+
+    p = sub.add_parser(
+        "verify",
+        parents=[on_gpu],
+        help="run the recorded cases on this GPU and compare bitwise",
+        description="Exit 0: every case matches; 1: a mismatch (the report names "
+        "case, tensor, sequence, head and the error vs float64); 2: nothing to "
+        "compare (no GPU, wrong family, no golden for this toolchain, stale).",
+    )
+    p.set_defaults(golden_func=cmd_verify)
+
+    p = sub.add_parser(
+        "refresh",
+        parents=[on_gpu],
+        help="record the canonical cases' hashes on this GPU into golden/",
+        description="Runs every canonical case on this GPU and merges the hashes "
+        "into golden/<family>.json under a file lock (temp file + os.replace). "
+        "Never drops other toolchains or cases; refuses to change a stored hash "
+        "without --force (exit 1, listing the differences).",
+    )
+    p.add_argument("--force", action="store_true", help="overwrite differing stored hashes")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=2,
+        help="runs per case that must agree bitwise before recording (default 2)",
+    )
+    p.add_argument(
+        "--skip-fingerprints",
+        action="store_true",
+        help="do not compile the family's fingerprints (outputs recorded without)",
+    )
+    p.set_defaults(golden_func=cmd_refresh)
+
+    p = sub.add_parser(
+        "fingerprints",
+        parents=[common],
+        help="check (or --update) the compile fingerprints in golden/ (CPU)",
+        description="Compiles every configuration of each family with Triton and "
+        "compares the machine-code fingerprints with golden/<family>.json (exit 1 "
+        "on a difference). --update stores them; output hashes recorded with "
+        "other machine code become stale until re-recorded on hardware.",
+    )
+    p.add_argument(
+        "--family",
+        action="append",
+        choices=list(FAMILIES),
+        help="family (repeatable; default: all)",
+    )
+    p.add_argument("--update", action="store_true", help="store the current fingerprints")
+    p.set_defaults(golden_func=cmd_fingerprints)
+
+
+def main(args: argparse.Namespace) -> int:
+    return args.golden_func(args)

@@ -1,0 +1,378 @@
+"""``python -m portattn golden {verify,refresh,fingerprints}`` and the functions behind them.
+
+:func:`run_verify`, :func:`run_refresh` and :func:`run_fingerprints` take the family, the device
+and the golden directory as arguments, so tests run them on CPU tensors under Triton's
+interpreter with a made-up family; the command-line layer (:func:`main`) adds the hardware
+detection and refuses to run anywhere but on a GPU of the family.
+
+Exit codes: 0 match / written; 1 mismatch / refused conflict / fingerprints differ; 2 nothing to
+compare (no GPU, wrong hardware, no golden for this family or toolchain, stale hashes).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+
+from portattn.golden.cases import CASES, CASES_VERSION, DTYPES, Case, cases_by_name
+from portattn.golden.provenance import REPO_ROOT, device_name, provenance, toolchain_key
+from portattn.golden.run import CaseResult, accuracy, compute_case, make_inputs
+from portattn.golden.store import (
+    GoldenConflict,
+    GoldenError,
+    build_record,
+    empty_doc,
+    golden_path,
+    load,
+    merge,
+    output_differences,
+    stale_outputs,
+    update_file,
+)
+
+Printer = Callable[[str], None]
+FingerprintFn = Callable[[str], dict[str, dict[str, str | None]]]
+
+
+def say(line: str) -> None:
+    """Progress output: one line, flushed at once."""
+    print(line, flush=True)
+
+
+def default_golden_dir() -> Path:
+    """``$PORTATTN_GOLDEN_DIR``, else the checkout's ``golden/``, else ``./golden``."""
+    if os.environ.get("PORTATTN_GOLDEN_DIR"):
+        return Path(os.environ["PORTATTN_GOLDEN_DIR"])
+    repo = REPO_ROOT / "golden"
+    return repo if repo.is_dir() else Path.cwd() / "golden"
+
+
+def parse_entry(entry: str) -> tuple[str, int, torch.dtype]:
+    """``"varlen/d128/bf16"`` -> (kernel, head_dim, dtype)."""
+    kernel, dim, dtype = entry.split("/")
+    return kernel, int(dim.removeprefix("d")), DTYPES[dtype]
+
+
+def device_config_hash(device: torch.device) -> Callable[[str], str]:
+    """entry -> content hash of the configuration ``device`` runs for it."""
+    from portattn.configs import resolve_config
+
+    def config_hash(entry: str) -> str:
+        return resolve_config(device, *parse_entry(entry)).content_hash()
+
+    return config_hash
+
+
+def family_config_hash(family: str) -> Callable[[str], str | None]:
+    """entry -> content hash of ``family``'s table entry (None if the table has none)."""
+    from portattn.configs import config_table
+
+    def config_hash(entry: str) -> str | None:
+        cfg = config_table().get((family, *parse_entry(entry)))
+        return None if cfg is None else cfg.content_hash()
+
+    return config_hash
+
+
+def compile_fingerprints(family: str) -> dict[str, dict[str, str | None]]:
+    """Compile fingerprints of every entry of ``family`` (none for a family not in the table)."""
+    from portattn.families import FAMILIES
+
+    if family not in FAMILIES:
+        return {}
+    from portattn.compilecheck import fingerprints
+
+    return fingerprints(family)
+
+
+def case_definition(case: Case) -> dict:
+    """A case's stored definition: its fields and the SHA-256 of its generated inputs."""
+    return case.to_json() | {"inputs_sha256": _inputs_sha256(case)}
+
+
+@functools.cache
+def _inputs_sha256(case: Case) -> str:
+    return make_inputs(case).sha256()
+
+
+def _output_record(result: CaseResult) -> dict:
+    return {"inputs_sha256": result.inputs_sha256, "tensors": result.tensors}
+
+
+def _digest_line(result: CaseResult) -> str:
+    return " ".join(f"{name} {rec['sha256'][:8]}" for name, rec in result.tensors.items())
+
+
+# ----------------------------------------------------------------------------- verify
+
+
+def run_verify(
+    family: str,
+    device: torch.device | str,
+    golden_dir: str | os.PathLike,
+    case_names: Iterable[str] | None = None,
+    out: Printer = say,
+    toolchain: str | None = None,
+    config_hash_of: Callable[[str], str | None] | None = None,
+) -> int:
+    """Run the recorded cases of ``golden/<family>.json`` on ``device`` and compare bitwise."""
+    device = torch.device(device)
+    toolchain = toolchain or toolchain_key()
+    path = golden_path(golden_dir, family)
+    try:
+        doc = load(path)
+    except GoldenError as exc:
+        out(f"error: {exc}")
+        return 2
+    if doc is None:
+        out(f"no golden file for family {family}: {path} does not exist")
+        return 2
+    section = doc.get("toolchains", {}).get(toolchain, {})
+    outputs = section.get("outputs", {})
+    if not outputs:
+        recorded = sorted(t for t, s in doc.get("toolchains", {}).items() if s.get("outputs"))
+        held = (
+            f"recorded toolchains: {', '.join(recorded)}"
+            if recorded
+            else ("it holds compile fingerprints only")
+        )
+        out(
+            f"no output hashes for {toolchain} in {path} ({held}); record them on {family} "
+            f"hardware: nox -s \"golden_refresh(family='{family}')\""
+        )
+        return 2
+    names = sorted(outputs) if not case_names else list(case_names)
+    missing = [n for n in names if n not in outputs or n not in doc.get("cases", {})]
+    if missing:
+        out(f"no recorded outputs for case(s) {', '.join(missing)} in {path} [{toolchain}]")
+        return 2
+    stale = stale_outputs(doc, toolchain, config_hash_of or device_config_hash(device))
+    stale = {n: why for n, why in stale.items() if n in names}
+    if stale:
+        reasons = sorted(set(stale.values()))
+        out(f"stale: re-record on {family} hardware ({len(stale)} case(s): {'; '.join(reasons)})")
+        return 2
+
+    out(f"verifying {len(names)} case(s) of {path} [{toolchain}] on {device_name(device)}")
+    prov = section.get("provenance", {})
+    if prov:
+        seen = ", ".join(prov.get("devices", [])) or "?"
+        drivers = ", ".join(prov.get("drivers", [])) or "?"
+        out(
+            f"  recorded on {seen} ({drivers}; torch {', '.join(prov.get('torch', []))}; "
+            f"portattn {prov.get('portattn', '?')} {prov.get('commit', '')}; {prov.get('date')})"
+        )
+    failed: list[str] = []
+    for i, name in enumerate(names, 1):
+        result = compute_case(Case.from_json(name, doc["cases"][name]), device)
+        diffs = output_differences(name, outputs[name], _output_record(result))
+        status = "ok" if not diffs else f"MISMATCH ({len(diffs)})"
+        out(f"[{i:2d}/{len(names)}] {name:44s} {status}  ({result.seconds:.1f} s)")
+        if not diffs:
+            continue
+        failed.append(name)
+        for line in diffs:
+            out(f"    {line}")
+        if not diffs[0].startswith(f"case {name}: INPUTS"):
+            tensors = [t for t in result.tensors if any(f": {t}:" in d for d in diffs)]
+            for acc in accuracy(result, tensors):
+                out(f"    {acc.describe()}")
+    unrecorded = sorted({c.name for c in CASES} - set(outputs))
+    if unrecorded and not case_names:
+        out(
+            f"note: {len(unrecorded)} canonical case(s) of version {CASES_VERSION} have no hashes "
+            f"for {toolchain} yet (refresh to add them): {', '.join(unrecorded)}"
+        )
+    if failed:
+        out(
+            f"{len(failed)} of {len(names)} case(s) differ from the golden hashes: "
+            f"{', '.join(failed)}"
+        )
+        return 1
+    out(f"all {len(names)} case(s) match bitwise")
+    return 0
+
+
+# ----------------------------------------------------------------------------- refresh
+
+
+def run_refresh(
+    family: str,
+    device: torch.device | str,
+    golden_dir: str | os.PathLike,
+    force: bool = False,
+    case_names: list[str] | None = None,
+    out: Printer = say,
+    toolchain: str | None = None,
+    fingerprint_fn: FingerprintFn | None = compile_fingerprints,
+    repeat: int = 2,
+    config_hash_of: Callable[[str], str] | None = None,
+    cases: list[Case] | None = None,
+) -> int:
+    """Run the canonical cases (or those named in ``case_names``, or ``cases`` given outright)
+    ``repeat`` times on ``device``, then merge their hashes into ``golden/<family>.json`` under
+    the file lock."""
+    device = torch.device(device)
+    toolchain = toolchain or toolchain_key()
+    path = golden_path(golden_dir, family)
+    if cases is None:
+        try:
+            cases = cases_by_name(case_names)
+        except ValueError as exc:
+            out(f"error: {exc}")
+            return 2
+    out(f"refreshing {path} [{toolchain}]: {len(cases)} case(s) x {repeat} run(s) on {device}")
+    results = []
+    for i, case in enumerate(cases, 1):
+        result = compute_case(case, device)
+        for _ in range(repeat - 1):
+            again = compute_case(case, device)
+            diffs = output_differences(case.name, _output_record(result), _output_record(again))
+            if diffs:
+                out(
+                    f"error: {case.name} is not run-to-run deterministic on this machine; "
+                    f"nothing written: {diffs[0]}"
+                )
+                return 1
+        results.append(result)
+        out(
+            f"[{i:2d}/{len(cases)}] {case.name:44s} {_digest_line(result)}  "
+            f"({result.seconds:.1f} s)"
+        )
+    fingerprints = None
+    if fingerprint_fn is not None:
+        out(f"compile fingerprints of {family} (Triton compiles every entry) ...")
+        start = time.perf_counter()
+        try:
+            fingerprints = fingerprint_fn(family)
+        except Exception as exc:  # noqa: BLE001 - recorded without fingerprints, loudly
+            out(
+                f"warning: compile fingerprints failed ({type(exc).__name__}: {exc}); "
+                "outputs are recorded without them"
+            )
+        else:
+            out(f"  {len(fingerprints)} entries ({time.perf_counter() - start:.0f} s)")
+    config_hash = config_hash_of or device_config_hash(device)
+    config_hashes = {c.entry: config_hash(c.entry) for c in cases}
+    record = build_record(
+        family, toolchain, results, provenance(device), fingerprints, config_hashes, CASES_VERSION
+    )
+    return _write(path, record, force, out)
+
+
+def _write(path: Path, record: dict, force: bool, out: Printer) -> int:
+    from filelock import Timeout
+
+    changes: list[str] = []
+
+    def update(existing: dict | None) -> dict:
+        doc, found = merge(existing, record, force)
+        changes.extend(found)
+        return doc
+
+    try:
+        update_file(path, update)
+    except GoldenConflict as exc:
+        out(
+            f"refused: {len(exc.conflicts)} stored value(s) of {path} differ; nothing written "
+            "(re-run with --force to overwrite them):"
+        )
+        for line in exc.conflicts:
+            out(f"    {line}")
+        return 1
+    except (GoldenError, Timeout) as exc:
+        out(f"error: {exc}")
+        return 2
+    for line in changes:
+        out(f"  {line}")
+    out(f"wrote {path} ({len(changes)} change(s))" if changes else f"{path}: no change")
+    return 0
+
+
+# ----------------------------------------------------------------------------- fingerprints
+
+
+def run_fingerprints(
+    families: list[str],
+    golden_dir: str | os.PathLike,
+    update: bool = False,
+    out: Printer = say,
+    toolchain: str | None = None,
+    fingerprint_fn: FingerprintFn = compile_fingerprints,
+    config_hash_fn: Callable[[str], Callable[[str], str | None]] = family_config_hash,
+) -> int:
+    """Compare (or with ``update`` store) the compile fingerprints and configuration hashes of
+    each family with ``golden/<family>.json``; CPU only, no GPU needed."""
+    toolchain = toolchain or toolchain_key()
+    worst = 0
+    for family in families:
+        path = golden_path(golden_dir, family)
+        try:
+            doc = load(path)
+        except GoldenError as exc:
+            out(f"{family}: error: {exc}")
+            worst = max(worst, 2)
+            continue
+        config_hash = config_hash_fn(family)
+        recorded = (doc or {}).get("cases", {})
+        entries = sorted(
+            {c.entry for c in CASES} | {Case.from_json(n, c).entry for n, c in recorded.items()}
+        )
+        hashes = {e: h for e in entries if (h := config_hash(e)) is not None}
+        start = time.perf_counter()
+        current = fingerprint_fn(family)
+        took = f"{time.perf_counter() - start:.0f} s"
+        if update:
+            record = empty_doc(family)
+            record["config_hashes"] = hashes
+            # The canonical case list and input hashes are the same on every machine.
+            record["cases_version"] = CASES_VERSION
+            record["cases"] = {c.name: case_definition(c) for c in CASES}
+            record["toolchains"][toolchain] = {"fingerprints": current}
+            code = _write(path, record, False, lambda line, f=family: out(f"{f}: {line.strip()}"))
+            worst = max(worst, code)
+            written = load(path) or {}
+            stale = stale_outputs(written, toolchain, config_hash)
+            if stale:
+                out(
+                    f"{family}: stale: re-record on {family} hardware ({len(stale)} case(s) now "
+                    "hold output hashes of older code)"
+                )
+            continue
+        stored = (doc or {}).get("toolchains", {}).get(toolchain, {}).get("fingerprints")
+        if not stored:
+            out(
+                f"{family}: no fingerprints for {toolchain} in {path} ({took}); run "
+                "python -m portattn golden fingerprints --update"
+            )
+            worst = max(worst, 2)
+            continue
+        diffs = [
+            f"{e}/{s}"
+            for e in sorted(set(stored) | set(current))
+            for s in sorted(set(stored.get(e, {})) | set(current.get(e, {})))
+            if stored.get(e, {}).get(s) != current.get(e, {}).get(s)
+        ]
+        diffs += [
+            f"configuration of {e}"
+            for e, h in hashes.items()
+            if doc.get("config_hashes", {}).get(e) not in (None, h)
+        ]
+        if diffs:
+            out(
+                f"{family}: {len(diffs)} fingerprint(s) differ from {path} ({took}): "
+                f"{', '.join(diffs[:8])}{' ...' if len(diffs) > 8 else ''}; if the change is "
+                "intended run python -m portattn golden fingerprints --update and re-record the "
+                f"outputs on {family} hardware"
+            )
+            worst = max(worst, 1)
+            continue
+        stale = stale_outputs(doc, toolchain, config_hash)
+        note = f"; stale outputs: re-record on {family} hardware" if stale else ""
+        out(f"{family}: {len(current)} entries match {path} ({took}){note}")
+    return worst

@@ -1,0 +1,214 @@
+"""Running a golden case: inputs, the kernels (forward + backward), hashes, and accuracy.
+
+Everything here takes the device as an argument, so the same code runs on a GPU and, for the
+tests, on CPU tensors under Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from portattn.golden.cases import OUTPUTS, TENSOR_IDS, Case
+from portattn.golden.hashing import inputs_sha256, tensor_record
+from portattn.golden.inputs import generate
+
+
+@dataclass
+class CaseInputs:
+    """The generated inputs of a case (on the device they were made on)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    do: torch.Tensor
+    dlse: torch.Tensor | None
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+
+    def named(self) -> list[tuple[str, torch.Tensor]]:
+        items = [("q", self.q), ("k", self.k), ("v", self.v), ("do", self.do)]
+        if self.dlse is not None:
+            items.append(("dlse", self.dlse))
+        return items + [("cu_seqlens_q", self.cu_q), ("cu_seqlens_k", self.cu_k)]
+
+    def sha256(self) -> str:
+        return inputs_sha256(self.named())
+
+
+@dataclass
+class CaseResult:
+    """Outputs of one case on one device, and their golden record."""
+
+    case: Case
+    inputs: CaseInputs  # on the device
+    outputs: dict[str, torch.Tensor]  # out, lse, dq, dk, dv (on the device)
+    inputs_sha256: str
+    tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _cu(lengths: tuple[int, ...]) -> torch.Tensor:
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    return torch.tensor(bounds, dtype=torch.int32)
+
+
+def make_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
+    """The case's inputs from the counter-based generator, made on ``device`` (the same values
+    on every device)."""
+    tq, tk, d, dtype = sum(case.lens_q), sum(case.lens_k), case.head_dim, case.torch_dtype
+
+    def gen(shape: tuple[int, ...], name: str, dtype: torch.dtype = dtype) -> torch.Tensor:
+        return generate(shape, case.seed, TENSOR_IDS[name], dtype, device)
+
+    return CaseInputs(
+        q=gen((tq, case.heads_q, d), "q"),
+        k=gen((tk, case.heads_kv, d), "k"),
+        v=gen((tk, case.heads_kv, d), "v"),
+        do=gen((tq, case.heads_q, d), "do"),
+        dlse=gen((tq, case.heads_q), "dlse", torch.float32) if case.dlse else None,
+        cu_q=_cu(case.lens_q).to(device),
+        cu_k=_cu(case.lens_k).to(device),
+    )
+
+
+def _dlse_for(lse: torch.Tensor, dlse: torch.Tensor | None) -> torch.Tensor | None:
+    """The lse gradient, zero on rows that see no key (their lse is -inf)."""
+    if dlse is None:
+        return None
+    return torch.where(torch.isneginf(lse), torch.zeros_like(dlse), dlse)
+
+
+def run_kernels(case: Case, inputs: CaseInputs) -> dict[str, torch.Tensor]:
+    """Forward and backward of ``case`` through the public API and autograd."""
+    from portattn.api import varlen_attention
+
+    q, k, v = (t.detach().clone().requires_grad_() for t in (inputs.q, inputs.k, inputs.v))
+    out, lse = varlen_attention(
+        q,
+        k,
+        v,
+        inputs.cu_q,
+        inputs.cu_k,
+        causal=case.causal,
+        return_lse=True,
+        kernel=case.kernel,
+    )
+    dlse = _dlse_for(lse.detach(), inputs.dlse)
+    roots, grads = [out], [inputs.do]
+    if dlse is not None:
+        roots.append(lse)
+        grads.append(dlse)
+    if q.numel() == 0 and k.numel() == 0:
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    else:
+        dq, dk, dv = torch.autograd.grad(roots, (q, k, v), grads)
+    return {"out": out.detach(), "lse": lse.detach(), "dq": dq, "dk": dk, "dv": dv}
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def compute_case(case: Case, device: torch.device | str) -> CaseResult:
+    """Generate the inputs, run the kernels on ``device`` and hash every output."""
+    device = torch.device(device)
+    start = time.perf_counter()
+    inputs = make_inputs(case, device)
+    outputs = run_kernels(case, inputs)
+    _synchronize(device)
+    bounds_q, bounds_k = inputs.cu_q.tolist(), inputs.cu_k.tolist()
+    tensors = {
+        name: tensor_record(outputs[name], bounds_k if name in ("dk", "dv") else bounds_q)
+        for name in OUTPUTS
+    }
+    return CaseResult(case, inputs, outputs, inputs.sha256(), tensors, time.perf_counter() - start)
+
+
+# ----------------------------------------------------------------------------- accuracy
+
+
+def _reference(case: Case, inputs: CaseInputs, compute_dtype: torch.dtype, lse: torch.Tensor):
+    from portattn.reference import reference_varlen_attention
+
+    q, k, v = (
+        t.detach().to(compute_dtype).requires_grad_() for t in (inputs.q, inputs.k, inputs.v)
+    )
+    out, ref_lse = reference_varlen_attention(
+        q, k, v, inputs.cu_q, inputs.cu_k, causal=case.causal, compute_dtype=compute_dtype
+    )
+    loss = (out * inputs.do.to(compute_dtype)).sum()
+    dlse = _dlse_for(lse, inputs.dlse)
+    if dlse is not None:
+        finite = torch.where(torch.isinf(ref_lse), torch.zeros_like(ref_lse), ref_lse)
+        loss = loss + (finite * dlse.to(compute_dtype)).sum()
+    grads = [torch.zeros_like(t) for t in (q, k, v)]
+    if loss.requires_grad:
+        found = torch.autograd.grad(loss, (q, k, v), allow_unused=True)
+        grads = [g if f is None else f for g, f in zip(grads, found)]
+    return {
+        "out": out.detach(),
+        "lse": ref_lse.detach(),
+        "dq": grads[0],
+        "dk": grads[1],
+        "dv": grads[2],
+    }
+
+
+def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    diff = (x.double() - ref.double()).norm().item()
+    norm = ref.double().norm().item()
+    return diff / norm if norm > 0 else diff
+
+
+def _lse_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    if not torch.equal(torch.isneginf(x), torch.isneginf(ref)):
+        return float("inf")
+    finite = torch.isfinite(ref)
+    if not finite.any():
+        return 0.0
+    return (x.double()[finite] - ref.double()[finite]).abs().max().item()
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """Error of one output against float64, beside the error of eager input-dtype math."""
+
+    tensor: str
+    error: float  # relative Frobenius (lse: max abs) vs the float64 reference
+    eager: float  # the same for eager attention computed in the input dtype
+    accurate: bool  # error <= 2 * eager + margin (the test suite's acceptance rule)
+
+    def describe(self) -> str:
+        kind = "max abs" if self.tensor == "lse" else "rel"
+        verdict = "drifted but accurate" if self.accurate else "WRONG"
+        return (
+            f"{self.tensor}: {kind} error {self.error:.3g} vs float64 "
+            f"(eager {self.eager:.3g}): {verdict}"
+        )
+
+
+def accuracy(result: CaseResult, tensors: list[str] | None = None) -> list[Accuracy]:
+    """Errors of ``result``'s outputs (default: all) against the float64 reference."""
+    names = tensors or list(OUTPUTS)
+    lse = result.outputs["lse"]
+    ref = _reference(result.case, result.inputs, torch.float64, lse)
+    eager = _reference(result.case, result.inputs, result.case.torch_dtype, lse)
+    report = []
+    for name in names:
+        got = result.outputs[name]
+        if name == "lse":
+            err, base = _lse_err(got, ref[name]), _lse_err(eager[name].float(), ref[name])
+            margin = 1e-5
+        else:
+            err, base = _rel_err(got, ref[name]), _rel_err(eager[name], ref[name])
+            margin = 1e-4
+        ok = not torch.isnan(got).any().item() and err <= 2 * base + margin
+        report.append(Accuracy(name, err, base, ok))
+    return report

@@ -1,0 +1,371 @@
+"""Golden files: layout, records, merging, and safe concurrent writes.
+
+``golden/<family>.json`` (sorted keys, indent 1, one case per block)::
+
+    {
+     "schema": 1, "family": "sm90", "cases_version": 1,
+     "cases": {name: {kernel, lens_q, lens_k, heads_q, heads_kv, head_dim, dtype, causal,
+                      seed, dlse, inputs_sha256}},
+     "config_hashes": {"varlen/d128/bf16": "<16 hex>", ...},   # entries the cases use
+     "toolchains": {
+      "triton-3.6.0": {
+       "fingerprints": {"varlen/d128/bf16": {"fwd": sha256, "bwd_pre": ..., ...}, ...},
+       "provenance": {devices, drivers, torch, portattn, commit, date, first_recorded},
+       "outputs": {name: {entry, config_hash, fingerprint, inputs_sha256,
+                          tensors: {out|lse|dq|dk|dv: {sha256, shape, dtype, seqs}}}}
+      }
+     }
+    }
+
+Output hashes live under the toolchain (Triton version) that produced them: a new Triton adds a
+section, it never replaces one. ``fingerprint`` of an output is the digest of its entry's
+compile fingerprints when it was recorded; when the stored fingerprints (or the configuration)
+of that entry change later, the output is *stale* until re-recorded on hardware.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+LOCK_TIMEOUT_S = 300.0
+
+
+class GoldenConflict(Exception):
+    """A merge would replace differing hashes (or case definitions) and ``force`` is off."""
+
+    def __init__(self, conflicts: list[str]) -> None:
+        super().__init__(
+            f"{len(conflicts)} conflicting entr{'y' if len(conflicts) == 1 else 'ies'}"
+        )
+        self.conflicts = conflicts
+
+
+class GoldenError(Exception):
+    """A golden file that cannot be used (wrong family or schema, unreadable)."""
+
+
+# ----------------------------------------------------------------------------- reading/writing
+
+
+def golden_path(golden_dir: str | os.PathLike, family: str) -> Path:
+    return Path(golden_dir) / f"{family}.json"
+
+
+def load(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The golden document at ``path``, or None when there is no file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as exc:
+        raise GoldenError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict) or "schema" not in doc:
+        raise GoldenError(f"{path} is not a golden file (no schema)")
+    if doc["schema"] > SCHEMA:
+        raise GoldenError(f"{path} has schema {doc['schema']}; this portattn reads {SCHEMA}")
+    return doc
+
+
+def _encode(value: Any, level: int) -> str:
+    pad, inner = " " * level, " " * (level + 1)
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = [
+            f"{inner}{json.dumps(str(k))}: {_encode(value[k], level + 1)}" for k in sorted(value)
+        ]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(value, (list, tuple)):
+        if all(v is None or isinstance(v, (bool, int, float)) for v in value):
+            return "[" + ", ".join(json.dumps(v) for v in value) + "]"
+        items = [inner + _encode(v, level + 1) for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + pad + "]"
+    return json.dumps(value, ensure_ascii=True, allow_nan=False)
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    """The canonical text of a golden document: JSON with sorted keys, indent 1, lists of
+    numbers on one line and every string of a list (a sequence's head digests) on its own, so
+    one case is one block and a changed hash is a one-line diff."""
+    return _encode(doc, 0) + "\n"
+
+
+def _write_text(f, text: str) -> None:
+    """Write the document's text (a seam for the kill-mid-write test)."""
+    f.write(text)
+
+
+def atomic_write(path: str | os.PathLike, doc: dict[str, Any]) -> None:
+    """Write ``doc`` to a temp file beside ``path``, fsync it, then ``os.replace`` it in: a
+    reader (or a crash) sees the old file or the new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            _write_text(f, dumps(doc))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def update_file(
+    path: str | os.PathLike,
+    update: Callable[[dict[str, Any] | None], dict[str, Any]],
+    timeout: float = LOCK_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Under ``FileLock(<path>.lock)``: re-read the file, apply ``update`` to it and write the
+    result atomically. Returns what was written. Exceptions of ``update`` leave the file as it
+    was."""
+    from filelock import FileLock
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock", timeout=timeout):
+        new = update(load(path))
+        atomic_write(path, new)
+    return new
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def fingerprint_digest(stages: dict[str, str | None] | None) -> str | None:
+    """One digest of an entry's per-kernel fingerprints (None when any is unknown)."""
+    if not stages or any(v is None for v in stages.values()):
+        return None
+    blob = json.dumps(stages, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def empty_doc(family: str) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "family": family,
+        "cases_version": 0,
+        "cases": {},
+        "config_hashes": {},
+        "toolchains": {},
+    }
+
+
+def build_record(
+    family: str,
+    toolchain: str,
+    results: list,
+    provenance: dict[str, Any] | None,
+    fingerprints: dict[str, dict[str, str | None]] | None,
+    config_hashes: dict[str, str],
+    cases_version: int,
+) -> dict[str, Any]:
+    """A golden document holding just ``results`` (``CaseResult`` objects) and the run's
+    metadata; :func:`merge` folds it into the file. ``config_hashes``: entry -> hash of the
+    configuration the results ran with; ``fingerprints``: entry -> kernel -> fingerprint."""
+    doc = empty_doc(family)
+    doc["cases_version"] = cases_version
+    section: dict[str, Any] = {"fingerprints": copy.deepcopy(fingerprints or {}), "outputs": {}}
+    if provenance:
+        section["provenance"] = provenance
+    for r in results:
+        entry = r.case.entry
+        doc["cases"][r.case.name] = r.case.to_json() | {"inputs_sha256": r.inputs_sha256}
+        doc["config_hashes"][entry] = config_hashes[entry]
+        section["outputs"][r.case.name] = {
+            "entry": entry,
+            "config_hash": config_hashes[entry],
+            "fingerprint": fingerprint_digest((fingerprints or {}).get(entry)),
+            "inputs_sha256": r.inputs_sha256,
+            "tensors": copy.deepcopy(r.tensors),
+        }
+    doc["toolchains"][toolchain] = section
+    return doc
+
+
+# ----------------------------------------------------------------------------- differences
+
+
+def tensor_differences(case: str, tensor: str, want: dict, got: dict) -> list[str]:
+    """Where two tensor records differ, by sequence and head (empty when equal)."""
+    if want["sha256"] == got["sha256"]:
+        return []
+    where = f"case {case}: {tensor}"
+    if want.get("shape") != got.get("shape") or want.get("dtype") != got.get("dtype"):
+        return [
+            f"{where}: shape/dtype {want.get('shape')} {want.get('dtype')} -> "
+            f"{got.get('shape')} {got.get('dtype')}"
+        ]
+    lines = []
+    for seq, (a, b) in enumerate(zip(want["seqs"], got["seqs"])):
+        heads = [h for h, (x, y) in enumerate(zip(a.split(), b.split())) if x != y]
+        if heads:
+            lines.append(
+                f"{where}: sequence {seq}, head{'s' if len(heads) > 1 else ''} "
+                f"{', '.join(map(str, heads))} differ"
+            )
+    if not lines:
+        lines.append(f"{where}: sha256 differs but every per-sequence digest matches")
+    return lines
+
+
+def output_differences(case: str, want: dict, got: dict) -> list[str]:
+    """Differences of two output records of one case: inputs first, then each tensor."""
+    if want.get("inputs_sha256") != got.get("inputs_sha256"):
+        return [
+            f"case {case}: INPUTS changed (inputs_sha256 {want.get('inputs_sha256', '')[:16]}"
+            f" -> {got.get('inputs_sha256', '')[:16]}): the input generator or the case "
+            "definition differs, the outputs cannot be compared"
+        ]
+    lines = []
+    for tensor in sorted(set(want["tensors"]) | set(got["tensors"])):
+        if tensor not in want["tensors"] or tensor not in got["tensors"]:
+            lines.append(f"case {case}: {tensor} missing on one side")
+            continue
+        lines.extend(
+            tensor_differences(case, tensor, want["tensors"][tensor], got["tensors"][tensor])
+        )
+    return lines
+
+
+def recorded_with_other_kernel(old: dict, new: dict) -> bool:
+    """True when ``old`` was recorded with another configuration or machine code than ``new``
+    (so differing hashes are expected: ``old`` is stale)."""
+    if old.get("config_hash") != new.get("config_hash"):
+        return True
+    a, b = old.get("fingerprint"), new.get("fingerprint")
+    return a is not None and b is not None and a != b
+
+
+# ----------------------------------------------------------------------------- merging
+
+
+def _merge_provenance(old: dict | None, new: dict) -> dict:
+    if not old:
+        return dict(new, first_recorded=new.get("first_recorded") or new.get("date"))
+    merged = dict(old)
+    for key in ("devices", "drivers", "torch"):
+        merged[key] = sorted(set(old.get(key, [])) | set(new.get(key, [])))
+    for key in ("portattn", "commit", "date"):
+        if key in new:
+            merged[key] = new[key]
+    merged["first_recorded"] = old.get("first_recorded") or old.get("date")
+    return merged
+
+
+def merge(
+    existing: dict[str, Any] | None, new: dict[str, Any], force: bool = False
+) -> tuple[dict[str, Any], list[str]]:
+    """Fold the record ``new`` into the document ``existing`` (None: no file yet).
+
+    Never drops a case or a toolchain. A differing case definition, or differing output hashes
+    of a case, is a conflict unless the stored output was recorded with another configuration
+    or machine code (stale, replaced) or ``force`` is set. Returns ``(document, changes)``;
+    raises :class:`GoldenConflict` listing every conflict when not forced.
+    """
+    doc = copy.deepcopy(existing) if existing else empty_doc(new["family"])
+    if doc.get("family") != new["family"]:
+        raise GoldenError(f"golden file is for family {doc.get('family')!r}, not {new['family']!r}")
+    for key, value in empty_doc(new["family"]).items():
+        doc.setdefault(key, value)
+    doc["schema"] = SCHEMA
+    changes: list[str] = []
+    conflicts: list[str] = []
+    doc["cases_version"] = max(doc.get("cases_version", 0), new.get("cases_version", 0))
+
+    for name, definition in sorted(new["cases"].items()):
+        old = doc["cases"].get(name)
+        if old is None:
+            changes.append(f"case {name}: added")
+        elif old != definition:
+            keys = sorted(k for k in set(old) | set(definition) if old.get(k) != definition.get(k))
+            line = f"case {name}: definition differs ({', '.join(keys)})"
+            if not force:
+                conflicts.append(line)
+                continue
+            changes.append(line + ": replaced (--force)")
+        doc["cases"][name] = definition
+    doc["config_hashes"].update(new.get("config_hashes", {}))
+
+    for toolchain, section in sorted(new["toolchains"].items()):
+        target = doc["toolchains"].setdefault(toolchain, {})
+        fresh = not target
+        target.setdefault("fingerprints", {})
+        target.setdefault("outputs", {})
+        added, updated = [], []
+        for entry, stages in sorted(section.get("fingerprints", {}).items()):
+            if target["fingerprints"].get(entry) != stages:
+                (updated if entry in target["fingerprints"] else added).append(entry)
+                target["fingerprints"][entry] = stages
+        if added:
+            changes.append(f"[{toolchain}] fingerprints added for {len(added)} entries")
+        if updated:
+            changes.append(f"[{toolchain}] fingerprints changed: {', '.join(updated)}")
+        if section.get("provenance"):
+            target["provenance"] = _merge_provenance(
+                target.get("provenance"), section["provenance"]
+            )
+        for name, record in sorted(section.get("outputs", {}).items()):
+            old = target["outputs"].get(name)
+            if old is None:
+                changes.append(f"[{toolchain}] outputs of {name}: added")
+            else:
+                diffs = output_differences(name, old, record)
+                if diffs and recorded_with_other_kernel(old, record):
+                    changes.append(
+                        f"[{toolchain}] outputs of {name}: replaced (stale: recorded "
+                        "with another configuration / machine code)"
+                    )
+                elif diffs and not force:
+                    conflicts.extend(f"[{toolchain}] {d}" for d in diffs)
+                    continue
+                elif diffs:
+                    changes.append(
+                        f"[{toolchain}] outputs of {name}: replaced (--force): "
+                        + "; ".join(diffs[:3])
+                    )
+                elif recorded_with_other_kernel(old, record):
+                    changes.append(
+                        f"[{toolchain}] outputs of {name}: same bits, now recorded "
+                        "with the current configuration / machine code (no longer stale)"
+                    )
+            target["outputs"][name] = record
+        if fresh:
+            changes.insert(0, f"[{toolchain}] new toolchain section")
+    if conflicts:
+        raise GoldenConflict(conflicts)
+    return doc, changes
+
+
+# ----------------------------------------------------------------------------- staleness
+
+
+def stale_outputs(
+    doc: dict[str, Any], toolchain: str, config_hash_of: Callable[[str], str | None]
+) -> dict[str, str]:
+    """Outputs of ``toolchain`` that no longer describe the code: case -> reason. A case is
+    stale when its entry's configuration hash (``config_hash_of(entry)``, from the code) or
+    the entry's stored fingerprints differ from what it was recorded with."""
+    section = doc.get("toolchains", {}).get(toolchain, {})
+    fingerprints = section.get("fingerprints", {})
+    stale = {}
+    for name, record in section.get("outputs", {}).items():
+        entry = record["entry"]
+        current = config_hash_of(entry)
+        if current is not None and current != record.get("config_hash"):
+            stale[name] = f"configuration of {entry} changed"
+            continue
+        digest = fingerprint_digest(fingerprints.get(entry))
+        if digest and record.get("fingerprint") and digest != record["fingerprint"]:
+            stale[name] = f"machine code of {entry} changed (fingerprints)"
+    return stale

@@ -1,0 +1,237 @@
+"""The kernels as PyTorch custom operators: ``torch.ops.portattn.varlen_fwd`` / ``varlen_bwd``.
+
+Registered with :func:`torch.library.custom_op`, so ``torch.compile`` sees each as one opaque
+node (no graph break, no retracing of the launchers) and calls the very same launchers, kernels
+and configurations as eager mode: compiled and eager runs give the same bytes. Each op has a
+fake (meta) implementation for tracing, and the forward op has an autograd formula that calls
+the backward op, so AOTAutograd puts the backward op in the backward graph.
+
+Why ``custom_op`` and not ``triton_op`` + ``wrap_triton``:
+
+* Under Triton's CPU interpreter (our CPU test path) a ``triton_op`` does not compile at all:
+  tracing it with fake tensors runs the interpreted kernel on them ("Cannot access data pointer
+  of Tensor", torch 2.13 / Triton 3.6, for every backend, ``eager`` included).
+* On the GPU, ``triton_op`` lets Inductor trace into the launcher and re-launch the Triton
+  kernels from its own generated code, compiled and specialised by Inductor, with the launch
+  options (on AMD ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``) passed through its
+  path. That is more machinery between the configuration table and the machine code than the
+  bitwise contract wants, for a gain (fusing around the kernels) an attention kernel barely has.
+
+An opaque ``custom_op`` runs the same launcher code in eager and compiled mode, on the GPU and
+under the interpreter.
+
+The ops do **no input validation**: the public functions (:mod:`portattn.api`) check every
+argument (including the host values of ``cu_seqlens``) before calling them. Called directly,
+they trust their arguments.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from portattn.configs import resolve_config
+from portattn.kernels.backward import attn_bwd
+from portattn.kernels.forward import attn_fwd
+
+__all__ = ["varlen_bwd", "varlen_fwd"]
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    # Gradients arriving from autograd may be expanded (stride 0) views; the kernels read any
+    # token/head strides but need the head dim contiguous.
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _empty_o32(q: torch.Tensor) -> torch.Tensor:
+    """Placeholder for the float32 output when it is not stored: [0, Hq, D] float32."""
+    return torch.empty((0, *q.shape[1:]), dtype=torch.float32, device=q.device)
+
+
+# Explicit schemas (rather than inferred from the annotations) keep the ops' signatures stable
+# and independent of how a given torch version reads annotations.
+_FWD_SCHEMA = (
+    "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+    "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float softmax_scale, str kernel, "
+    "bool store_o32) -> (Tensor, Tensor, Tensor)"
+)
+_BWD_SCHEMA = (
+    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o_for_delta, Tensor lse, Tensor? dlse, "
+    "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
+    "bool causal, float softmax_scale, str kernel) -> (Tensor, Tensor, Tensor)"
+)
+
+
+@torch.library.custom_op("portattn::varlen_fwd", mutates_args=(), schema=_FWD_SCHEMA)
+def varlen_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    softmax_scale: float,
+    kernel: str,
+    store_o32: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward attention over a packed batch.
+
+    q: [total_q, Hq, D]; k, v: [total_k, Hkv, D] (``stride(-1) == 1``, other strides free);
+    cu_seqlens_q, cu_seqlens_k: int32 [B + 1]; max_seqlen_q/k: ints at least the longest
+    sequence; kernel: ``"varlen"`` or ``"fixed_order"``; store_o32: also return the float32
+    output (the ``fixed_order`` backward needs it; must be True when that backward will run).
+
+    Returns (out [total_q, Hq, D] in q's dtype, lse float32 [total_q, Hq],
+    out32 float32 [total_q, Hq, D] when store_o32, else an empty [0, Hq, D]); all contiguous.
+    """
+    cfg = resolve_config(q.device, kernel, q.shape[-1], q.dtype)
+    split_p = kernel == "fixed_order"
+    out, lse, out32 = attn_fwd(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        causal,
+        softmax_scale,
+        split_p=split_p,
+        store_o32=store_o32,
+        cfg=cfg,
+    )
+    return out, lse, _empty_o32(q) if out32 is None else out32
+
+
+@varlen_fwd.register_fake
+def _varlen_fwd_fake(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    softmax_scale,
+    kernel,
+    store_o32,
+):
+    total_q, n_heads_q, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((total_q, n_heads_q), dtype=torch.float32, device=q.device)
+    out32 = torch.empty(q.shape, dtype=torch.float32, device=q.device) if store_o32 else None
+    return out, lse, _empty_o32(q) if out32 is None else out32
+
+
+@torch.library.custom_op("portattn::varlen_bwd", mutates_args=(), schema=_BWD_SCHEMA)
+def varlen_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o_for_delta: torch.Tensor,
+    lse: torch.Tensor,
+    dlse: torch.Tensor | None,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    softmax_scale: float,
+    kernel: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward of :func:`varlen_fwd`.
+
+    dout: [total_q, Hq, D] in q's dtype; o_for_delta: the forward's out (``varlen``) or its
+    float32 out32 (``fixed_order``), [total_q, Hq, D]; lse: float32 [total_q, Hq]; dlse: float32
+    [total_q, Hq] or None (the gradient of lse, folded into the row term ``delta - dlse``).
+    All with ``stride(-1) == 1``. Returns contiguous (dq [total_q, Hq, D], dk, dv
+    [total_k, Hkv, D]) in the input dtype.
+    """
+    cfg = resolve_config(q.device, kernel, q.shape[-1], q.dtype)
+    return attn_bwd(
+        dout,
+        q,
+        k,
+        v,
+        o_for_delta,
+        lse,
+        dlse,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal,
+        softmax_scale,
+        split_p=kernel == "fixed_order",
+        cfg=cfg,
+    )
+
+
+@varlen_bwd.register_fake
+def _varlen_bwd_fake(
+    dout,
+    q,
+    k,
+    v,
+    o_for_delta,
+    lse,
+    dlse,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    softmax_scale,
+    kernel,
+):
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    return dq, dk, dv
+
+
+def _fwd_setup_context(ctx, inputs, output) -> None:
+    q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
+    max_seqlen_q, max_seqlen_k, causal, scale, kernel, store_o32 = inputs[5:]
+    out, lse, out32 = output
+    ctx.mark_non_differentiable(out32)
+    ctx.set_materialize_grads(False)
+    # fixed_order computes the backward's row term from the float32 output.
+    o_for_delta = out32 if kernel == "fixed_order" else out
+    ctx.save_for_backward(q, k, v, o_for_delta, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.meta = (max_seqlen_q, max_seqlen_k, causal, scale, kernel)
+    ctx.missing_o32 = kernel == "fixed_order" and not store_o32
+
+
+def _fwd_backward(ctx, dout, dlse, _dout32):
+    q, k, v, o_for_delta, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    max_seqlen_q, max_seqlen_k, causal, scale, kernel = ctx.meta
+    if ctx.missing_o32:
+        raise RuntimeError(
+            "portattn::varlen_fwd with kernel='fixed_order' needs store_o32=True for its "
+            "backward (the row term is computed from the float32 output)"
+        )
+    if dout is None:  # only lse was used downstream
+        dout = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    dq, dk, dv = varlen_bwd(
+        _last_dim_contiguous(dout),
+        q,
+        k,
+        v,
+        o_for_delta,
+        lse,
+        None if dlse is None else _last_dim_contiguous(dlse.float()),
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal,
+        scale,
+        kernel,
+    )
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+varlen_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

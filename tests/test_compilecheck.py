@@ -1,0 +1,275 @@
+"""The ahead-of-time compile check (``portattn.compilecheck``).
+
+Compiling needs Triton's compiler, while this test session may run under its interpreter
+(``TRITON_INTERPRET=1``, set by conftest on CPU): compiles run in child processes without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from portattn import compilecheck as cc
+from portattn.configs import HEAD_DIMS, KERNELS, Tiles
+from portattn.families import FAMILIES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_child(code: str) -> dict:
+    """Run ``code`` in a fresh Python without TRITON_INTERPRET; it prints one JSON line last."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- compiling
+
+
+@pytest.fixture(scope="module")
+def twice() -> dict:
+    """sm90 forward and cdna3 dQ at d=64, each compiled twice; plus the JIT's specialisation."""
+    return run_child(
+        """
+        import json
+        from triton.compiler.compiler import make_backend
+        from triton.runtime.jit import create_function_from_signature
+        from portattn import compilecheck as cc
+        from portattn.families import FAMILIES
+
+        out = {}
+        for fam, kernel, stage in [("sm90", "varlen", "fwd"), ("cdna3", "fixed_order", "bwd_dq")]:
+            entry = cc.Entry(fam, kernel, 64, "bf16")
+            runs = [cc.check_entry(entry, stages=[stage])[0].record() for _ in range(2)]
+            launch = cc.record_launches(entry)[stage]
+            backend = make_backend(FAMILIES[fam].target())
+            binder = create_function_from_signature(launch.fn.signature, launch.fn.params, backend)
+            spec = binder(**launch.args)[1]
+            jit_sig = {p.name: s[0] for p, s in zip(launch.fn.params, spec)}
+            jit_attrs = {str((i,)): backend.parse_attr(s[1]) for i, s in enumerate(spec)
+                         if isinstance(s[1], str)}
+            sig, _, attrs = cc.specialize(launch, backend)
+            out[fam] = {"runs": runs, "same_signature": sig == jit_sig,
+                        "same_attrs": {str(k): v for k, v in attrs.items()} == jit_attrs,
+                        "divisibility": sum(["tt.divisibility", 16] in v for v in attrs.values())}
+        print(json.dumps(out))
+        """
+    )
+
+
+@pytest.mark.parametrize("fam", ["sm90", "cdna3"])
+def test_compile_passes_checks(twice, fam):
+    first, second = twice[fam]["runs"]
+    assert first["ok"], first["failures"]
+    assert first["spills"] == 0 and first["scratch"] == 0
+    assert first["mma"] > 0
+    assert 0 < first["shared"] <= FAMILIES[fam].shared_mem_bytes
+    assert first["regs"] > 0
+    assert len(first["fingerprint"]) == 64
+
+
+@pytest.mark.parametrize("fam", ["sm90", "cdna3"])
+def test_fingerprint_is_reproducible(twice, fam):
+    first, second = twice[fam]["runs"]
+    assert first["fingerprint"] == second["fingerprint"]
+    assert first == second
+
+
+@pytest.mark.parametrize("fam", ["sm90", "cdna3"])
+def test_specialisation_matches_the_jit(twice, fam):
+    assert twice[fam]["same_signature"]
+    assert twice[fam]["same_attrs"]
+    assert twice[fam]["divisibility"] > 0  # aligned pointers and strides
+
+
+@pytest.fixture(scope="module")
+def broken() -> dict:
+    """Cases each check must catch."""
+    return run_child(
+        """
+        import dataclasses, json
+        from portattn import compilecheck as cc
+        from portattn.configs import Tiles
+        from portattn.families import FAMILIES
+
+        def failures(fam, kernel, d, stage, family=None, **tiles):
+            entry = cc.Entry(fam, kernel, d, "bf16")
+            cfg = dataclasses.replace(entry.config(), **tiles) if tiles else None
+            return cc.check_entry(entry, family=family, cfg=cfg, stages=[stage])[0].failures
+
+        amd = dict(matrix_instr_nonkdim=16, kpack=1)
+        out = {
+            "tiny_shared": failures("sm90", "varlen", 64, "fwd",
+                                    dataclasses.replace(FAMILIES["sm90"], shared_mem_bytes=1024)),
+            "missing_instr": failures("sm80", "varlen", 64, "fwd",
+                                      dataclasses.replace(FAMILIES["sm80"],
+                                                          matrix_instruction="wgmma")),
+            "cuda_spills": failures("sm80", "fixed_order", 128, "fwd", fwd=Tiles(128, 64, 4, 2)),
+            "amd_spills": failures("cdna3", "fixed_order", 128, "fwd",
+                                   fwd=Tiles(128, 64, 4, 1, waves_per_eu=2, **amd)),
+            "amd_knob_on_cuda": failures("sm90", "varlen", 64, "bwd_dq",
+                                         bwd_dq=Tiles(128, 64, 8, 2, waves_per_eu=2)),
+        }
+        print(json.dumps(out))
+        """
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("tiny_shared", "shared memory"),
+        ("missing_instr", "no wgmma instruction"),
+        ("cuda_spills", "register spills"),
+        ("amd_spills", "register spills"),
+        ("amd_knob_on_cuda", "not cuda options"),
+    ],
+)
+def test_check_fails_on_broken_case(broken, case, message):
+    assert any(message in failure for failure in broken[case]), broken[case]
+
+
+def test_cli_json_and_fingerprints_api(tmp_path):
+    """``python -m portattn compile`` for one entry, and ``fingerprints()`` (from this process,
+    which may be interpreted: it then compiles in a child) agree bit for bit."""
+    path = tmp_path / "cc.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    argv = ["--family", "cdna2", "--kernel", "varlen", "--head-dim", "32", "--dtype", "bf16"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "portattn", "compile", *argv, "--json", str(path), "-j", "1"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "cdna2" in proc.stdout and "0 failed" in proc.stdout
+    data = json.loads(path.read_text())
+    records = data["cdna2"]["varlen/d32/bf16"]
+    assert set(records) == set(cc.STAGES)
+    for rec in records.values():
+        assert rec["ok"] and len(rec["fingerprint"]) == 64
+        assert rec["config_hash"] == records["fwd"]["config_hash"]
+    prints = cc.fingerprints("cdna2", kernels=["varlen"], head_dims=[32], dtypes=["bf16"])
+    assert prints == {"varlen/d32/bf16": {s: r["fingerprint"] for s, r in records.items()}}
+
+
+# ----------------------------------------------------------------------------- no compiling
+
+
+def _args(**overrides) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cc.add_arguments(parser)
+    args = parser.parse_args([])
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return args
+
+
+def test_refuses_to_run_under_the_interpreter(monkeypatch, capsys):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert cc.main(_args()) == 2
+    assert "TRITON_INTERPRET" in capsys.readouterr().out
+
+
+def test_entry_selection():
+    assert len(cc.select_entries()) == len(FAMILIES) * len(KERNELS) * len(HEAD_DIMS) * 2
+    ci = cc._entries_from_args(_args(subset="ci"))
+    assert {e.family for e in ci} == set(FAMILIES)
+    assert {e.kernel for e in ci} == set(KERNELS)
+    assert {e.head_dim for e in ci} == {64, 128}
+    assert {e.dtype for e in ci} == {"bf16"}
+    assert len(ci) == len(FAMILIES) * len(KERNELS) * 2
+    assert cc.select_entries(["sm80"], ["varlen"], [96], ["float16"]) == [
+        cc.Entry("sm80", "varlen", 96, "fp16")
+    ]
+    with pytest.raises(ValueError):
+        cc.select_entries(["sm70"])
+
+
+PTXAS_LOG = """\
+ptxas info    : Compiling entry function 'attn_fwd_kernel' for 'sm_80'
+ptxas info    : Function properties for attn_fwd_kernel
+    24 bytes stack frame, 16 bytes spill stores, 8 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 49152 bytes smem, 488 bytes cmem[0]
+"""
+AMDGCN_META = """\
+  - .agpr_count:     256
+    .private_segment_fixed_size: 180
+    .sgpr_count:     72
+    .sgpr_spill_count: 3
+    .vgpr_count:     512
+    .vgpr_spill_count: 44
+"""
+
+
+def test_resource_usage_parsing():
+    cuda = cc.Artifacts(49152, b"", "", PTXAS_LOG)
+    assert cc.resource_usage(cuda, FAMILIES["sm80"]) == {"regs": 255, "spills": 24, "scratch": 24}
+    hip = cc.Artifacts(16384, b"", AMDGCN_META)
+    assert cc.resource_usage(hip, FAMILIES["cdna3"]) == {
+        "regs": 512,
+        "spills": 44,
+        "sgpr_spills": 3,
+        "scratch": 180,
+    }
+
+
+def test_sgpr_spills_to_vgpr_lanes_pass_but_scratch_fails():
+    entry = cc.Entry("cdna3", "varlen", 64, "bf16")
+    asm = AMDGCN_META.replace("180", "0").replace("spill_count: 44", "spill_count: 0")
+    asm += "v_mfma_f32_16x16x16_bf16 a[0:3], v[0:1], v[2:3], 0\n"
+    result = cc.KernelResult(entry, "fwd", "0")
+    cc.check_artifacts(result, cc.Artifacts(16384, b"x", asm), FAMILIES["cdna3"])
+    assert result.ok and result.sgpr_spills == 3 and result.mma == 1
+    result = cc.KernelResult(entry, "fwd", "0")
+    cc.check_artifacts(result, cc.Artifacts(16384, b"x", AMDGCN_META), FAMILIES["cdna3"])
+    assert not result.ok
+
+
+def test_preprocess_needs_no_matrix_instruction():
+    entry = cc.Entry("sm90", "varlen", 64, "bf16")
+    result = cc.KernelResult(entry, "bwd_pre", "0")
+    log = PTXAS_LOG.replace("24 bytes", "0 bytes").replace("16 bytes", "0 bytes")
+    cc.check_artifacts(
+        result, cc.Artifacts(256, b"x", "", log.replace("8 bytes", "0 bytes")), FAMILIES["sm90"]
+    )
+    assert result.ok and result.mma is None
+
+
+def test_table_mismatch_is_reported():
+    entry = cc.Entry("sm90", "varlen", 128, "bf16")
+    cfg = entry.config()
+    launch = cc.Launch(
+        "fwd",
+        None,
+        {"BLOCK_M": 64, "BLOCK_N": cfg.fwd.block_n},
+        {"num_warps": 4, "num_stages": cfg.fwd.num_stages},
+    )
+    problems = cc.table_mismatches(launch, cfg)
+    assert len(problems) == 2 and "BLOCK_M=64" in problems[1]
+    good = cc.Launch(
+        "fwd",
+        None,
+        {"BLOCK_M": cfg.fwd.block_m, "BLOCK_N": cfg.fwd.block_n},
+        cfg.fwd.launch_kwargs(),
+    )
+    assert cc.table_mismatches(good, cfg) == []
+    assert isinstance(cfg.fwd, Tiles)

@@ -1,0 +1,259 @@
+"""GPU families, detection from (mocked) device properties, and the configuration table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import portattn
+from portattn import compilecheck, configs, families
+from portattn.configs import DTYPES, HEAD_DIMS, INTERPRETER, KERNELS, KernelConfig, Tiles
+from portattn.families import FAMILIES, family_from_properties, nearest_family
+
+ROOT = Path(__file__).resolve().parents[1]
+AMD_KNOBS = {"waves_per_eu", "matrix_instr_nonkdim", "kpack"}
+CUDA_FAMILIES = ("sm80", "sm90")
+HIP_FAMILIES = ("cdna2", "cdna3", "cdna4")
+
+
+def cuda_props(major: int, minor: int, **extra) -> SimpleNamespace:
+    return SimpleNamespace(major=major, minor=minor, name="NVIDIA test device", **extra)
+
+
+def hip_props(arch: str) -> SimpleNamespace:
+    # ROCm reports a CUDA-like (major, minor) too; detection must use gcnArchName only.
+    return SimpleNamespace(major=9, minor=4, name="AMD test device", gcnArchName=arch)
+
+
+@pytest.fixture
+def on_cuda(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", None)
+
+
+@pytest.fixture
+def on_rocm(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133")
+
+
+# ----------------------------------------------------------------------------- detection
+
+
+@pytest.mark.parametrize(("cc", "expected"), [((8, 0), "sm80"), ((9, 0), "sm90")])
+def test_cuda_detection(on_cuda, cc, expected):
+    assert family_from_properties(cuda_props(*cc)) == expected
+
+
+@pytest.mark.parametrize(
+    ("arch", "expected"),
+    [
+        ("gfx90a", "cdna2"),
+        ("gfx942", "cdna3"),
+        ("gfx950", "cdna4"),
+        ("gfx942:sramecc+:xnack-", "cdna3"),
+        ("gfx90a:sramecc-:xnack+", "cdna2"),
+        ("gfx950:sramecc+:xnack-", "cdna4"),
+    ],
+)
+def test_rocm_detection(on_rocm, arch, expected):
+    assert family_from_properties(hip_props(arch)) == expected
+
+
+def test_rocm_detection_ignores_compute_capability(on_rocm):
+    # An MI300X reports major 9: it must not be taken for an H100.
+    assert family_from_properties(SimpleNamespace(major=9, minor=0, gcnArchName="gfx942")) == (
+        "cdna3"
+    )
+
+
+@pytest.mark.parametrize(
+    ("cc", "extra", "nearest"),
+    [
+        ((8, 6), {}, "sm80"),
+        ((8, 9), {}, "sm80"),
+        ((7, 5), {}, "sm80"),
+        ((10, 0), {"shared_memory_per_block_optin": 232448}, "sm90"),
+        ((10, 0), {}, "sm90"),
+        ((12, 0), {"shared_memory_per_block_optin": 101376}, "sm80"),
+    ],
+)
+def test_unknown_cuda_device(on_cuda, cc, extra, nearest):
+    props = cuda_props(*cc, **extra)
+    assert family_from_properties(props) is None
+    assert nearest_family(props) == nearest
+
+
+@pytest.mark.parametrize(
+    ("arch", "nearest"),
+    [
+        ("gfx1100", "cdna2"),
+        ("gfx908:sramecc+:xnack-", "cdna2"),
+        ("gfx940", "cdna3"),
+        ("gfx941:sramecc+:xnack-", "cdna3"),
+        ("gfx955", "cdna4"),
+    ],
+)
+def test_unknown_rocm_device(on_rocm, arch, nearest):
+    props = hip_props(arch)
+    assert family_from_properties(props) is None
+    assert nearest_family(props) == nearest
+
+
+def _fake_device(monkeypatch, props) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    families._family_of_index.cache_clear()
+    families._config_family_of_index.cache_clear()
+
+
+@pytest.fixture
+def clear_family_caches():
+    yield
+    families._family_of_index.cache_clear()
+    families._config_family_of_index.cache_clear()
+
+
+def test_family_reads_the_running_device(on_rocm, monkeypatch, clear_family_caches):
+    _fake_device(monkeypatch, hip_props("gfx942:sramecc+:xnack-"))
+    assert portattn.family() == "cdna3"
+    assert families.config_family(torch.device("cuda", 0)) == "cdna3"
+
+
+def test_unknown_device_runs_nearest_family(on_cuda, monkeypatch, clear_family_caches):
+    _fake_device(monkeypatch, cuda_props(8, 9))
+    assert portattn.family() is None  # no golden family
+    assert families.config_family(torch.device("cuda", 0)) == "sm80"
+
+
+def test_family_is_none_without_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert portattn.family() is None
+
+
+def test_family_descriptions():
+    assert set(FAMILIES) == set(CUDA_FAMILIES + HIP_FAMILIES)
+    for name in CUDA_FAMILIES:
+        fam = FAMILIES[name]
+        assert (fam.vendor, fam.warp_size) == ("cuda", 32)
+        assert fam.target().backend == "cuda" and fam.target().arch == fam.arch
+    for name in HIP_FAMILIES:
+        fam = FAMILIES[name]
+        assert (fam.vendor, fam.warp_size, fam.matrix_instruction) == ("hip", 64, "v_mfma")
+        assert fam.target().arch == fam.arch
+    assert FAMILIES["sm80"].matrix_instruction == "mma.sync"
+    assert FAMILIES["sm90"].matrix_instruction == "wgmma"
+    assert FAMILIES["cdna2"].shared_mem_bytes == FAMILIES["cdna3"].shared_mem_bytes == 64 * 1024
+    assert FAMILIES["cdna4"].shared_mem_bytes == 160 * 1024
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def test_table_is_complete():
+    table = configs.config_table()
+    expected = {
+        (fam, kernel, d, dtype)
+        for fam in (*FAMILIES, INTERPRETER)
+        for kernel in KERNELS
+        for d in HEAD_DIMS
+        for dtype in DTYPES
+    }
+    assert set(table) == expected
+    assert all(isinstance(cfg, KernelConfig) for cfg in table.values())
+
+
+def test_tiles_are_valid():
+    def pow2(n: int) -> bool:
+        return n > 0 and n & (n - 1) == 0
+
+    for key, cfg in configs.config_table().items():
+        for stage in compilecheck.STAGES:
+            tiles = getattr(cfg, stage)
+            assert pow2(tiles.block_m) and pow2(tiles.block_n), key
+            assert tiles.block_m >= 16 and tiles.block_n >= 16, key  # tl.dot's minimum
+            assert pow2(tiles.num_warps) and tiles.num_stages >= 1, key
+
+
+# The hashing scheme itself (canonical JSON of the entry): this literal must never change.
+SCHEME_CONFIG = KernelConfig(
+    Tiles(128, 64, 4, 3), Tiles(64, 64, 4, 1), Tiles(32, 64, 4, 2), Tiles(64, 32, 4, 2)
+)
+SCHEME_HASH = "68256b6b84ac31a1"
+# A table entry: changes only when that entry is retuned (then golden files are re-recorded).
+SM90_VARLEN_D128 = "541be68bec2fab9d"
+
+
+def test_config_hash_stability():
+    assert SCHEME_CONFIG.content_hash() == SCHEME_HASH
+    assert configs.get_config("sm90", "varlen", 128, torch.bfloat16).content_hash() == (
+        SM90_VARLEN_D128
+    )
+
+
+def test_config_hash_identifies_content():
+    configs_by_hash: dict[str, KernelConfig] = {}
+    for cfg in configs.config_table().values():
+        assert configs_by_hash.setdefault(cfg.content_hash(), cfg) == cfg
+    # Equal content, equal hash; any changed field, another hash.
+    same = KernelConfig(*(Tiles(**vars(getattr(SCHEME_CONFIG, s))) for s in compilecheck.STAGES))
+    assert same.content_hash() == SCHEME_HASH
+    other = KernelConfig(
+        Tiles(128, 64, 4, 2), SCHEME_CONFIG.bwd_pre, SCHEME_CONFIG.bwd_dkdv, SCHEME_CONFIG.bwd_dq
+    )
+    assert other.content_hash() != SCHEME_HASH
+    amd = Tiles(128, 64, 4, 3, waves_per_eu=2)
+    other = KernelConfig(amd, SCHEME_CONFIG.bwd_pre, SCHEME_CONFIG.bwd_dkdv, SCHEME_CONFIG.bwd_dq)
+    assert other.content_hash() != SCHEME_HASH
+
+
+@pytest.mark.parametrize("fam", [*FAMILIES, INTERPRETER])
+def test_launch_kwargs_per_family(fam):
+    for (name, _, _, _), cfg in configs.config_table().items():
+        if name != fam:
+            continue
+        for stage in compilecheck.STAGES:
+            kwargs = getattr(cfg, stage).launch_kwargs()
+            assert {"num_warps", "num_stages"} <= set(kwargs)
+            if fam in HIP_FAMILIES:
+                assert set(kwargs) >= AMD_KNOBS
+                assert kwargs["matrix_instr_nonkdim"] in (16, 32)
+            else:
+                assert not AMD_KNOBS & set(kwargs)
+
+
+@pytest.mark.parametrize("fam", list(FAMILIES))
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_launchers_take_parameters_from_table(fam, kernel):
+    """The real launchers (run on CPU tensors, kernels swapped for recorders) launch each of the
+    four kernels with exactly the table's tiles and options: AMD knobs on CDNA only."""
+    for d in HEAD_DIMS:
+        entry = compilecheck.Entry(fam, kernel, d, "bf16")
+        cfg = entry.config()
+        launches = compilecheck.record_launches(entry)
+        assert set(launches) == set(compilecheck.STAGES)
+        for stage, launch in launches.items():
+            assert compilecheck.table_mismatches(launch, cfg) == [], (entry, stage)
+            has_amd = bool(AMD_KNOBS & set(launch.options))
+            assert has_amd == (fam in HIP_FAMILIES), (entry, stage)
+            assert launch.args["HEAD_DIM"] == d
+            assert launch.args["BLOCK_D"] == triton_next_pow2(d)
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def test_import_builds_no_table():
+    code = (
+        "import portattn, portattn.configs as c, portattn.families as f; "
+        "print(c.config_table.cache_info().currsize, f._family_of_index.cache_info().currsize)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["0", "0"]

@@ -1,0 +1,214 @@
+"""flash-attn compatible entry points: signature, return conventions, same bits as portattn's own
+API, and a clear error for every feature portattn does not implement."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from helpers import DEVICE, KERNELS, make_pack
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import portattn
+
+_EMPTY = inspect.Parameter.empty
+
+# flash-attn 2.8 (flash_attn/flash_attn_interface.py): positional parameters and defaults, in
+# order. window_size (-1, -1) means no window; softcap 0.0 means off.
+FLASH_ATTN_VARLEN_FUNC = [
+    ("q", _EMPTY),
+    ("k", _EMPTY),
+    ("v", _EMPTY),
+    ("cu_seqlens_q", _EMPTY),
+    ("cu_seqlens_k", _EMPTY),
+    ("max_seqlen_q", _EMPTY),
+    ("max_seqlen_k", _EMPTY),
+    ("dropout_p", 0.0),
+    ("softmax_scale", None),
+    ("causal", False),
+    ("window_size", (-1, -1)),
+    ("softcap", 0.0),
+    ("alibi_slopes", None),
+    ("deterministic", False),
+    ("return_attn_probs", False),
+    ("block_table", None),
+]
+FLASH_ATTN_FUNC = [
+    ("q", _EMPTY),
+    ("k", _EMPTY),
+    ("v", _EMPTY),
+    ("dropout_p", 0.0),
+    ("softmax_scale", None),
+    ("causal", False),
+    ("window_size", (-1, -1)),
+    ("softcap", 0.0),
+    ("alibi_slopes", None),
+    ("deterministic", False),
+    ("return_attn_probs", False),
+]
+
+LENS_Q = [9, 0, 17, 1]
+LENS_K = [9, 4, 25, 0]
+
+
+def _positional(fn) -> list[tuple[str, object]]:
+    params = inspect.signature(fn).parameters.values()
+    return [(p.name, p.default) for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
+
+
+@pytest.mark.parametrize(
+    "fn, expected",
+    [
+        (portattn.flash_attn_varlen_func, FLASH_ATTN_VARLEN_FUNC),
+        (portattn.flash_attn_func, FLASH_ATTN_FUNC),
+    ],
+)
+def test_signature_matches_flash_attn(fn, expected):
+    assert _positional(fn) == expected
+    extra = [p for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    assert [(p.name, p.default) for p in extra] == [("kernel", "varlen")]
+
+
+def _varlen_both(p, kernel, causal, **fa_kwargs):
+    """(out, lse [Hq, total_q], dq, dk, dv) through flash_attn_varlen_func, and the same through
+    varlen_attention (lse transposed), out and lse both carrying a gradient."""
+    results = []
+    for use_fa in (True, False):
+        q, k, v = (x.detach().requires_grad_() for x in (p.q, p.k, p.v))
+        if use_fa:
+            out, lse, s_dmask = portattn.flash_attn_varlen_func(
+                q,
+                k,
+                v,
+                p.cu_q,
+                p.cu_k,
+                max(LENS_Q),
+                max(LENS_K),
+                causal=causal,
+                return_attn_probs=True,
+                kernel=kernel,
+                **fa_kwargs,
+            )
+            assert s_dmask.numel() == 0
+        else:
+            out, lse = portattn.varlen_attention(
+                q, k, v, p.cu_q, p.cu_k, causal=causal, return_lse=True, kernel=kernel
+            )
+            lse = lse.t()
+        dlse = torch.where(torch.isinf(lse), 0.0, p.dlse.t())
+        grads = torch.autograd.grad((out, lse), (q, k, v), (p.do, dlse))
+        results.append((out.detach(), lse.detach(), *grads))
+    return results
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_varlen_same_bits(kernel, causal):
+    p = make_pack(LENS_Q, LENS_K, 4, 2, 32, seed=90)
+    fa, ours = _varlen_both(p, kernel, causal)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), fa, ours):
+        assert torch.equal(a, b), name
+
+
+def test_varlen_return_conventions():
+    p = make_pack(LENS_Q, LENS_K, 4, 2, 32, seed=91)
+    args = (p.q, p.k, p.v, p.cu_q, p.cu_k, max(LENS_Q), max(LENS_K))
+    out = portattn.flash_attn_varlen_func(*args)
+    assert isinstance(out, torch.Tensor) and out.shape == p.q.shape
+    got = portattn.flash_attn_varlen_func(*args, return_attn_probs=True)
+    assert isinstance(got, tuple) and len(got) == 3
+    out2, lse, s_dmask = got
+    assert torch.equal(out, out2)
+    total_q = sum(LENS_Q)
+    assert lse.shape == (4, total_q) and lse.dtype == torch.float32 and lse.is_contiguous()
+    _, ref_lse = portattn.varlen_attention(*args[:5], return_lse=True)
+    assert torch.equal(lse, ref_lse.t())
+    assert s_dmask.shape == (0,) and s_dmask.dtype == p.q.dtype
+    # positional arguments in flash-attn's order: dropout_p, softmax_scale, causal
+    pos = portattn.flash_attn_varlen_func(*args, 0.0, 0.2, True)
+    assert torch.equal(pos, portattn.varlen_attention(*args, causal=True, softmax_scale=0.2))
+
+
+def test_deterministic_and_causal_window_accepted():
+    """deterministic is ignored (always deterministic); window (-1, 0) is flash-attn's causal."""
+    p = make_pack(LENS_Q, LENS_K, 2, 1, 32, seed=92)
+    args = (p.q, p.k, p.v, p.cu_q, p.cu_k, max(LENS_Q), max(LENS_K))
+    causal = portattn.flash_attn_varlen_func(*args, causal=True)
+    assert torch.equal(portattn.flash_attn_varlen_func(*args, window_size=(-1, 0)), causal)
+    assert torch.equal(
+        portattn.flash_attn_varlen_func(*args, window_size=[-1, -1]),
+        portattn.flash_attn_varlen_func(*args),
+    )
+    det = portattn.flash_attn_varlen_func(*args, causal=True, deterministic=True)
+    assert torch.equal(det, causal)
+
+
+UNSUPPORTED = [
+    (dict(dropout_p=0.1), "dropout"),
+    (dict(window_size=(128, 0)), "sliding window"),
+    (dict(window_size=(-1, 8)), "sliding window"),
+    (dict(softcap=30.0), "softcap"),
+    (dict(alibi_slopes="tensor"), "ALiBi"),
+    (dict(block_table="tensor"), "paged KV"),
+]
+
+
+@pytest.mark.parametrize("kwargs, feature", UNSUPPORTED, ids=[f for _, f in UNSUPPORTED])
+def test_unsupported_features_raise(kwargs, feature):
+    p = make_pack([3, 4], [3, 4], 2, 1, 32, seed=93)
+    kwargs = {
+        name: torch.ones(2, dtype=torch.float32, device=DEVICE) if value == "tensor" else value
+        for name, value in kwargs.items()
+    }
+    args = (p.q, p.k, p.v, p.cu_q, p.cu_k, 4, 4)
+    with pytest.raises(ValueError, match=feature):
+        portattn.flash_attn_varlen_func(*args, **kwargs)
+    if "block_table" not in kwargs:
+        dense = p.q.view(1, 7, 2, 32)
+        with pytest.raises(ValueError, match=feature):
+            portattn.flash_attn_func(dense, dense[:, :, :1], dense[:, :, :1], **kwargs)
+
+
+def test_bad_types_raise():
+    p = make_pack([3], [3], 2, 1, 32, seed=94)
+    args = (p.q, p.k, p.v, p.cu_q, p.cu_k, 3, 3)
+    with pytest.raises(TypeError, match="window_size"):
+        portattn.flash_attn_varlen_func(*args, window_size=-1)
+    with pytest.raises(TypeError, match="dropout_p"):
+        portattn.flash_attn_varlen_func(*args, dropout_p="0")
+    with pytest.raises(ValueError, match="max_seqlen_q"):  # portattn's own checks run too
+        portattn.flash_attn_varlen_func(*args[:5], 2, 3)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_dense_same_bits(kernel):
+    """flash_attn_func equals portattn.attention bitwise; lse [B, Hq, Sq] contiguous."""
+    gen = torch.Generator().manual_seed(95)
+    q = torch.randn(2, 11, 4, 32, generator=gen).half().to(DEVICE)
+    k = torch.randn(2, 14, 2, 32, generator=gen).half().to(DEVICE)
+    v = torch.randn(2, 14, 2, 32, generator=gen).half().to(DEVICE)
+    out = portattn.flash_attn_func(q, k, v, causal=True, kernel=kernel)
+    out2, lse, s_dmask = portattn.flash_attn_func(
+        q, k, v, causal=True, return_attn_probs=True, kernel=kernel
+    )
+    ref_out, ref_lse = portattn.attention(q, k, v, causal=True, return_lse=True, kernel=kernel)
+    assert torch.equal(out, ref_out) and torch.equal(out2, ref_out)
+    assert lse.shape == (2, 4, 11) and lse.is_contiguous() and torch.equal(lse, ref_lse)
+    assert s_dmask.numel() == 0
+
+
+def test_compile_fullgraph():
+    """The flash-attn entry point compiles without a graph break (max_seqlen is always given)."""
+    p = make_pack(LENS_Q, LENS_K, 4, 2, 32, seed=96)
+    args = (p.q, p.k, p.v, p.cu_q, p.cu_k, max(LENS_Q), max(LENS_K))
+
+    def fn(*a):
+        return portattn.flash_attn_varlen_func(*a, causal=True, return_attn_probs=True)
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("eager")
+    compiled = torch.compile(fn, fullgraph=True, backend=counter)
+    for a, b in zip(fn(*args)[:2], compiled(*args)[:2]):
+        assert torch.equal(a, b)
+    assert counter.frame_count == 1

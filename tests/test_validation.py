@@ -1,0 +1,155 @@
+"""Every bad input gets a clear ValueError / TypeError naming the argument, before launch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import DEVICE, cu_seqlens, make_pack
+
+import portattn
+from portattn.validation import DTypeError
+
+
+@pytest.fixture
+def good():
+    p = make_pack([5, 7], [6, 8], 4, 2, 64, seed=50)
+    return dict(q=p.q, k=p.k, v=p.v, cu_seqlens_q=p.cu_q, cu_seqlens_k=p.cu_k)
+
+
+def _call(args, **kw):
+    return portattn.varlen_attention(**args, **kw)
+
+
+def _raises(exc, match, args, **kw):
+    with pytest.raises(exc, match=match):
+        _call(args, **kw)
+
+
+def test_good_input_runs(good):
+    assert _call(good).shape == good["q"].shape
+
+
+def test_dtypes(good):
+    _raises(
+        DTypeError, "q must be torch.float16 or torch.bfloat16", {**good, "q": good["q"].float()}
+    )
+    _raises(TypeError, "k must have the dtype of q", {**good, "k": good["k"].bfloat16()})
+    _raises(ValueError, "v must have the dtype of q", {**good, "v": good["v"].bfloat16()})
+    _raises(
+        TypeError,
+        "cu_seqlens_q must have dtype torch.int32",
+        {**good, "cu_seqlens_q": good["cu_seqlens_q"].long()},
+    )
+    _raises(
+        ValueError,
+        "cu_seqlens_k must have dtype torch.int32",
+        {**good, "cu_seqlens_k": good["cu_seqlens_k"].long()},
+    )
+
+
+def test_wrong_types(good):
+    _raises(TypeError, "q must be a torch.Tensor", {**good, "q": [1.0]})
+    _raises(TypeError, "cu_seqlens_k must be a torch.Tensor", {**good, "cu_seqlens_k": [0, 6, 14]})
+    _raises(TypeError, "causal must be a bool", good, causal=1)
+    _raises(TypeError, "softmax_scale must be a float", good, softmax_scale="0.1")
+    _raises(TypeError, "max_seqlen_q must be an int", good, max_seqlen_q=7.0)
+    _raises(TypeError, "kernel must be a str", good, kernel=None)
+
+
+def test_shapes_and_heads(good):
+    q, k, v = good["q"], good["k"], good["v"]
+    _raises(ValueError, "q must be 3-D", {**good, "q": q[None]})
+    _raises(
+        ValueError,
+        "head dim must be one of",
+        {**good, "q": q[..., :48], "k": k[..., :48], "v": v[..., :48]},
+    )
+    _raises(ValueError, "k head dim must equal q's", {**good, "k": k[..., :32]})
+    _raises(ValueError, "k and v must have the same shape", {**good, "v": v[:, :1]})
+    _raises(
+        ValueError,
+        r"Hq \(4\) must be a multiple of Hkv \(3\)",
+        {**good, "k": torch.cat([k, k[:, :1]], 1), "v": torch.cat([v, v[:, :1]], 1)},
+    )
+    wide = torch.randn(q.shape[0], 4, 128, dtype=q.dtype, device=q.device)
+    _raises(ValueError, r"q.stride\(-1\) must be 1", {**good, "q": wide[..., ::2]})
+
+
+def test_cu_seqlens(good):
+    dev = good["q"].device
+    t = lambda xs: torch.tensor(xs, dtype=torch.int32, device=dev)  # noqa: E731
+    _raises(ValueError, r"cu_seqlens_q\[0\] must be 0", {**good, "cu_seqlens_q": t([1, 5, 12])})
+    _raises(
+        ValueError, "cu_seqlens_q must be non-decreasing", {**good, "cu_seqlens_q": t([0, 13, 12])}
+    )
+    _raises(
+        ValueError,
+        r"cu_seqlens_k\[-1\] must equal the total token count 14",
+        {**good, "cu_seqlens_k": t([0, 6, 13])},
+    )
+    _raises(ValueError, "same batch", {**good, "cu_seqlens_k": t([0, 14])})
+    _raises(ValueError, "must be 1-D", {**good, "cu_seqlens_q": t([[0, 5, 12]])})
+
+
+def test_max_seqlen(good):
+    _raises(
+        ValueError,
+        r"max_seqlen_q=6 is smaller than the longest sequence \(7\)",
+        good,
+        max_seqlen_q=6,
+    )
+    _raises(
+        ValueError,
+        r"max_seqlen_k=7 is smaller than the longest sequence \(8\)",
+        good,
+        max_seqlen_k=7,
+    )
+    # larger is allowed (flash-attn semantics) and gives the same bits
+    a = _call(good)
+    b = _call(good, max_seqlen_q=100, max_seqlen_k=9)
+    assert torch.equal(a, b)
+
+
+def test_scale_and_kernel(good):
+    _raises(ValueError, "softmax_scale must be a finite number > 0", good, softmax_scale=0.0)
+    _raises(
+        ValueError, "softmax_scale must be a finite number > 0", good, softmax_scale=float("nan")
+    )
+    _raises(ValueError, "softmax_scale must be a finite number > 0", good, softmax_scale=-1.0)
+    _raises(ValueError, "kernel must be one of", good, kernel="flash")
+
+
+@pytest.mark.gpu
+def test_devices(good):
+    _raises(ValueError, "k must be on the device of q", {**good, "k": good["k"].cpu()})
+    _raises(
+        ValueError, "cu_seqlens_q must be on", {**good, "cu_seqlens_q": good["cu_seqlens_q"].cpu()}
+    )
+
+
+def test_cpu_tensors_without_interpreter(good, monkeypatch):
+    if DEVICE != "cpu":
+        good = {n: x.cpu() for n, x in good.items()}
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    _raises(ValueError, "TRITON_INTERPRET=1", good)
+
+
+def test_dense_checks():
+    q = torch.randn(2, 5, 4, 64, device=DEVICE).half()
+    k = torch.randn(3, 5, 2, 64, device=DEVICE).half()
+    with pytest.raises(ValueError, match="same batch size"):
+        portattn.attention(q, k, k)
+    with pytest.raises(ValueError, match="q must be 4-D"):
+        portattn.attention(q[0], k[0], k[0])
+
+
+def test_no_launch_on_bad_input(good, monkeypatch):
+    """Errors come before any kernel launch."""
+    import portattn.ops as ops_module
+
+    def boom(*a, **kw):
+        raise AssertionError("launched")
+
+    monkeypatch.setattr(ops_module, "attn_fwd", boom)
+    _raises(ValueError, "max_seqlen_q", good, max_seqlen_q=1)
+    assert cu_seqlens([1]).dtype == torch.int32
