@@ -84,14 +84,20 @@ def _config_family_of_index(index: int) -> str:
     return family_from_properties(props) or nearest_family(props)
 
 
-def family(device: torch.device | int | None = None) -> str | None:
+def family(device: torch.device | str | int | None = None) -> str | None:
     """The family of ``device`` (default: the current CUDA/ROCm device), e.g. ``"sm90"``;
-    None when no GPU is present or the device is outside the family table."""
+    None when no GPU is present, for a CPU device, or for a device outside the family table.
+    ``device`` may be a ``torch.device``, a string such as ``"cuda:1"``, or an index."""
     if not torch.cuda.is_available():
         return None
-    index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index
-    if index is None:
-        index = torch.cuda.current_device()
+    if device is None:
+        return _family_of_index(torch.cuda.current_device())
+    if isinstance(device, int) and not isinstance(device, bool):
+        return _family_of_index(device)
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
     return _family_of_index(index)
 
 

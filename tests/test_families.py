@@ -257,3 +257,18 @@ def test_import_builds_no_table():
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == ["0", "0"]
+
+
+def test_family_accepts_device_forms(monkeypatch):
+    """family() takes None, an index, a string or a torch.device (golden's CLI passes one)."""
+    import portattn.families as fam
+
+    monkeypatch.setattr(fam.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fam.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(fam, "_family_of_index", lambda index: f"fam{index}")
+    assert fam.family() == "fam0"
+    assert fam.family(1) == "fam1"
+    assert fam.family("cuda:1") == "fam1"
+    assert fam.family(torch.device("cuda", 1)) == "fam1"
+    assert fam.family(torch.device("cuda")) == "fam0"
+    assert fam.family("cpu") is None

@@ -17,6 +17,7 @@ import triton.language as tl
 from portattn.configs import upcast_dot
 from portattn.kernels.buffers import new_buffer
 from portattn.kernels.primitives import (
+    P_SCALE,
     key_range,
     load_lse2,
     mask_scores,
@@ -93,7 +94,10 @@ def _dkdv_query_tiles(
             b_qkT = mask_scores(b_qkT, visible_mask(o_q[None, :], o_k[:, None], seqlen_k, diag,
                                                     CAUSAL))
         b_pT = recompute_p(b_qkT, b_lse2[None, :], scale_log2)  # [BLOCK_N, BLOCK_M]
-        b_dv = mma_rounded(b_pT, b_do, b_dv, SPLIT_P, UPCAST)
+        # P <= 1 is scaled by an exact power of two before it is rounded for the product, so
+        # small probabilities keep their bits in float16 (whose exponent range is narrow); the
+        # scale is undone exactly on the float32 dV at the end.
+        b_dv = mma_rounded(b_pT * P_SCALE, b_do, b_dv, SPLIT_P, UPCAST)
         b_dpT = mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
         b_dsT = b_pT * (b_dpT - b_delta[None, :])  # [BLOCK_N, BLOCK_M]
         b_dk = mma_rounded(b_dsT, b_q, b_dk, SPLIT_P, UPCAST)
@@ -156,6 +160,7 @@ def attn_bwd_dkdv_kernel(
             BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, UPCAST,
         )
     b_dk = b_dk * scale
+    b_dv = b_dv * (1.0 / P_SCALE)
     tl.store(dk + o_krows * stride_dkt + i_hk.to(tl.int64) * stride_dkh + o_d[None, :],
              b_dk.to(dk.dtype.element_ty), mask=m_k)
     tl.store(dv + o_krows * stride_dvt + i_hk.to(tl.int64) * stride_dvh + o_d[None, :],

@@ -11,6 +11,9 @@ Scores are kept in log2 units: ``s2 = (q . k) * scale * log2(e)``, so ``exp2`` r
 import triton
 import triton.language as tl
 
+# 2**15: P <= 1 times this stays below float16's largest finite value (65504).
+P_SCALE = tl.constexpr(32768.0)
+
 
 @triton.jit
 def mma(b_a, b_b, b_acc, UPCAST: tl.constexpr):
