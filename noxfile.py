@@ -2,8 +2,9 @@
 
 - ``tests``: the CPU suite, in its own virtualenv (kernels run under Triton's interpreter; the
   test harness ``tests/conftest.py`` sets TRITON_INTERPRET=1, nox does not), followed by the
-  CI subset of the ahead-of-time compile check. This is the README's test command, and what
-  ``.ci/run`` runs.
+  CI subset of the ahead-of-time compile check (compiles, fits, no spills, matrix instructions)
+  and the golden fingerprint check (what every configuration of every family compiles to must
+  match ``golden/<family>.json``). This is the README's test command, and what ``.ci/run`` runs.
 - ``lint``: ruff check and ruff format --check.
 - ``compile``: the full ahead-of-time compile matrix (every family, kernel, head dim, dtype);
   CPU only, no GPU needed.
@@ -53,10 +54,18 @@ def _pytest(session: nox.Session, *args: str, external: bool = False) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """CPU test suite under Triton's interpreter, then the compile check's CI subset."""
+    """CPU test suite under Triton's interpreter, then the compile check's CI subset, then the
+    compile fingerprints of every family against ``golden/`` (docs/golden.md)."""
     _install_cpu_stack(session, "[test]")
     _pytest(session, "-m", "not gpu", *(session.posargs or ["-q"]))
+    # Resources and instructions (spills, shared memory / LDS, mma.sync / wgmma / v_mfma) of the
+    # CI subset; the fingerprint check below compiles every entry but checks only the bits.
     session.run("python", "-m", "portattn", "compile", "--subset", "ci")
+    # A kernel or configuration change fails here until golden/ is updated on purpose
+    # (`python -m portattn golden fingerprints --update`, then a hardware refresh of the
+    # families whose output hashes it marks stale). Exit 1: a fingerprint differs; 2: a family
+    # has no fingerprints for this Triton version (the pin above must equal the GPU's Triton).
+    session.run("python", "-m", "portattn", "golden", "fingerprints")
 
 
 @nox.session

@@ -76,8 +76,11 @@ MMA_EXCEPTIONS = {
     ("sm90", "fixed_order", "bwd_dkdv", 256): "mma.sync",
     ("sm90", "fixed_order", "fwd", 256): "mma.sync",
 }
-# Triton knobs pinned while compiling (Triton's defaults where they change the code; line info
-# off; fresh compiles; the ptxas report printed, to read registers and spills from).
+# Triton knobs pinned while compiling, whatever the environment says (TRITON_*, PTXAS_OPTIONS,
+# AMDGCN_* ...): every setting that changes the machine code at its Triton default, line info
+# off, the bundled ptxas and libdevice, no instrumentation, fresh compiles, and the ptxas report
+# printed (registers and spills are read from it). The golden files' fingerprints are made
+# under these settings on the CPU CI and on the GPUs alike, so they agree bit for bit.
 PINNED_KNOBS: dict[str, dict[str, Any]] = {
     "compilation": {
         "always_compile": True,
@@ -85,18 +88,33 @@ PINNED_KNOBS: dict[str, dict[str, Any]] = {
         "dump_ir_extract_di_local_variables": False,
         "override": False,
         "allow_non_constexpr_globals": False,
+        "use_ir_loc": None,
+        "enable_asan": False,
+        "instrumentation_mode": "",
     },
-    "runtime": {"override_arch": None},
-    "nvidia": {"dump_ptxas_log": True, "disable_ptxas_opt": False},
+    "runtime": {"override_arch": None, "add_stages_inspection_hook": None},
+    "nvidia": {
+        "dump_ptxas_log": True,
+        "disable_ptxas_opt": False,
+        "ptxas": None,  # None: the ptxas bundled with Triton (not $TRITON_PTXAS_PATH)
+        "ptxas_options": None,
+        "mock_ptx_version": None,
+        "libdevice_path": None,
+    },
     "amd": {
         "use_buffer_ops": True,
+        "use_buffer_atomics": True,
+        "buffer_ops_analyze_small_tensor_range": False,
         "use_async_copy": False,
         "use_block_pingpong": None,
         "use_in_thread_transpose": None,
         "scalarize_packed_fops": False,
     },
-    "language": {"default_fp_fusion": True},
+    "language": {"default_fp_fusion": True, "fp32_default": None},
 }
+# Compile options pinned per backend: CUDAOptions reads $PTXAS_OPTIONS into its default when
+# Triton is imported, so the knob above cannot reset it; an empty string means no extra options.
+PINNED_OPTIONS: dict[str, dict[str, Any]] = {"cuda": {"ptx_options": ""}, "hip": {}}
 # The representative launch whose specialisation is compiled: contiguous packed tensors, GQA
 # (a query-head group of 4 is a runtime loop bound; MHA's group of 1 would be a constexpr).
 REPRESENTATIVE = {"batch": 2, "seqlen": 256, "heads_q": 16, "heads_k": 4, "causal": True}
@@ -313,14 +331,37 @@ def _option_fields(backend: Any) -> set[str]:
     return {f.name for f in fields(options)}
 
 
+def code_env_vars() -> list[str]:
+    """The environment variables set now that Triton's compiler reads and that change the code
+    it makes (Triton's own list: those in its cache key), e.g. ``DISABLE_MMA_V3``,
+    ``DISABLE_LLVM_OPT``, ``TRITON_DEFAULT_FP_FUSION``."""
+    try:
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+    except ImportError:  # pragma: no cover - every supported Triton has it
+        return []
+    return sorted(get_cache_invalidating_env_vars())
+
+
+@contextlib.contextmanager
+def _unset_env(names: Iterable[str]) -> Iterator[None]:
+    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 @contextlib.contextmanager
 def pinned_knobs(cache_dir: str) -> Iterator[None]:
     """Triton settings that change the code are pinned to their defaults (whatever the
-    environment says), line info is off, and every compile is fresh, into ``cache_dir``."""
+    environment says: the variables of :func:`code_env_vars` are unset meanwhile, the knobs of
+    :data:`PINNED_KNOBS` set), line info is off, and every compile is fresh, into
+    ``cache_dir``. The environment is restored afterwards."""
     from triton import knobs
 
     pinned = dict(PINNED_KNOBS, cache={"dir": cache_dir})
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_unset_env(code_env_vars()))
         for group_name, settings in pinned.items():
             group = getattr(knobs, group_name)
             stack.enter_context(group.scope())
@@ -342,7 +383,7 @@ def compile_launch(launch: Launch, family: Family) -> Artifacts:
         raise ValueError(f"launch options {sorted(unknown)} are not {target.backend} options")
     signature, constexprs, attrs = specialize(launch, backend)
     src = ASTSource(launch.fn, signature, constexprs, attrs)
-    options = dict(launch.options, debug=False)
+    options = dict(launch.options, debug=False, **PINNED_OPTIONS[target.backend])
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
         kernel = triton.compile(src, target=target, options=options)

@@ -23,9 +23,10 @@ from portattn.families import FAMILIES
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_child(code: str) -> dict:
-    """Run ``code`` in a fresh Python without TRITON_INTERPRET; it prints one JSON line last."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+def run_child(code: str, extra_env: dict[str, str] | None = None) -> dict:
+    """Run ``code`` in a fresh Python without TRITON_INTERPRET (with ``extra_env``); it prints
+    one JSON line last."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | (extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
@@ -89,6 +90,40 @@ def test_fingerprint_is_reproducible(twice, fam):
     first, second = twice[fam]["runs"]
     assert first["fingerprint"] == second["fingerprint"]
     assert first == second
+
+
+# Settings that change Triton's code when set in the environment (each one changes the sm90
+# or cdna3 kernels of `twice` when nothing pins it: spills, mma.sync instead of wgmma, ...).
+HOSTILE_ENV = {
+    "DISABLE_MMA_V3": "1",
+    "DISABLE_LLVM_OPT": "1",
+    "TRITON_DEFAULT_FP_FUSION": "0",
+    "TRITON_F32_DEFAULT": "ieee",
+    "PTXAS_OPTIONS": "--maxrregcount=64",
+    "AMDGCN_USE_BUFFER_OPS": "0",
+    "TRITON_HIP_USE_BLOCK_PINGPONG": "1",
+    "TRITON_HIP_USE_ASYNC_COPY": "1",
+}
+
+
+def test_fingerprint_ignores_the_environment(twice):
+    """The knobs are pinned: CPU CI and a GPU machine with other Triton variables set compile
+    the same machine code (the golden files' fingerprints), and the environment comes back."""
+    hostile = run_child(
+        """
+        import json, os
+        from portattn import compilecheck as cc
+        out = {}
+        for fam, kernel, stage in [("sm90", "varlen", "fwd"), ("cdna3", "fixed_order", "bwd_dq")]:
+            out[fam] = cc.check_entry(cc.Entry(fam, kernel, 64, "bf16"), stages=[stage])[0].record()
+        out["env"] = {k: os.environ.get(k) for k in ("DISABLE_MMA_V3", "PTXAS_OPTIONS")}
+        print(json.dumps(out))
+        """,
+        HOSTILE_ENV,
+    )
+    for fam in ("sm90", "cdna3"):
+        assert hostile[fam] == twice[fam]["runs"][0]
+    assert hostile["env"] == {k: HOSTILE_ENV[k] for k in ("DISABLE_MMA_V3", "PTXAS_OPTIONS")}
 
 
 @pytest.mark.parametrize("fam", ["sm90", "cdna3"])

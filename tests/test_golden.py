@@ -457,6 +457,56 @@ def test_verify_exit_codes(tmp_path, capsys):
     assert "recorded toolchains: " + TC in capsys.readouterr().out
 
 
+def test_verify_fingerprints_only_file_says_so(tmp_path, capsys):
+    """A family whose file holds compile fingerprints and no output hashes (sm80 and cdna2/3/4
+    today): verify exits 2 with one plain line, and runs nothing."""
+    fps = {"varlen/d32/fp16": {"fwd": "f1"}}
+    code = run_fingerprints([FAKE], tmp_path, update=True, out=print, fingerprint_fn=lambda f: fps)
+    assert code == 0
+    section = load(tmp_path / "fake.json")["toolchains"][TC]
+    assert section["fingerprints"] == fps and not section.get("outputs")
+    capsys.readouterr()
+    assert cmd_verify(_args(golden_dir=tmp_path, family=FAKE), Hardware(FAKE, DEV, "dev")) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"no output hashes recorded for {TC} in ")
+    assert "it holds compile fingerprints only" in lines[0]
+    assert "nox -s \"golden_refresh(family='fake')\"" in lines[0]
+
+
+def test_verify_without_the_family_hardware(tmp_path, capsys):
+    """`golden verify --family sm80` on a machine without an sm80 GPU: exit 2, one line."""
+    sm90 = Hardware("sm90", DEV, "NVIDIA H200")
+    assert cmd_verify(_args(golden_dir=tmp_path, family="sm80"), sm90) == 2
+    assert capsys.readouterr().out.splitlines() == [
+        "golden verify: this machine has NVIDIA H200 (family sm90), not a sm80 GPU"
+    ]
+    if not torch.cuda.is_available():
+        argv = ["golden", "verify", "--family", "sm80", "--golden-dir", str(REPO / "golden")]
+        assert portattn.cli.main(argv) == 2
+        lines = capsys.readouterr().out.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("golden verify: no GPU here")
+
+
+def test_repository_files_without_outputs_verify_to_exit_2():
+    """Every golden/<family>.json of the repository that holds no output hashes for this
+    Triton says so (exit 2, one line) instead of running anything."""
+    from portattn.families import FAMILIES
+
+    checked = 0
+    for family in FAMILIES:
+        doc = load(REPO / "golden" / f"{family}.json")
+        if doc is None or doc["toolchains"].get(TC, {}).get("outputs"):
+            continue
+        lines, out = capture()
+        assert run_verify(family, DEV, REPO / "golden", out=out) == 2
+        assert len(lines) == 1 and lines[0].startswith(f"no output hashes recorded for {TC}")
+        assert f"golden_refresh(family='{family}')" in lines[0]
+        checked += 1
+    if TC != "triton-3.6.0":
+        assert checked == sum((REPO / "golden" / f"{f}.json").exists() for f in FAMILIES)
+
+
 def test_fingerprint_change_marks_outputs_stale(tmp_path):
     fps = {"varlen/d32/fp16": {"fwd": "f1", "bwd_dq": "g1"}}
     assert refresh(tmp_path, cases=TINY[:1], fingerprint_fn=lambda fam: fps) == 0

@@ -142,8 +142,8 @@ def run_verify(
             else ("it holds compile fingerprints only")
         )
         out(
-            f"no output hashes for {toolchain} in {path} ({held}); record them on {family} "
-            f"hardware: nox -s \"golden_refresh(family='{family}')\""
+            f"no output hashes recorded for {toolchain} in {path} ({held}); record them on "
+            f"{family} hardware: nox -s \"golden_refresh(family='{family}')\""
         )
         return 2
     names = sorted(outputs) if not case_names else list(case_names)
