@@ -16,7 +16,12 @@ from __future__ import annotations
 import torch
 
 from portattn.ops import varlen_fwd
-from portattn.validation import DTypeError, check_common, check_heads_and_dims, check_varlen
+from portattn.validation import (
+    check_common,
+    check_heads_and_dims,
+    check_varlen,
+    check_varlen_traced,
+)
 
 
 def _needs_grad(*tensors: torch.Tensor) -> bool:
@@ -43,52 +48,6 @@ def _run_fwd(
         store_o32=store_o32,
     )
     return out, lse
-
-
-def _check_cu_seqlens_traced(name: str, cu, device: torch.device) -> None:
-    """The checks of a cu_seqlens tensor that need no host values (type, dtype, rank, device)."""
-    if not isinstance(cu, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
-    if cu.dtype != torch.int32:
-        raise DTypeError(f"{name} must have dtype torch.int32, got {cu.dtype}")
-    if cu.dim() != 1 or cu.numel() < 1:
-        raise ValueError(f"{name} must be 1-D with B + 1 >= 1 entries, got shape {tuple(cu.shape)}")
-    if cu.device != device:
-        raise ValueError(f"{name} must be on {device} like q, got {cu.device}")
-
-
-def _check_max_seqlen_traced(name: str, given):
-    if given is None:
-        raise ValueError(
-            f"{name} must be given (an int) when varlen_attention runs under torch.compile: "
-            "deriving it from cu_seqlens needs their host values, a graph break"
-        )
-    if isinstance(given, bool) or not isinstance(given, (int, torch.SymInt)):
-        raise TypeError(f"{name} must be an int, got {type(given).__name__}")
-    if isinstance(given, int) and given < 0:
-        raise ValueError(f"{name} must be >= 0, got {given}")
-    return given
-
-
-def _check_varlen_traced(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
-    """The varlen checks that run while ``torch.compile`` traces: everything that needs no host
-    value of ``cu_seqlens`` (shapes, dtypes, devices, strides, batch sizes, max_seqlen given).
-
-    The value checks of ``cu_seqlens`` (first entry 0, non-decreasing, last entry the token
-    count, max_seqlen at least the longest sequence) are skipped: they need a device-to-host
-    copy, which would break the graph. Returns (max_seqlen_q, max_seqlen_k)."""
-    check_heads_and_dims(q, k, v, token_dims=1)
-    _check_cu_seqlens_traced("cu_seqlens_q", cu_seqlens_q, q.device)
-    _check_cu_seqlens_traced("cu_seqlens_k", cu_seqlens_k, q.device)
-    if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
-        raise ValueError(
-            f"cu_seqlens_q and cu_seqlens_k must describe the same batch, got "
-            f"{cu_seqlens_q.shape[0] - 1} and {cu_seqlens_k.shape[0] - 1} sequences"
-        )
-    return (
-        _check_max_seqlen_traced("max_seqlen_q", max_seqlen_q),
-        _check_max_seqlen_traced("max_seqlen_k", max_seqlen_k),
-    )
 
 
 def varlen_attention(
@@ -142,7 +101,7 @@ def varlen_attention(
     """
     softmax_scale = check_common(q, k, v, causal, softmax_scale, return_lse, kernel)
     if torch.compiler.is_compiling():
-        max_seqlen_q, max_seqlen_k = _check_varlen_traced(
+        max_seqlen_q, max_seqlen_k = check_varlen_traced(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         )
     else:

@@ -4,6 +4,7 @@ argument and what was expected; nothing is silently corrected."""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,8 @@ def _check_tensor(name: str, x) -> torch.Tensor:
     return x
 
 
-def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, device: torch.device) -> list[int]:
+def check_cu_seqlens_meta(name: str, cu, device: torch.device) -> None:
+    """The checks of a cu_seqlens tensor that need no host values (type, dtype, rank, device)."""
     _check_tensor(name, cu)
     if cu.dtype != torch.int32:
         raise DTypeError(f"{name} must have dtype torch.int32, got {cu.dtype}")
@@ -37,6 +39,10 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, device: torch.dev
         raise ValueError(f"{name} must be 1-D with B + 1 >= 1 entries, got shape {tuple(cu.shape)}")
     if cu.device != device:
         raise ValueError(f"{name} must be on {device} like q, got {cu.device}")
+
+
+def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, device: torch.device) -> list[int]:
+    check_cu_seqlens_meta(name, cu, device)
     values = cu.tolist()  # one host sync: the checks below need the values
     if values[0] != 0:
         raise ValueError(f"{name}[0] must be 0, got {values[0]}")
@@ -54,11 +60,12 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, device: torch.dev
 def _check_max_seqlen(name: str, given, real: int) -> int:
     if given is None:
         return real
-    if isinstance(given, bool) or not isinstance(given, int):
+    # Any integer type (int, numpy integers, torch.SymInt under torch.compile), never a bool.
+    if isinstance(given, bool) or not isinstance(given, (numbers.Integral, torch.SymInt)):
         raise TypeError(f"{name} must be an int or None, got {type(given).__name__}")
     if given < real:
         raise ValueError(f"{name}={given} is smaller than the longest sequence ({real})")
-    return given
+    return given if isinstance(given, torch.SymInt) else int(given)
 
 
 def check_common(q, k, v, causal, softmax_scale, return_lse, kernel) -> float:
@@ -90,7 +97,7 @@ def check_common(q, k, v, causal, softmax_scale, return_lse, kernel) -> float:
     head_dim = q.shape[-1]
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError(
             f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}"
         )
@@ -128,16 +135,50 @@ def check_heads_and_dims(q, k, v, token_dims: int) -> None:
         raise ValueError(f"Hq must be at most 65535 (grid limit), got {n_heads_q}")
 
 
+def _check_same_batch(n_q: int, n_k: int) -> None:
+    if n_q != n_k:
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must describe the same batch, got "
+            f"{n_q - 1} and {n_k - 1} sequences"
+        )
+
+
+def _check_max_seqlen_traced(name: str, given):
+    if given is None:
+        raise ValueError(
+            f"{name} must be given (an int) when varlen_attention runs under torch.compile: "
+            "deriving it from cu_seqlens needs their host values, a graph break"
+        )
+    if isinstance(given, bool) or not isinstance(given, (numbers.Integral, torch.SymInt)):
+        raise TypeError(f"{name} must be an int, got {type(given).__name__}")
+    if isinstance(given, numbers.Integral) and given < 0:
+        raise ValueError(f"{name} must be >= 0, got {given}")
+    return given
+
+
+def check_varlen_traced(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """The varlen checks that run while ``torch.compile`` traces: everything that needs no host
+    value of ``cu_seqlens`` (shapes, dtypes, devices, strides, batch sizes, max_seqlen given).
+
+    The value checks of ``cu_seqlens`` (first entry 0, non-decreasing, last entry the token
+    count, max_seqlen at least the longest sequence) are skipped: they need a device-to-host
+    copy, which would break the graph. Returns (max_seqlen_q, max_seqlen_k)."""
+    check_heads_and_dims(q, k, v, token_dims=1)
+    check_cu_seqlens_meta("cu_seqlens_q", cu_seqlens_q, q.device)
+    check_cu_seqlens_meta("cu_seqlens_k", cu_seqlens_k, q.device)
+    _check_same_batch(cu_seqlens_q.shape[0], cu_seqlens_k.shape[0])
+    return (
+        _check_max_seqlen_traced("max_seqlen_q", max_seqlen_q),
+        _check_max_seqlen_traced("max_seqlen_k", max_seqlen_k),
+    )
+
+
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> VarlenShape:
     """q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: int32 [B + 1]."""
     check_heads_and_dims(q, k, v, token_dims=1)
     values_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
     values_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
-    if len(values_q) != len(values_k):
-        raise ValueError(
-            f"cu_seqlens_q and cu_seqlens_k must describe the same batch, got "
-            f"{len(values_q) - 1} and {len(values_k) - 1} sequences"
-        )
+    _check_same_batch(len(values_q), len(values_k))
     real_q = max((b - a for a, b in zip(values_q, values_q[1:])), default=0)
     real_k = max((b - a for a, b in zip(values_k, values_k[1:])), default=0)
     return VarlenShape(

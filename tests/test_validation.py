@@ -110,6 +110,19 @@ def test_max_seqlen(good):
     assert torch.equal(a, b)
 
 
+def test_numeric_types_accepted(good):
+    """numpy integers and floats are ints and floats too (a common source of max_seqlen)."""
+    import numpy as np
+
+    a = _call(
+        good, max_seqlen_q=np.int64(7), max_seqlen_k=np.int32(8), softmax_scale=np.float32(0.125)
+    )
+    b = _call(good, max_seqlen_q=7, max_seqlen_k=8, softmax_scale=0.125)
+    assert torch.equal(a, b)
+    _raises(TypeError, "max_seqlen_k must be an int", good, max_seqlen_k=True)
+    _raises(TypeError, "softmax_scale must be a float", good, softmax_scale=True)
+
+
 def test_scale_and_kernel(good):
     _raises(ValueError, "softmax_scale must be a finite number > 0", good, softmax_scale=0.0)
     _raises(
