@@ -247,7 +247,8 @@ def assemble_keys(ranks: list[dict], case_index: int, name: str, total_k: int) -
 
 
 def _check_case(launch_: Launch, i: int, device) -> tuple[bool, list[str]]:
-    from portattn.check import LSE_MARGIN, REL_MARGIN, _lse_err, _rel_err, _run_reference
+    from portattn.accuracy import error, limit
+    from portattn.check import _run_reference
     from portattn.distributed import shard_heads
 
     case = launch_.cases[i]
@@ -266,18 +267,15 @@ def _check_case(launch_: Launch, i: int, device) -> tuple[bool, list[str]]:
         cp[name] = assemble_keys(launch_.ranks, i, name, sum(case.lens_k))
     problems, cells, single_cells = [], [], []
     for name in NAMES:
-        if name == "lse":  # float32: max abs error over rows that see a key
-            err_of, margin, base = _lse_err, LSE_MARGIN, _lse_err(eager[name].float(), ref[name])
-        else:  # relative Frobenius error
-            err_of, margin, base = _rel_err, REL_MARGIN, _rel_err(eager[name], ref[name])
-        err, single_err = err_of(cp[name], ref[name]), err_of(single[name], ref[name])
-        limit = 2 * base + margin
-        cells.append(f"{name} {err:.1e} <= {limit:.1e}")
+        base = error(name, eager[name].to(cp[name].dtype), ref[name])
+        err, single_err = error(name, cp[name], ref[name]), error(name, single[name], ref[name])
+        bound = limit(name, base)
+        cells.append(f"{name} {err:.1e} <= {bound:.1e}")
         single_cells.append(f"{name} {single_err:.1e}")
         if torch.isnan(cp[name]).any():
             problems.append(f"CP {name} has NaN")
-        elif not err <= limit:
-            problems.append(f"CP {name} error {err:.3g} > limit {limit:.3g}")
+        elif not err <= bound:
+            problems.append(f"CP {name} error {err:.3g} > limit {bound:.3g}")
     if not torch.equal(torch.isneginf(cp["lse"]), torch.isneginf(ref["lse"])):
         problems.append("CP lse is -inf on other rows than the reference")
     for r, res in enumerate(per_rank[1:], start=1):

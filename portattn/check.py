@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from portattn.accuracy import LSE_MARGIN, REL_MARGIN, error, limit
+
 # Sequence lengths of the pack: an empty query sequence whose keys nobody sees, a decode-like
 # sequence (Sq < Sk) and one with Sq > Sk (causal: its first Sq - Sk rows see no key).
 LENS_Q = (0, 17, 63)
 LENS_K = (9, 40, 50)
 N_HEADS_Q, N_HEADS_K, HEAD_DIM = 4, 2, 64
 KERNELS = ("varlen", "fixed_order")
-REL_MARGIN = 1e-4
-LSE_MARGIN = 1e-5
 NAMES = ("out", "lse", "dq", "dk", "dv")
 
 
@@ -113,20 +113,6 @@ def _run_kernel(q, k, v, cu_q, cu_k, dout, dlse, causal, kernel):
     return dict(zip(NAMES, (out.detach(), lse.detach(), *grads), strict=True))
 
 
-def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """Relative Frobenius error (absolute when the reference is 0)."""
-    diff = (x.double() - ref.double()).norm().item()
-    norm = ref.double().norm().item()
-    return diff / norm if norm > 0 else diff
-
-
-def _lse_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    seen = torch.isfinite(ref)
-    if not seen.any():
-        return 0.0
-    return (x.double()[seen] - ref.double()[seen]).abs().max().item()
-
-
 def _check_case(kernel: str, dtype: torch.dtype, causal: bool, device: torch.device) -> CaseResult:
     result = CaseResult(kernel, dtype, causal)
     start = time.perf_counter()
@@ -156,7 +142,7 @@ def _check_case(kernel: str, dtype: torch.dtype, causal: bool, device: torch.dev
             if not torch.equal(torch.isneginf(x), torch.isneginf(r)):
                 result.problems.append("lse is -inf on different rows than the reference")
                 continue
-            err, base, margin = _lse_err(x, r), _lse_err(eager[name].float(), r), LSE_MARGIN
+            margin = LSE_MARGIN
         else:
             if not torch.isfinite(x).all():
                 result.problems.append(f"{name} has inf")
@@ -165,9 +151,10 @@ def _check_case(kernel: str, dtype: torch.dtype, causal: bool, device: torch.dev
             if (x[exact_zero] != 0).any():
                 result.problems.append(f"{name} is not 0 where the reference is exactly 0")
                 continue
-            err, base, margin = _rel_err(x, r), _rel_err(eager[name], r), REL_MARGIN
+            margin = REL_MARGIN
+        err, base = error(name, x, r), error(name, eager[name].to(x.dtype), r)
         result.errors[name] = err
-        result.limits[name] = 2 * base + margin
+        result.limits[name] = limit(name, base)
         if not err <= result.limits[name]:
             result.problems.append(
                 f"{name}: error {err:.3g} > limit {result.limits[name]:.3g} "

@@ -120,8 +120,9 @@ def _varlen_fwd_fake(
     total_q, n_heads_q, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((total_q, n_heads_q), dtype=torch.float32, device=q.device)
-    out32 = torch.empty(q.shape, dtype=torch.float32, device=q.device) if store_o32 else None
-    return out, lse, _empty_o32(q) if out32 is None else out32
+    if not store_o32:
+        return out, lse, _empty_o32(q)
+    return out, lse, torch.empty(q.shape, dtype=torch.float32, device=q.device)
 
 
 @torch.library.custom_op("portattn::varlen_bwd", mutates_args=(), schema=_BWD_SCHEMA)

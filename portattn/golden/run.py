@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from portattn.accuracy import error, limit
 from portattn.golden.cases import OUTPUTS, TENSOR_IDS, Case
 from portattn.golden.hashing import inputs_sha256, tensor_record
 from portattn.golden.inputs import generate
@@ -161,21 +162,6 @@ def _reference(case: Case, inputs: CaseInputs, compute_dtype: torch.dtype, lse: 
     }
 
 
-def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    diff = (x.double() - ref.double()).norm().item()
-    norm = ref.double().norm().item()
-    return diff / norm if norm > 0 else diff
-
-
-def _lse_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    if not torch.equal(torch.isneginf(x), torch.isneginf(ref)):
-        return float("inf")
-    finite = torch.isfinite(ref)
-    if not finite.any():
-        return 0.0
-    return (x.double()[finite] - ref.double()[finite]).abs().max().item()
-
-
 @dataclass(frozen=True)
 class Accuracy:
     """Error of one output against float64, beside the error of eager input-dtype math."""
@@ -203,12 +189,7 @@ def accuracy(result: CaseResult, tensors: list[str] | None = None) -> list[Accur
     report = []
     for name in names:
         got = result.outputs[name]
-        if name == "lse":
-            err, base = _lse_err(got, ref[name]), _lse_err(eager[name].float(), ref[name])
-            margin = 1e-5
-        else:
-            err, base = _rel_err(got, ref[name]), _rel_err(eager[name], ref[name])
-            margin = 1e-4
-        ok = not torch.isnan(got).any().item() and err <= 2 * base + margin
+        err, base = error(name, got, ref[name]), error(name, eager[name].to(got.dtype), ref[name])
+        ok = not torch.isnan(got).any().item() and err <= limit(name, base)
         report.append(Accuracy(name, err, base, ok))
     return report
