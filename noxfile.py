@@ -13,6 +13,9 @@
   session's docstring).
 - ``golden_refresh(family=...)``: record that family's golden hashes on its GPU (current
   environment too); see docs/golden.md.
+- ``bench``: the benchmark on the GPU in front of it (current environment too), written to
+  ``docs/bench-h200.{json,md}``, then the chart ``docs/bench-h200.png`` if matplotlib is there;
+  see docs/performance.md.
 
 Default (plain ``nox``): lint and tests.
 """
@@ -134,3 +137,23 @@ def golden_refresh(session: nox.Session, family: str) -> None:
     _require_family(session, "golden_refresh", family)
     refresh = ("python", "-m", "portattn", "golden", "refresh", "--family", family)
     session.run(*refresh, *session.posargs, external=True)
+
+
+BENCH_STEM = "docs/bench-h200"
+
+
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """``python -m portattn bench`` into ``docs/bench-h200.json`` and ``.md``, then the chart.
+
+    Same environment rule as ``gpu``: the current Python environment (``venv_backend="none"``),
+    nothing installed. Extra arguments go to the benchmark (``nox -s bench -- --quick``). The
+    chart needs matplotlib, which a GPU machine may lack: ``bench plot`` then exits 3, which
+    does not fail the session; render the PNG elsewhere from the JSON with
+    ``python -m portattn bench plot --json docs/bench-h200.json --png docs/bench-h200.png``.
+    """
+    json_path, md_path, png_path = (f"{BENCH_STEM}.{ext}" for ext in ("json", "md", "png"))
+    run = ("python", "-m", "portattn", "bench")
+    session.run(*run, "--json", json_path, "--markdown", md_path, *session.posargs, external=True)
+    plot = (*run, "plot", "--json", json_path, "--png", png_path)
+    session.run(*plot, external=True, success_codes=[0, 3])

@@ -1,22 +1,71 @@
 """``python -m portattn bench``: portattn's kernels against SDPA and FlexAttention, one run.
 
-Workloads are packed varlen batches in bfloat16: an equal-length pack (so dense SDPA is a natural
-peer) and a skewed pack. Useful FLOPs follow the flash-attention convention: forward
-``4 * Sq * Sk * D`` per head and sequence (halved for causal), forward+backward 3.5x that.
-Medians of ``triton.testing.do_bench``; implementations alternate within a workload.
+Workloads (:func:`default_workloads`) are packed varlen batches in bfloat16: equal-length packs
+(2 x 8192 tokens, so dense SDPA is a natural peer) and skewed packs (16k or 32k tokens in
+sequences of 64...4096, fixed seed), H = 16 with D = 128 or 64, and GQA with 32 query / 8 kv
+heads at D = 128; each causal and full; timed forward and forward+backward.
+
+Peers, timed in the same run: SDPA with the cuDNN and the flash backend (equal packs only: they
+need the dense [B, H, S, D] layout, which the packed tensors are viewed as, without a copy),
+FlexAttention with a document mask (every pack, ``torch.compile``-d), and both portattn kernels
+through the public ``portattn.varlen_attention``. An implementation that fails (setup, first
+call or timing) gets rows with the error message instead of timings; the run goes on.
+
+Timing. Each implementation's first call per mode runs outside the timings (Triton JIT,
+FlexAttention's compile); FlexAttention's first-call seconds are reported as its compile time,
+per workload and mode. Inductor's caches apply as found: a pack whose shapes were compiled
+before (on disk, or earlier in the run: skewed 16k d64 has the shapes of equal 2x8192 d64)
+reports little more than a cache lookup. Then two passes, the second in reverse order, each
+timing every implementation with ``triton.testing.do_bench(..., return_mode="median")``; the
+reports take the better of the two medians. While timing, ``torch.compiler`` is set to fail on
+a recompile, so a compile can never hide inside a timing (it fails that implementation instead).
+
+L2. The H200 has 50 MiB of L2 and some inputs would fit (16k x 16 x 64 bf16 is 32 MiB).
+Triton 3.6's ``do_bench`` (``triton/testing.py``) calls ``runtime.driver.active.clear_cache``
+before every timed repeat, outside the timed events; on CUDA that is ``cache.zero_()`` on a
+256 MB buffer (``get_empty_cache_for_benchmark`` in ``triton/backends/nvidia/driver.py``),
+which evicts everything the previous repeat left in L2. So no repeat reuses L2; nothing more is
+done here. (The untimed warm-up calls are not separated by flushes; they are not measured.)
+
+FLOPs: useful FLOPs, flash-attention convention: forward ``4 * Sq * Sk * D`` per query head
+and sequence, halved for causal; forward+backward 3.5x forward. Peak memory:
+``torch.cuda.max_memory_allocated`` over one call after a reset (outside ``do_bench``, whose
+256 MB flush buffer would otherwise count), in GiB, with the resident inputs counted.
+
+Reports (markdown, JSON, PNG chart): :mod:`portattn.bench_report`.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
+import contextlib
+import datetime
 import random
+import shlex
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
+
+from portattn import bench_report as report
+from portattn.bench_report import CUDNN, FIXED, FLASH, FLEX, MODES, VARLEN
+
+WARMUP_MS = 50  # do_bench's warm-up and repetition budgets: about 0.4 s per do_bench call
+REP_MS = 300
+DOCS_STEM = "docs/bench-h200"  # --docs: docs/bench-h200.{json,md,png}, relative to the cwd
+SKEWED_CHOICES = (64, 128, 300, 512, 1000, 2048, 3000, 4096)
 
 
 @dataclass(frozen=True)
 class Workload:
+    """One packed batch: sequence lengths (queries and keys alike), heads, head dim, mask."""
+
     name: str
     lengths: tuple[int, ...]
     n_heads_q: int
@@ -24,210 +73,481 @@ class Workload:
     head_dim: int
     causal: bool
 
+    @property
+    def equal(self) -> bool:
+        """All sequences of one length: SDPA's dense layout is a view of the packed tensors."""
+        return len(set(self.lengths)) == 1
+
     def flops(self, mode: str) -> float:
-        per = sum(4.0 * n * n * self.head_dim * self.n_heads_q for n in self.lengths)
-        per = per / 2 if self.causal else per
-        return per * (3.5 if mode == "fwd+bwd" else 1.0)
+        """Useful FLOPs of one call: ``4 * S^2 * D`` per query head and sequence (the two
+        matrix products), halved for causal; forward+backward is 3.5x the forward."""
+        fwd = sum(4.0 * n * n * self.head_dim * self.n_heads_q for n in self.lengths)
+        fwd = fwd / 2 if self.causal else fwd
+        return fwd * (3.5 if mode == "fwd+bwd" else 1.0)
+
+    def describe(self) -> dict[str, Any]:
+        """The workload as plain data for the JSON file."""
+        return dict(
+            name=self.name,
+            lengths=list(self.lengths),
+            n_heads_q=self.n_heads_q,
+            n_heads_k=self.n_heads_k,
+            head_dim=self.head_dim,
+            causal=self.causal,
+            flops={mode: self.flops(mode) for mode in MODES},
+        )
 
 
 def skewed_lengths(total: int, seed: int = 0) -> tuple[int, ...]:
-    """Lengths between 64 and 4096 summing to ``total`` (fixed seed: same pack every run)."""
+    """Lengths drawn from 64...4096 summing exactly to ``total`` (fixed seed: the same pack in
+    every run). Every length is one of ``SKEWED_CHOICES`` except the last, which is cut to what
+    is left of ``total`` and may therefore be shorter than 64 (it is 1224 for 16k and 396 for
+    32k with seed 0)."""
     rng = random.Random(seed)
     out: list[int] = []
     while sum(out) < total:
-        out.append(min(rng.choice([64, 128, 300, 512, 1000, 2048, 3000, 4096]), total - sum(out)))
+        out.append(min(rng.choice(SKEWED_CHOICES), total - sum(out)))
     return tuple(out)
 
 
+def _workload(pack: str, lengths: tuple[int, ...], hq: int, hk: int, d: int, causal: bool):
+    heads = f"h{hq}" if hq == hk else f"gqa{hq}/{hk}"
+    name = f"{pack} {heads} d{d} {'causal' if causal else 'full'}"
+    return Workload(name, lengths, hq, hk, d, causal)
+
+
 def default_workloads() -> list[Workload]:
-    out = []
-    for causal in (False, True):
-        out.append(
-            Workload(
-                f"equal 2x8192 h16 d128 {'causal' if causal else 'full'}",
-                (8192, 8192),
-                16,
-                16,
-                128,
-                causal,
-            )
-        )
-        out.append(
-            Workload(
-                f"skewed 32k h16 d128 {'causal' if causal else 'full'}",
-                skewed_lengths(32768),
-                16,
-                16,
-                128,
-                causal,
-            )
-        )
+    """The 12 workloads of a full run (names are stable: reports are compared by name)."""
+    equal = (8192, 8192)
+    packs = [  # (pack name, lengths, query heads, kv heads, head dim)
+        ("equal 2x8192", equal, 16, 16, 128),
+        ("skewed 32k", skewed_lengths(32768), 16, 16, 128),
+        ("equal 2x8192", equal, 16, 16, 64),
+        ("skewed 16k", skewed_lengths(16384), 16, 16, 64),
+        ("equal 2x8192", equal, 32, 8, 128),
+        ("skewed 32k", skewed_lengths(32768), 32, 8, 128),
+    ]
+    return [_workload(*p, causal) for p in packs for causal in (False, True)]
+
+
+def quick_workloads() -> list[Workload]:
+    """``--quick``: equal 2x8192 and skewed 32k, H = 16, D = 128, causal and full."""
+    keep = ("equal 2x8192 h16 d128 ", "skewed 32k h16 d128 ")
+    return [w for w in default_workloads() if w.name.startswith(keep)]
+
+
+def select_workloads(quick: bool = False, patterns: list[str] | None = None) -> list[Workload]:
+    """The workloads of a run: all or ``--quick``, then those whose name contains any of the
+    ``--workloads`` substrings (case-insensitive)."""
+    out = quick_workloads() if quick else default_workloads()
+    if patterns:
+        out = [w for w in out if any(p.lower() in w.name.lower() for p in patterns)]
     return out
 
 
-def _inputs(w: Workload, device: str = "cuda"):
+# --- implementations --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Impl:
+    """An attention implementation on packed [T, H, D] inputs. ``fn(q, k, v)`` returns the
+    output in the implementation's own layout; ``view`` maps a packed tensor to that layout
+    (without copying), so the output gradient can be made once, packed, for every peer."""
+
+    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    view: Callable[[torch.Tensor], torch.Tensor]
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _portattn(w: Workload, cu: torch.Tensor, kernel: str) -> Impl:
+    import portattn
+
+    longest = max(w.lengths)
+
+    # The public API as users call it, eager checks included (they read cu_seqlens on the host
+    # each call: a few microseconds against calls of milliseconds).
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return portattn.varlen_attention(
+            q, k, v, cu, cu, longest, longest, causal=w.causal, kernel=kernel
+        )
+
+    return Impl(fn, _identity)
+
+
+def _sdpa(w: Workload, backend_name: str) -> Impl:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    backend = getattr(SDPBackend, backend_name)
+    b, s = len(w.lengths), w.lengths[0]
+    # GQA through enable_gqa=True, not by repeating kv heads: SDPA then reads the same 8 kv
+    # heads as portattn and FlexAttention do; a backend that refuses it is recorded as failed.
+    gqa = w.n_heads_q != w.n_heads_k
+
+    def dense(x: torch.Tensor) -> torch.Tensor:  # [B*S, H, D] -> [B, H, S, D], a view
+        return x.view(b, s, x.shape[1], x.shape[2]).transpose(1, 2)
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        with sdpa_kernel(backend):  # this backend only: an unsupported shape raises
+            return sdpa(dense(q), dense(k), dense(v), is_causal=w.causal, enable_gqa=gqa)
+
+    return Impl(fn, dense)
+
+
+def _flex(w: Workload, cu: torch.Tensor) -> Impl:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    # A fresh Dynamo cache per workload: each workload compiles (and reports) its own kernels,
+    # and the per-function recompile limit (8) is never reached across workloads.
+    torch._dynamo.reset()
+    device = cu.device
+    counts = torch.tensor(w.lengths, device=device)
+    doc = torch.repeat_interleave(torch.arange(len(w.lengths), device=device), counts)
+
+    if w.causal:  # within one sequence, kv_idx <= q_idx is the causal mask
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
+
+    else:
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return doc[q_idx] == doc[kv_idx]
+
+    total = doc.numel()
+    # Built once, outside the timings (a training step would reuse it across layers).
+    block_mask = create_block_mask(mask_mod, None, None, total, total, device=device)
+    flex = torch.compile(flex_attention, dynamic=False)
+    gqa = w.n_heads_q != w.n_heads_k
+
+    def packed_to_bhsd(x: torch.Tensor) -> torch.Tensor:  # [T, H, D] -> [1, H, T, D], a view
+        return x.transpose(0, 1).unsqueeze(0)
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        qs, ks, vs = packed_to_bhsd(q), packed_to_bhsd(k), packed_to_bhsd(v)
+        return flex(qs, ks, vs, block_mask=block_mask, enable_gqa=gqa)
+
+    return Impl(fn, packed_to_bhsd)
+
+
+def build_impls(w: Workload, cu: torch.Tensor) -> dict[str, Impl | str]:
+    """The implementations that apply to ``w``; a setup failure maps to its error message."""
+    makers: dict[str, Callable[[], Impl]] = {
+        VARLEN: lambda: _portattn(w, cu, "varlen"),
+        FIXED: lambda: _portattn(w, cu, "fixed_order"),
+    }
+    if w.equal:
+        makers[CUDNN] = lambda: _sdpa(w, "CUDNN_ATTENTION")
+        makers[FLASH] = lambda: _sdpa(w, "FLASH_ATTENTION")
+    makers[FLEX] = lambda: _flex(w, cu)
+    out: dict[str, Impl | str] = {}
+    for name, make in makers.items():
+        impl, error = attempt(make)
+        out[name] = impl if error is None else error
+    return out
+
+
+# --- running ----------------------------------------------------------------------------------
+
+Step = Callable[[], object]
+Timer = Callable[[Step], tuple[float, float | None, float | None]]  # ms, peak GiB, resident GiB
+
+
+def attempt(fn: Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
+    """``(fn(*args), None)``, or ``(None, message)`` if it raised. The message includes the
+    warnings raised meanwhile: SDPA gives the reasons why a backend cannot run only as
+    warnings before its "No available kernel" error."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            return fn(*args), None
+        except Exception as exc:  # report, do not hide: the tables show it as failed
+            text = f"{type(exc).__name__}: {exc}".strip()
+            extra = [m for m in dict.fromkeys(str(c.message) for c in caught) if m not in text]
+            return None, "; ".join([text, *extra])[:4000]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_step(impl: Impl, mode: str, q, k, v, do: torch.Tensor | None) -> Step:
+    """One timed call: the forward, or the forward and the gradients of q, k and v."""
+    if mode == "fwd":
+        return lambda: impl.fn(q, k, v)
+    dout = impl.view(do)
+
+    def step() -> None:
+        out = impl.fn(q, k, v)
+        torch.autograd.grad(out, (q, k, v), dout)
+
+    return step
+
+
+@contextlib.contextmanager
+def _no_recompile() -> Iterator[None]:
+    """While timing, a recompile raises instead of being timed (torch >= 2.6)."""
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is None:
+        yield
+        return
+    with set_stance("fail_on_recompile"):
+        yield
+
+
+def gpu_timer(step: Step) -> tuple[float, float | None, float | None]:
+    """Median ms of ``do_bench`` (L2 flushed before each repeat: see the module docstring), and
+    the peak and resident memory in GiB of one call measured before it."""
+    import triton.testing
+
+    with _no_recompile():
+        torch.cuda.synchronize()
+        resident = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        ms = triton.testing.do_bench(step, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
+    return ms, peak / 2**30, resident / 2**30
+
+
+def make_inputs(w: Workload, device: str | torch.device = "cuda", dtype=torch.bfloat16):
+    """Packed q [T, Hq, D], k and v [T, Hkv, D] (seeded normal), and int32 cu_seqlens."""
     total = sum(w.lengths)
     gen = torch.Generator(device=device).manual_seed(0)
 
     def mk(n_heads: int) -> torch.Tensor:
-        return torch.randn(
-            total, n_heads, w.head_dim, device=device, generator=gen, dtype=torch.bfloat16
-        )
+        return torch.randn(total, n_heads, w.head_dim, device=device, generator=gen, dtype=dtype)
 
     q, k, v = mk(w.n_heads_q), mk(w.n_heads_k), mk(w.n_heads_k)
-    cu = torch.tensor(
-        [0, *torch.tensor(w.lengths).cumsum(0).tolist()], dtype=torch.int32, device=device
-    )
-    return q, k, v, cu
+    cu = torch.tensor([0, *torch.tensor(w.lengths).cumsum(0).tolist()], dtype=torch.int32)
+    return q, k, v, cu.to(device)
 
 
-def _implementations(w: Workload, q, k, v, cu):
-    import portattn
+def _first_call(impl: Impl, mode: str, args: tuple, do: torch.Tensor | None):
+    """The step of ``impl`` in ``mode`` and the seconds of its first call (compiles included)."""
+    step = make_step(impl, mode, *args, do)
+    t0 = time.perf_counter()
+    step()
+    _sync(args[0].device)
+    return step, time.perf_counter() - t0
 
-    impls = {}
-    for kernel in ("varlen", "fixed_order"):
-        impls[f"portattn {kernel}"] = lambda kernel=kernel, **t: portattn.varlen_attention(
-            t["q"],
-            t["k"],
-            t["v"],
-            cu,
-            cu,
-            max(w.lengths),
-            max(w.lengths),
-            causal=w.causal,
-            kernel=kernel,
-        )
-    equal = len(set(w.lengths)) == 1
-    if equal:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-        b, s = len(w.lengths), w.lengths[0]
+def _row(w: Workload, mode: str, impl: str, pass_: int | None, **fields: Any) -> dict[str, Any]:
+    """One row of the results (fields described in :mod:`portattn.bench_report`)."""
+    row = {"workload": w.name, "mode": mode, "impl": impl, "pass": pass_, "ms": None}
+    row.update(tflops=None, peak_gib=None, resident_gib=None, error=None)
+    row.update(fields)
+    return row
 
-        def dense(x):  # [total, H, D] -> [B, H, S, D]
-            return x.view(b, s, x.shape[1], x.shape[2]).transpose(1, 2)
 
-        for name, backend in (
-            ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION),
-            ("SDPA flash", SDPBackend.FLASH_ATTENTION),
-        ):
+def run_workload(
+    w: Workload,
+    impls: dict[str, Impl | str],
+    inputs: tuple[torch.Tensor, ...],
+    timer: Timer = gpu_timer,
+    log: Callable[[str], None] = print,
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Time every implementation on ``w`` in both modes. Returns the rows and FlexAttention's
+    first-call (compile) seconds per mode. A failure gives a row with the error, never raises."""
+    q, k, v = inputs[:3]
+    rows: list[dict[str, Any]] = []
+    compile_s: dict[str, float] = {}
 
-            def run(backend=backend, **t):
-                with sdpa_kernel(backend):
-                    return sdpa(dense(t["q"]), dense(t["k"]), dense(t["v"]), is_causal=w.causal)
+    def failed(name: str, mode: str, error: str, pass_: int | None = None) -> None:
+        rows.append(_row(w, mode, name, pass_, error=error))
+        log(f"{w.name:32s} {mode:8s} {name:22s} FAILED: {error[:300]}")
 
-            impls[name] = run
+    for mode in MODES:
+        if mode == "fwd":
+            args, do = (q, k, v), None
+        else:  # leaves of their own; autograd.grad returns the gradients, accumulates nothing
+            args = tuple(x.detach().requires_grad_() for x in (q, k, v))
+            do = torch.randn_like(q)
+        steps: dict[str, Step] = {}
+        for name, impl in impls.items():
+            if isinstance(impl, str):  # its setup failed
+                failed(name, mode, impl)
+                continue
+
+            # The first call compiles (Triton JIT, torch.compile): never inside a timing.
+            result, error = attempt(_first_call, impl, mode, args, do)
+            if error is not None:
+                failed(name, mode, error)
+                continue
+            steps[name], first_s = result
+            if name == FLEX:
+                compile_s[mode] = first_s
+                log(f"{w.name:32s} {mode:8s} {name:22s} compile {first_s:6.1f} s")
+        names = list(steps)
+        for pass_ in (0, 1):  # the second pass in reverse order: no one is always first
+            for name in names if pass_ == 0 else names[::-1]:
+                result, error = attempt(timer, steps[name])
+                if error is not None:
+                    failed(name, mode, error, pass_)
+                    continue
+                ms, peak, resident = result
+                tflops = w.flops(mode) / ms / 1e9
+                fields = dict(ms=ms, tflops=tflops, peak_gib=peak, resident_gib=resident)
+                rows.append(_row(w, mode, name, pass_, **fields))
+                log(f"{w.name:32s} {mode:8s} {name:22s} {ms:8.3f} ms {tflops:7.1f} TF/s")
+    return rows, compile_s
+
+
+def _git(*args: str) -> str | None:
     try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-        doc = torch.repeat_interleave(
-            torch.arange(len(w.lengths), device=q.device), torch.tensor(w.lengths, device=q.device)
+        proc = subprocess.run(
+            ["git", *args],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
-        pos = torch.arange(doc.numel(), device=q.device) - cu[:-1].long()[doc]
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            same = doc[q_idx] == doc[kv_idx]
-            return same & (pos[kv_idx] <= pos[q_idx]) if w.causal else same
-
-        total = doc.numel()
-        block_mask = create_block_mask(mask_mod, None, None, total, total, device=q.device)
-        flex = torch.compile(flex_attention, dynamic=False)
-        impls["FlexAttention"] = lambda **t: flex(
-            t["q"].transpose(0, 1)[None],
-            t["k"].transpose(0, 1)[None],
-            t["v"].transpose(0, 1)[None],
-            block_mask=block_mask,
-        )
-    except Exception as exc:  # report, do not hide: the table shows the peer as missing
-        print(f"FlexAttention unavailable: {exc!r}")
-    return impls
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
 
 
-def _time(fn, mode: str, q, k, v) -> tuple[float, float]:
-    """Median ms and peak memory (GiB) of one call (forward, or forward + backward)."""
+def metadata() -> dict[str, Any]:
+    """Device, versions, git commit (None outside a checkout), date and command line."""
     import triton
 
-    if mode == "fwd":
-        t = dict(q=q, k=k, v=v)
-        call = lambda: fn(**t)  # noqa: E731
-    else:
-        t = {n: x.detach().requires_grad_() for n, x in dict(q=q, k=k, v=v).items()}
-        out = fn(**t)
-        do = torch.randn_like(out)
-
-        def call():
-            o = fn(**t)
-            torch.autograd.grad(o, (t["q"], t["k"], t["v"]), do)
-
-    call()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
-    return ms, torch.cuda.max_memory_allocated() / 2**30
+    argv = list(sys.argv)
+    if argv and argv[0].endswith("__main__.py"):  # python -m portattn ...
+        argv = ["python", "-m", "portattn", *argv[1:]]
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return dict(
+        device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        torch=torch.__version__,
+        triton=triton.__version__,
+        cuda=torch.version.cuda,
+        git_commit=_git("rev-parse", "HEAD"),
+        git_dirty=None if status is None else bool(status),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command=shlex.join(argv),
+        do_bench=dict(warmup_ms=WARMUP_MS, rep_ms=REP_MS, return_mode="median"),
+    )
 
 
-def run_bench(workloads: list[Workload] | None = None, modes=("fwd", "fwd+bwd")) -> list[dict]:
-    rows = []
-    for w in workloads or default_workloads():
-        q, k, v, cu = _inputs(w)
-        impls = _implementations(w, q, k, v, cu)
-        for mode in modes:
-            names = list(impls)
-            for rep in range(2):  # alternate order between the two passes
-                for name in names if rep == 0 else names[::-1]:
-                    ms, mem = _time(impls[name], mode, q, k, v)
-                    rows.append(
-                        dict(
-                            workload=w.name,
-                            mode=mode,
-                            impl=name,
-                            pass_=rep,
-                            ms=ms,
-                            tflops=w.flops(mode) / ms / 1e9,
-                            peak_gib=mem,
-                        )
-                    )
-                    print(
-                        f"{w.name:34s} {mode:8s} {name:22s} {ms:8.3f} ms "
-                        f"{rows[-1]['tflops']:7.1f} TF/s",
-                        flush=True,
-                    )
-    return rows
+def run(workloads: list[Workload], log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the benchmark on the current CUDA device; returns the data the reports take."""
+    data = metadata()
+    data.update(workloads=[w.describe() for w in workloads], rows=[], flex_compile_s={})
+    for w in workloads:
+        inputs = make_inputs(w)
+        rows, compile_s = run_workload(w, build_impls(w, inputs[3]), inputs, log=log)
+        data["rows"] += rows
+        if compile_s:
+            data["flex_compile_s"][w.name] = compile_s
+        del inputs
+        torch.cuda.empty_cache()  # the next workload's peaks start from a clean allocator
+    return data
 
 
-def summarize(rows: list[dict]) -> str:
-    """Markdown table: best of the two passes per (workload, mode, impl), ratios to varlen."""
-    best: dict[tuple[str, str, str], dict] = {}
-    for r in rows:
-        key = (r["workload"], r["mode"], r["impl"])
-        if key not in best or r["ms"] < best[key]["ms"]:
-            best[key] = r
-    lines = [
-        "| workload | mode | impl | ms | TFLOP/s | varlen speedup vs impl |",
-        "| --- | --- | --- | ---: | ---: | ---: |",
-    ]
-    for (wname, mode, impl), r in best.items():
-        base = best.get((wname, mode, "portattn varlen"))
-        ratio = r["ms"] / base["ms"] if base else float("nan")
-        lines.append(
-            f"| {wname} | {mode} | {impl} | {r['ms']:.3f} | {r['tflops']:.1f} | {ratio:.2f} |"
+# --- command line -----------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``python -m portattn bench``."""
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=("run", "plot"),
+        default="run",
+        help="run (default): time on this GPU; plot: render --png (and --markdown) from --json",
+    )
+    p.add_argument("--quick", action="store_true", help="only d128 H=16: equal 2x8192, skewed 32k")
+    p.add_argument(
+        "--workloads",
+        action="append",
+        metavar="SUBSTRING",
+        help="only workloads whose name contains SUBSTRING (case-insensitive; repeatable)",
+    )
+    p.add_argument("--list", action="store_true", help="print the selected workloads and exit")
+    p.add_argument("--json", metavar="PATH", help="raw rows and metadata (plot: read from here)")
+    p.add_argument("--markdown", metavar="PATH", help="write the markdown summary here")
+    p.add_argument(
+        "--png",
+        "--plot",
+        dest="png",
+        metavar="PATH",
+        help="bar chart (needs matplotlib; without it, render later with `bench plot`)",
+    )
+    p.add_argument(
+        "--docs",
+        action="store_true",
+        help=f"default --json/--markdown/--png to {DOCS_STEM}.{{json,md,png}}",
+    )
+
+
+def _write_png(data: dict[str, Any], png: str, json_path: str | None) -> bool:
+    try:
+        report.plot(data, png)
+    except ImportError as exc:
+        later = json_path or "RUN.json"
+        print(
+            f"no chart: {exc} (matplotlib is needed); render it where matplotlib is installed "
+            f"with: python -m portattn bench plot --json {later} --png {png}",
+            file=sys.stderr,
         )
-    return "\n".join(lines)
+        return False
+    print(f"wrote {png}")
+    return True
 
 
-def main(args) -> int:
-    if not torch.cuda.is_available():
-        print("bench needs a GPU")
-        return 2
-    rows = run_bench()
-    table = summarize(rows)
-    print(table)
-    if getattr(args, "json", None):
-        with open(args.json, "w") as f:
-            json.dump(
-                dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows),
-                f,
-                indent=1,
-                sort_keys=True,
+def main(args: argparse.Namespace) -> int:
+    """Exit status: 0 done, 2 usage error or no GPU, 3 (plot) matplotlib missing."""
+    if args.docs:
+        for attr, ext in (("json", "json"), ("markdown", "md"), ("png", "png")):
+            if getattr(args, attr) is None:
+                setattr(args, attr, f"{DOCS_STEM}.{ext}")
+    if args.action == "plot":
+        if not args.json or not (args.png or args.markdown):
+            print(
+                "bench plot needs --json PATH and --png PATH (or --markdown PATH)", file=sys.stderr
             )
+            return 2
+        if not Path(args.json).is_file():
+            print(f"bench plot: no such file: {args.json}", file=sys.stderr)
+            return 2
+        data = report.load_json(args.json)
+        if args.markdown:
+            Path(args.markdown).write_text(report.markdown(data), encoding="utf-8")
+            print(f"wrote {args.markdown}")
+        return 0 if not args.png or _write_png(data, args.png, args.json) else 3
+
+    workloads = select_workloads(args.quick, args.workloads)
+    if not workloads:
+        names = "\n  ".join(w.name for w in select_workloads(args.quick))
+        print(
+            f"no workload matches {args.workloads}; the workloads are:\n  {names}", file=sys.stderr
+        )
+        return 2
+    if args.list:
+        for w in workloads:
+            print(f"{w.name:32s} {len(w.lengths):3d} sequences, {sum(w.lengths)} tokens")
+        return 0
+    if not torch.cuda.is_available():
+        print(
+            "error: python -m portattn bench times kernels on a CUDA GPU and none is available "
+            "here (torch.cuda.is_available() is False). `bench --list` and `bench plot` work "
+            "without one.",
+            file=sys.stderr,
+        )
+        return 2
+    data = run(workloads)
+    text = report.markdown(data)
+    print(text)
+    if args.json:
+        report.write_json(args.json, data)
+        print(f"wrote {args.json}")
+    if args.markdown:
+        Path(args.markdown).write_text(text, encoding="utf-8")
+        print(f"wrote {args.markdown}")
+    if args.png:
+        _write_png(data, args.png, args.json)  # a missing matplotlib does not fail the run
     return 0

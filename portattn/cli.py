@@ -84,9 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="time both kernels against SDPA and FlexAttention on the GPU (TFLOP/s, ratios)",
         description="Benchmark portattn's kernels against SDPA (cuDNN, flash) and "
-        "FlexAttention on packed bfloat16 workloads; prints a markdown table.",
+        "FlexAttention on packed bfloat16 workloads (docs/performance.md): prints a markdown "
+        "table, optionally writes JSON, markdown and a PNG chart. `bench plot` renders the "
+        "chart (and markdown) from a JSON file, on any machine with matplotlib.",
     )
-    p_bench.add_argument("--json", help="write all timings to this JSON file")
+    from portattn.bench import add_arguments as add_bench_arguments
+
+    add_bench_arguments(p_bench)
     p_bench.set_defaults(func=_cmd_bench)
     p_golden = sub.add_parser(
         "golden",

@@ -4,7 +4,8 @@
   float32 copy (fixed_order); folding ``dlse`` here makes ``lse`` differentiable.
 * dK/dV: one program per (key tile of one sequence, kv head). It loops the query heads of its
   GQA group in ascending order and, for each, the query tiles in ascending order, so every
-  dK/dV element is a fixed-order sum written once.
+  dK/dV element is a fixed-order sum written once. Where the table says ``dkdv_passes`` > 1, dK
+  and dV (and, with 4, halves of the head dim) are summed by separate programs.
 * dQ: one program per (query tile, query head), key tiles ascending, as in the forward.
 """
 
@@ -65,42 +66,71 @@ def attn_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _dkdv_query_tiles(
-    b_dk, b_dv, b_k, b_v,
-    p_q_base, p_do_base, p_lse_base, p_delta_base, stride_qt, stride_dot, n_heads_q,
-    o_k, o_d, m_d, seqlen_q, seqlen_k, diag, scale_log2,
-    m_lo, m_hi,
+def _dkdv_accumulate(
+    b_k, b_v, q, do, lse, delta,
+    stride_qt, stride_qh, stride_dot, stride_doh,
+    bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale_log2,
+    o_k, o_d, m_d, o_dc, m_dc, m_lo, m_full,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DC: tl.constexpr,
     CAUSAL: tl.constexpr,
     SPLIT_P: tl.constexpr,
     UPCAST: tl.constexpr,
+    WANT_DK: tl.constexpr,
+    WANT_DV: tl.constexpr,
 ):
-    """Accumulate query tiles [m_lo, m_hi) (ascending) of one head into dK, dV (transposed
-    form: scores are [BLOCK_N, BLOCK_M], so P^T and dS^T feed the products directly)."""
-    for m_start in range(m_lo, m_hi, BLOCK_M):
-        o_q = m_start + tl.arange(0, BLOCK_M)
+    """Sum over the query heads of the group (ascending) and, for each, its query tiles from
+    ``m_lo`` on (ascending) into dK and/or dV of one key tile, columns ``o_dc`` (all BLOCK_D
+    columns, or a BLOCK_DC-wide chunk), in transposed form: scores are [BLOCK_N, BLOCK_M], so
+    P^T and dS^T feed the products directly. Returns (dK, dV) [BLOCK_N, BLOCK_DC] float32,
+    dV still times P_SCALE and dK without the softmax scale.
+
+    One flat loop over (head, query tile), not a loop per head and per masked/unmasked range:
+    each loop copy holds its own pipeline buffers and registers, which made every wgmma tiling
+    spill. Only tiles below ``m_full`` (the causal diagonal) take the mask.
+    """
+    b_dk = tl.zeros([BLOCK_N, BLOCK_DC], tl.float32)
+    b_dv = tl.zeros([BLOCK_N, BLOCK_DC], tl.float32)
+    n_tiles = tl.cdiv(seqlen_q - m_lo, BLOCK_M)
+    for i_it in range(group * n_tiles):
+        i_g = i_it // n_tiles
+        m_start = m_lo + (i_it - i_g * n_tiles) * BLOCK_M
+        i_h = (i_hk * group + i_g).to(tl.int64)
+        o_q = m_start + tl.arange(0, BLOCK_M)  # [BLOCK_M]
         m_row = o_q < seqlen_q
-        m_q = m_row[:, None] & m_d[None, :]
-        b_q = tl.load(p_q_base + o_q.to(tl.int64)[:, None] * stride_qt + o_d[None, :],
-                      mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
-        b_do = tl.load(p_do_base + o_q.to(tl.int64)[:, None] * stride_dot + o_d[None, :],
-                       mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
-        b_lse2 = load_lse2(p_lse_base + o_q.to(tl.int64) * n_heads_q, m_row)  # [BLOCK_M]
-        b_delta = tl.load(p_delta_base + o_q.to(tl.int64) * n_heads_q, mask=m_row, other=0.0)
+        o_rows = bos_q + o_q.to(tl.int64)
+        p_q = q + o_rows[:, None] * stride_qt + i_h * stride_qh
+        p_do = do + o_rows[:, None] * stride_dot + i_h * stride_doh
+        b_q = tl.load(p_q + o_d[None, :], mask=m_row[:, None] & m_d[None, :],
+                      other=0.0)  # [BLOCK_M, BLOCK_D]
+        b_lse2 = load_lse2(lse + o_rows * n_heads_q + i_h, m_row)  # [BLOCK_M]
         b_qkT = mma(b_k, tl.trans(b_q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
-        if MASKED:
-            b_qkT = mask_scores(b_qkT, visible_mask(o_q[None, :], o_k[:, None], seqlen_k, diag,
-                                                    CAUSAL))
+        if CAUSAL:  # noqa: SIM102 - a constexpr branch around a runtime one
+            if m_start < m_full:
+                b_qkT = mask_scores(b_qkT, visible_mask(o_q[None, :], o_k[:, None], seqlen_k,
+                                                        diag, CAUSAL))
         b_pT = recompute_p(b_qkT, b_lse2[None, :], scale_log2)  # [BLOCK_N, BLOCK_M]
-        # P <= 1 is scaled by an exact power of two before it is rounded for the product, so
-        # small probabilities keep their bits in float16 (whose exponent range is narrow); the
-        # scale is undone exactly on the float32 dV at the end.
-        b_dv = mma_rounded(b_pT * P_SCALE, b_do, b_dv, SPLIT_P, UPCAST)
-        b_dpT = mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
-        b_dsT = b_pT * (b_dpT - b_delta[None, :])  # [BLOCK_N, BLOCK_M]
-        b_dk = mma_rounded(b_dsT, b_q, b_dk, SPLIT_P, UPCAST)
+        if WANT_DV:
+            b_doc = tl.load(p_do + o_dc[None, :], mask=m_row[:, None] & m_dc[None, :],
+                            other=0.0)  # [BLOCK_M, BLOCK_DC]
+            # P <= 1 is scaled by an exact power of two before it is rounded for the product,
+            # so small probabilities keep their bits in float16 (whose exponent range is
+            # narrow); the scale is undone exactly on the float32 dV at the end.
+            b_dv = mma_rounded(b_pT * P_SCALE, b_doc, b_dv, SPLIT_P, UPCAST)
+        if WANT_DK:
+            b_do = tl.load(p_do + o_d[None, :], mask=m_row[:, None] & m_d[None, :],
+                           other=0.0)  # [BLOCK_M, BLOCK_D]
+            b_delta = tl.load(delta + o_rows * n_heads_q + i_h, mask=m_row, other=0.0)
+            b_dpT = mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
+            b_dsT = b_pT * (b_dpT - b_delta[None, :])  # [BLOCK_N, BLOCK_M]
+            if BLOCK_DC == BLOCK_D:
+                b_qc = b_q
+            else:
+                b_qc = tl.load(p_q + o_dc[None, :], mask=m_row[:, None] & m_dc[None, :],
+                               other=0.0)  # [BLOCK_M, BLOCK_DC]
+            b_dk = mma_rounded(b_dsT, b_qc, b_dk, SPLIT_P, UPCAST)
     return b_dk, b_dv
 
 
@@ -118,7 +148,14 @@ def attn_bwd_dkdv_kernel(
     CAUSAL: tl.constexpr,
     SPLIT_P: tl.constexpr,
     UPCAST: tl.constexpr,
+    DKDV_PASSES: tl.constexpr,
 ):
+    """One program per (key tile of one sequence, kv head, pass). ``DKDV_PASSES`` = 1: the
+    program sums dK and dV; 2: pass 0 sums dV, pass 1 dK (one float32 accumulator each);
+    4: passes 0, 1 sum dV and passes 2, 3 dK, each over half of the head dim. Fewer live
+    accumulators let head dims whose two [BLOCK_N, D] accumulators do not fit in registers run
+    on wider tiles; every pass recomputes ``K Q^T``. Each element is the same ordered sum
+    whatever the pass count."""
     i_b, i_n = tile_index(batch, False)
     i_hk = tl.program_id(1)
     bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
@@ -131,40 +168,49 @@ def attn_bwd_dkdv_kernel(
     o_k = n_start + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
-    m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
+    m_krow = o_k < seqlen_k
     o_krows = (bos_k + o_k.to(tl.int64))[:, None]
     b_k = tl.load(k + o_krows * stride_kt + i_hk.to(tl.int64) * stride_kh + o_d[None, :],
-                  mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
+                  mask=m_krow[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
     b_v = tl.load(v + o_krows * stride_vt + i_hk.to(tl.int64) * stride_vh + o_d[None, :],
-                  mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
+                  mask=m_krow[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
     m_lo, m_full = query_range(n_start, seqlen_q, diag, BLOCK_M, BLOCK_N, CAUSAL)
-
-    b_dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    b_dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    for i_g in range(group):  # query heads of the group, ascending
-        i_h = (i_hk * group + i_g).to(tl.int64)
-        p_q_base = q + bos_q * stride_qt + i_h * stride_qh
-        p_do_base = do + bos_q * stride_dot + i_h * stride_doh
-        p_lse_base = lse + bos_q * n_heads_q + i_h
-        p_delta_base = delta + bos_q * n_heads_q + i_h
-        b_dk, b_dv = _dkdv_query_tiles(
-            b_dk, b_dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
-            stride_qt, stride_dot, n_heads_q, o_k, o_d, m_d, seqlen_q, seqlen_k, diag,
-            scale_log2, m_lo, m_full,
-            BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, UPCAST,
+    p_dk = dk + o_krows * stride_dkt + i_hk.to(tl.int64) * stride_dkh
+    p_dv = dv + o_krows * stride_dvt + i_hk.to(tl.int64) * stride_dvh
+    if DKDV_PASSES == 1:
+        b_dk, b_dv = _dkdv_accumulate(
+            b_k, b_v, q, do, lse, delta, stride_qt, stride_qh, stride_dot, stride_doh,
+            bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale_log2,
+            o_k, o_d, m_d, o_d, m_d, m_lo, m_full,
+            BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D, CAUSAL, SPLIT_P, UPCAST, True, True,
         )
-        b_dk, b_dv = _dkdv_query_tiles(
-            b_dk, b_dv, b_k, b_v, p_q_base, p_do_base, p_lse_base, p_delta_base,
-            stride_qt, stride_dot, n_heads_q, o_k, o_d, m_d, seqlen_q, seqlen_k, diag,
-            scale_log2, m_full, seqlen_q,
-            BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, UPCAST,
-        )
-    b_dk = b_dk * scale
-    b_dv = b_dv * (1.0 / P_SCALE)
-    tl.store(dk + o_krows * stride_dkt + i_hk.to(tl.int64) * stride_dkh + o_d[None, :],
-             b_dk.to(dk.dtype.element_ty), mask=m_k)
-    tl.store(dv + o_krows * stride_dvt + i_hk.to(tl.int64) * stride_dvh + o_d[None, :],
-             b_dv.to(dv.dtype.element_ty), mask=m_k)
+        m_k = m_krow[:, None] & m_d[None, :]
+        tl.store(p_dk + o_d[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_k)
+        tl.store(p_dv + o_d[None, :], (b_dv * (1.0 / P_SCALE)).to(dv.dtype.element_ty),
+                 mask=m_k)
+    else:
+        BLOCK_DC: tl.constexpr = BLOCK_D * 2 // DKDV_PASSES  # columns per pass
+        i_pass = tl.program_id(2)
+        o_dc = (i_pass % (DKDV_PASSES // 2)) * BLOCK_DC + tl.arange(0, BLOCK_DC)
+        m_dc = o_dc < HEAD_DIM
+        m_kc = m_krow[:, None] & m_dc[None, :]
+        if i_pass < DKDV_PASSES // 2:
+            b_dk, b_dv = _dkdv_accumulate(
+                b_k, b_v, q, do, lse, delta, stride_qt, stride_qh, stride_dot, stride_doh,
+                bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale_log2,
+                o_k, o_d, m_d, o_dc, m_dc, m_lo, m_full,
+                BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DC, CAUSAL, SPLIT_P, UPCAST, False, True,
+            )
+            tl.store(p_dv + o_dc[None, :], (b_dv * (1.0 / P_SCALE)).to(dv.dtype.element_ty),
+                     mask=m_kc)
+        else:
+            b_dk, b_dv = _dkdv_accumulate(
+                b_k, b_v, q, do, lse, delta, stride_qt, stride_qh, stride_dot, stride_doh,
+                bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale_log2,
+                o_k, o_d, m_d, o_dc, m_dc, m_lo, m_full,
+                BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DC, CAUSAL, SPLIT_P, UPCAST, True, False,
+            )
+            tl.store(p_dk + o_dc[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_kc)
 
 
 @triton.jit
@@ -311,12 +357,14 @@ def attn_bwd(
         )
     if k.shape[0] > 0:
         t = cfg.bwd_dkdv
-        attn_bwd_dkdv_kernel[(triton.cdiv(max_seqlen_k, t.block_n) * batch, n_heads_k)](
+        grid = (triton.cdiv(max_seqlen_k, t.block_n) * batch, n_heads_k, cfg.dkdv_passes)
+        attn_bwd_dkdv_kernel[grid](
             q, k, v, do, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
             batch, n_heads_q, n_heads_q // n_heads_k, softmax_scale, scale_log2,
-            BLOCK_M=t.block_m, BLOCK_N=t.block_n, **common, **kernel_flags, **t.launch_kwargs(),
+            BLOCK_M=t.block_m, BLOCK_N=t.block_n, DKDV_PASSES=cfg.dkdv_passes,
+            **common, **kernel_flags, **t.launch_kwargs(),
         )
     if total_q > 0:
         t = cfg.bwd_dq

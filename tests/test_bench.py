@@ -1,0 +1,447 @@
+"""``python -m portattn bench`` without a GPU: workloads, FLOP convention, the runner's loop with
+fake implementations and timer, the reports (markdown, ratios, JSON, chart) and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from portattn import bench, bench_report, cli
+from portattn.bench import Impl, Workload
+from portattn.bench_report import CUDNN, FIXED, FLASH, FLEX, VARLEN
+
+# --- FLOPs ------------------------------------------------------------------------------------
+
+
+def test_flops_convention():
+    full = Workload("w", (100, 300), 4, 4, 64, causal=False)
+    fwd = 4 * (100**2 + 300**2) * 64 * 4  # per sequence (not the pack squared), per head
+    assert full.flops("fwd") == fwd
+    assert full.flops("fwd+bwd") == 3.5 * fwd
+    causal = Workload("w", (100, 300), 4, 4, 64, causal=True)
+    assert causal.flops("fwd") == fwd / 2
+    assert causal.flops("fwd+bwd") == 3.5 * fwd / 2
+    gqa = Workload("w", (100, 300), 8, 2, 64, causal=False)  # query heads count, not kv heads
+    assert gqa.flops("fwd") == 2 * fwd
+
+
+# --- workloads --------------------------------------------------------------------------------
+
+
+def test_default_workloads_cover_every_family():
+    ws = bench.default_workloads()
+    names = [w.name for w in ws]
+    assert len(names) == len(set(names)), "names must be unique: reports match rows by name"
+    assert 10 <= len(ws) <= 12, "a full run must stay within ~6 minutes on an H200"
+    for name in (
+        "equal 2x8192 h16 d128 causal",
+        "equal 2x8192 h16 d128 full",
+        "skewed 32k h16 d128 full",
+        "skewed 16k h16 d64 full",
+        "skewed 32k gqa32/8 d128 causal",
+    ):
+        assert name in names
+
+    def having(pred) -> list[Workload]:
+        return [w for w in ws if pred(w)]
+
+    for pred in (
+        lambda w: w.equal and w.lengths == (8192, 8192) and w.head_dim == 128,
+        lambda w: w.equal and w.lengths == (8192, 8192) and w.head_dim == 64,
+        lambda w: w.equal and (w.n_heads_q, w.n_heads_k) == (32, 8),
+        lambda w: not w.equal and sum(w.lengths) == 16384,
+        lambda w: not w.equal and sum(w.lengths) == 32768,
+        lambda w: not w.equal and (w.n_heads_q, w.n_heads_k, w.head_dim) == (32, 8, 128),
+        lambda w: (w.n_heads_q, w.n_heads_k, w.head_dim) == (16, 16, 64),
+    ):
+        family = having(pred)
+        assert family, "a required workload family is missing"
+        # every family is timed both causal and full
+        assert {w.causal for w in family} == {True, False}
+    for w in ws:
+        assert w.name.endswith("causal" if w.causal else "full")
+        assert (w.n_heads_q, w.n_heads_k) in ((16, 16), (32, 8))
+        assert w.head_dim in (64, 128)
+        assert w.equal == w.name.startswith("equal")
+
+
+def test_run_size_is_moderate():
+    """Timings of a full run: 2 modes x implementations x 2 passes, about 0.4 s each (FlexAttention
+    compiles come on top), so keep well under the ~6 minutes a run may take."""
+    timings = sum(2 * (5 if w.equal else 3) * 2 for w in bench.default_workloads())
+    assert timings * 0.4 < 120
+
+
+def test_quick_and_filter():
+    quick = [w.name for w in bench.select_workloads(quick=True)]
+    assert sorted(quick) == sorted(
+        [
+            "equal 2x8192 h16 d128 full",
+            "equal 2x8192 h16 d128 causal",
+            "skewed 32k h16 d128 full",
+            "skewed 32k h16 d128 causal",
+        ]
+    )
+    gqa = bench.select_workloads(patterns=["GQA"])
+    assert gqa and all("gqa32/8" in w.name for w in gqa)
+    both = bench.select_workloads(patterns=["d64", "gqa"])
+    assert len(both) == len(gqa) + len(bench.select_workloads(patterns=["d64"]))
+    assert [w.name for w in bench.select_workloads(quick=True, patterns=["causal"])] == [
+        n for n in quick if n.endswith("causal")
+    ]
+    assert bench.select_workloads(patterns=["no such workload"]) == []
+
+
+@pytest.mark.parametrize("total", [16384, 32768, 5000])
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_skewed_lengths(total: int, seed: int):
+    lengths = bench.skewed_lengths(total, seed)
+    assert sum(lengths) == total
+    assert lengths == bench.skewed_lengths(total, seed), "must be the same pack every run"
+    # every length but the last is drawn from 64...4096; the last is what is left of the
+    # total, so it may be shorter than 64 (never empty, never longer than 4096)
+    assert all(64 <= n <= 4096 for n in lengths[:-1])
+    assert 1 <= lengths[-1] <= 4096
+
+
+def test_skewed_workloads_are_skewed():
+    for w in bench.default_workloads():
+        if w.name.startswith("skewed"):
+            assert w.lengths == bench.skewed_lengths(sum(w.lengths))
+            assert max(w.lengths) >= 8 * min(w.lengths)
+            assert max(w.lengths) <= 4096
+
+
+# --- implementations and the runner's loop ----------------------------------------------------
+
+
+def test_build_impls_peers_per_pack(monkeypatch):
+    """SDPA only on equal packs; a setup failure becomes an error message, not an exception."""
+
+    def fake(*args, **kwargs) -> Impl:
+        return Impl(lambda q, k, v: q, lambda x: x)
+
+    def broken(*args, **kwargs) -> Impl:
+        raise RuntimeError("no flex here")
+
+    monkeypatch.setattr(bench, "_portattn", fake)
+    monkeypatch.setattr(bench, "_sdpa", fake)
+    monkeypatch.setattr(bench, "_flex", broken)
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    equal = bench.build_impls(Workload("e", (8, 8), 2, 2, 64, False), cu)
+    assert list(equal) == [VARLEN, FIXED, CUDNN, FLASH, FLEX]
+    assert equal[FLEX] == "RuntimeError: no flex here"
+    skewed = bench.build_impls(Workload("s", (4, 12), 2, 2, 64, False), cu)
+    assert list(skewed) == [VARLEN, FIXED, FLEX]
+
+
+def test_run_workload_alternates_and_records_failures(monkeypatch):
+    w = Workload("tiny", (3, 5), 2, 2, 4, causal=False)
+    q, k, v = (torch.randn(8, 2, 4) for _ in range(3))
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+
+    def add(q, k, v):  # differentiable in q, k and v
+        return q + k * v
+
+    def first_call_fails(q, k, v):
+        raise ValueError("unsupported head dim")
+
+    impls = {
+        VARLEN: Impl(add, lambda x: x),
+        "broken at setup": "RuntimeError: could not build",
+        "broken at first call": Impl(first_call_fails, lambda x: x),
+        FLEX: Impl(add, lambda x: x),
+    }
+    names = {id(impls[VARLEN]): VARLEN, id(impls[FLEX]): FLEX}
+    step_names: dict[int, str] = {}  # id of each step -> its implementation
+    real_make_step = bench.make_step
+
+    def named_make_step(impl, mode, *args):
+        step = real_make_step(impl, mode, *args)
+        step_names[id(step)] = names.get(id(impl), "?")
+        return step
+
+    monkeypatch.setattr(bench, "make_step", named_make_step)
+    order: list[str] = []
+    ms_of = {VARLEN: 2.0, FLEX: 4.0}
+
+    def timer(step):
+        step()  # the step must run: the forward, or the forward and the backward
+        name = step_names[id(step)]
+        order.append(name)
+        return ms_of[name], 1.5, 1.0
+
+    logs: list[str] = []
+    rows, compile_s = bench.run_workload(w, impls, (q, k, v, cu), timer, log=logs.append)
+
+    # per mode two passes, the second in reverse order
+    assert order == [VARLEN, FLEX, FLEX, VARLEN] * 2
+    assert set(compile_s) == {"fwd", "fwd+bwd"} and all(s >= 0 for s in compile_s.values())
+    timed = [r for r in rows if r["ms"] is not None]
+    assert len(timed) == 8
+    for r in timed:
+        assert r["ms"] == ms_of[r["impl"]]
+        assert r["tflops"] == pytest.approx(w.flops(r["mode"]) / r["ms"] / 1e9)
+        assert r["error"] is None and r["pass"] in (0, 1)
+        assert (r["peak_gib"], r["resident_gib"]) == (1.5, 1.0)
+    failed = [r for r in rows if r["ms"] is None]
+    assert sorted((r["impl"], r["mode"]) for r in failed) == sorted(
+        (name, mode)
+        for name in ("broken at setup", "broken at first call")
+        for mode in ("fwd", "fwd+bwd")
+    )
+    messages = {r["impl"]: r["error"] for r in failed}
+    assert messages["broken at setup"] == "RuntimeError: could not build"
+    assert messages["broken at first call"] == "ValueError: unsupported head dim"
+    assert any("FAILED" in line for line in logs)
+
+
+def test_timer_failure_is_recorded():
+    w = Workload("tiny", (4,), 1, 1, 4, causal=True)
+    q, k, v = (torch.randn(4, 1, 4) for _ in range(3))
+
+    def timer(step):
+        raise torch.cuda.OutOfMemoryError("out of memory")
+
+    impls = {VARLEN: Impl(lambda q, k, v: q * k * v, lambda x: x)}
+    rows, _ = bench.run_workload(w, impls, (q, k, v, None), timer, log=lambda s: None)
+    assert len(rows) == 4 and all(r["ms"] is None for r in rows)
+    assert all("OutOfMemoryError: out of memory" in r["error"] for r in rows)
+    assert sorted(r["pass"] for r in rows) == [0, 0, 1, 1]
+
+
+def test_attempt_keeps_warnings_in_the_message():
+    import warnings
+
+    def sdpa_like():
+        warnings.warn("Flash attention requires q, k, v to have the same head dim", stacklevel=1)
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    result, error = bench.attempt(sdpa_like)
+    assert result is None
+    assert error.startswith("RuntimeError: No available kernel")
+    assert "same head dim" in error
+    assert bench.attempt(lambda x: x + 1, 1) == (2, None)
+
+
+# --- reports ----------------------------------------------------------------------------------
+
+
+def _row(workload, mode, impl, pass_, ms, error=None):
+    flops = 1e12
+    return {
+        "workload": workload,
+        "mode": mode,
+        "impl": impl,
+        "pass": pass_,
+        "ms": ms,
+        "tflops": None if ms is None else flops / ms / 1e9,
+        "peak_gib": None if ms is None else 0.5,
+        "resident_gib": None if ms is None else 0.25,
+        "error": error,
+    }
+
+
+def _synthetic() -> dict:
+    eq, sk = "equal 2x8192 h16 d128 full", "skewed 32k h16 d128 full"
+    rows = []
+    for mode, scale in (("fwd", 1.0), ("fwd+bwd", 3.0)):
+        for pass_, jitter in ((0, 0.1), (1, 0.0)):  # pass 1 is the faster: it must be the one
+            rows += [
+                _row(eq, mode, VARLEN, pass_, 2.0 * scale + jitter),
+                _row(eq, mode, FIXED, pass_, 3.0 * scale + jitter),
+                _row(eq, mode, CUDNN, pass_, 1.5 * scale + jitter),
+                _row(eq, mode, FLEX, pass_, 2.5 * scale + jitter),
+                _row(sk, mode, VARLEN, pass_, 4.0 * scale + jitter),
+                _row(sk, mode, FIXED, pass_, 5.0 * scale + jitter),
+            ]
+        rows.append(_row(eq, mode, FLASH, None, None, error="RuntimeError: No available kernel"))
+        rows.append(_row(sk, mode, FLEX, None, None, error="OutOfMemoryError: out of memory"))
+    return {
+        "device": "NVIDIA H200",
+        "torch": "2.11.0",
+        "triton": "3.6.0",
+        "git_commit": "abc123",
+        "date": "2026-01-01T00:00:00+00:00",
+        "command": "python -m portattn bench --quick",
+        "workloads": [{"name": eq}, {"name": sk}],
+        "flex_compile_s": {eq: {"fwd": 12.34, "fwd+bwd": 30.0}},
+        "rows": rows,
+    }
+
+
+def test_summary_takes_best_pass_and_ratios():
+    table = bench_report.summarize(_synthetic()["rows"])
+    cell = table[("equal 2x8192 h16 d128 full", "fwd")]
+    assert cell[VARLEN]["ms"] == 2.0 and cell[VARLEN]["pass"] == 1
+    assert cell[FLASH]["ms"] is None  # failed in every pass: its failed row stays
+    ratios = bench_report.ratios(cell)
+    assert ratios["varlen speedup vs Flex"] == pytest.approx(2.5 / 2.0)
+    assert ratios["varlen / cuDNN throughput"] == pytest.approx(1.5 / 2.0)
+    assert ratios["varlen / flash throughput"] is None  # missing peer: no ratio
+    assert ratios["fixed_order / varlen time"] == pytest.approx(3.0 / 2.0)
+    # throughput fraction == time ratio: varlen's TFLOP/s over cuDNN's
+    assert cell[VARLEN]["tflops"] / cell[CUDNN]["tflops"] == pytest.approx(0.75)
+    skewed = bench_report.ratios(table[("skewed 32k h16 d128 full", "fwd+bwd")])
+    assert skewed["varlen / cuDNN throughput"] is None
+    assert skewed["varlen speedup vs Flex"] is None
+    assert skewed["fixed_order / varlen time"] == pytest.approx(15.0 / 12.0)
+
+
+def test_markdown_table():
+    text = bench_report.markdown(_synthetic())
+    lines = text.splitlines()
+    table = [line for line in lines if line.startswith("| ")]
+    header = table[0]
+    for column in ("varlen TF/s", "fixed_order TF/s", "cuDNN TF/s", "flash TF/s", "Flex TF/s"):
+        assert column in header
+    for column, _, _ in bench_report.RATIOS:
+        assert column in header
+    eq_fwd = next(line for line in table if line.startswith("| equal 2x8192 h16 d128 full | fwd |"))
+    cells = [c.strip() for c in eq_fwd.strip("|").split("|")]
+    # workload, mode, 5 x TF/s (1e12 FLOPs / ms), 4 ratios
+    assert cells == [
+        "equal 2x8192 h16 d128 full",
+        "fwd",
+        "500",
+        "333",
+        "667",
+        "error",
+        "400",
+        "1.25x",
+        "0.75x",
+        "—",
+        "1.50x",
+    ]
+    sk = next(line for line in table if line.startswith("| skewed 32k h16 d128 full | fwd+bwd |"))
+    cells = [c.strip() for c in sk.strip("|").split("|")]
+    assert cells[4:7] == ["—", "—", "error"]  # SDPA not run on a skewed pack; Flex failed
+    assert cells[-1] == "1.25x"
+    # one row per (workload, mode) in each of the two tables, in workload order
+    keys = [tuple(c.strip() for c in line.strip("|").split("|")[:2]) for line in table]
+    wanted = [
+        ("equal 2x8192 h16 d128 full", "fwd"),
+        ("equal 2x8192 h16 d128 full", "fwd+bwd"),
+        ("skewed 32k h16 d128 full", "fwd"),
+        ("skewed 32k h16 d128 full", "fwd+bwd"),
+    ]
+    assert [k for k in keys if k[1] in ("fwd", "fwd+bwd")] == wanted * 2
+    # memory and compile seconds; the failures with their messages; the metadata
+    assert "| 12.3 |" in text and "| 30.0 |" in text
+    assert "SDPA flash: RuntimeError: No available kernel" in text
+    assert "FlexAttention: OutOfMemoryError: out of memory" in text
+    assert (
+        "NVIDIA H200" in text and "abc123" in text and "`python -m portattn bench --quick`" in text
+    )
+
+
+def test_json_round_trip(tmp_path):
+    data = _synthetic()
+    path = tmp_path / "bench.json"
+    bench_report.write_json(path, data)
+    assert bench_report.load_json(path) == data
+    assert json.loads(path.read_text())["rows"][0]["workload"] == data["rows"][0]["workload"]
+
+
+def test_json_of_the_earlier_format(tmp_path):
+    """docs/bench-h200.json of the first version: ``pass_``, no ``error``, no metadata."""
+    old = {"device": "NVIDIA H200", "rows": [{**_row("w", "fwd", VARLEN, 0, 2.0), "pass_": 0}]}
+    del old["rows"][0]["pass"], old["rows"][0]["error"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    data = bench_report.load_json(path)
+    assert data["rows"][0]["pass"] == 0 and data["rows"][0]["error"] is None
+    assert "| w | fwd | 500 |" in bench_report.markdown(data)
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "bench.png"
+    bench_report.plot(_synthetic(), png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+def test_cli_without_gpu_exits_2(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("bench must not start without a GPU")
+
+    monkeypatch.setattr(bench, "run", must_not_run)
+    assert cli.main(["bench"]) == 2
+    err = capsys.readouterr().err
+    assert "GPU" in err and "error" in err
+
+
+def test_cli_list_and_unknown_workload(capsys):
+    assert cli.main(["bench", "--quick", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "skewed 32k h16 d128 causal" in out and "d64" not in out
+    assert cli.main(["bench", "--workloads", "nothing like this"]) == 2
+    assert "equal 2x8192 h16 d128 full" in capsys.readouterr().err
+
+
+def test_cli_plot_from_json(tmp_path, monkeypatch, capsys):
+    path, md = tmp_path / "b.json", tmp_path / "b.md"
+    bench_report.write_json(path, _synthetic())
+    assert cli.main(["bench", "plot", "--json", str(path), "--markdown", str(md)]) == 0
+    assert md.read_text() == bench_report.markdown(_synthetic())
+
+    def no_matplotlib(data, png):
+        raise ImportError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(bench_report, "plot", no_matplotlib)
+    png = tmp_path / "b.png"
+    assert cli.main(["bench", "plot", "--json", str(path), "--png", str(png)]) == 3
+    err = capsys.readouterr().err
+    assert "matplotlib" in err and f"--json {path} --png {png}" in err
+    assert cli.main(["bench", "plot", "--png", str(png)]) == 2  # no --json to read
+    missing = str(tmp_path / "missing.json")
+    assert cli.main(["bench", "plot", "--json", missing, "--png", str(png)]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_docs_flag_defaults(tmp_path, monkeypatch):
+    """--docs points every output at docs/bench-h200.* (relative to the working directory)."""
+    (tmp_path / "docs").mkdir()
+    bench_report.write_json(tmp_path / "docs" / "bench-h200.json", _synthetic())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench_report, "plot", lambda data, png: open(png, "wb").close())
+    assert cli.main(["bench", "plot", "--docs"]) == 0
+    assert (tmp_path / "docs" / "bench-h200.md").read_text().startswith("- device: NVIDIA H200")
+    assert (tmp_path / "docs" / "bench-h200.png").exists()
+
+
+def test_metadata_tolerates_missing_git(monkeypatch):
+    import subprocess
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    meta = bench.metadata()
+    assert meta["git_commit"] is None and meta["git_dirty"] is None
+    assert meta["torch"] == torch.__version__ and meta["date"]
+    assert meta["do_bench"]["return_mode"] == "median"
+
+
+# --- on a GPU ---------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_smoke():
+    """The real timer and implementations on a small pack (FlexAttention left out: it compiles
+    for tens of seconds)."""
+    w = Workload("smoke", (256, 256), 2, 2, 64, causal=True)
+    inputs = bench.make_inputs(w)
+    impls = {n: i for n, i in bench.build_impls(w, inputs[3]).items() if n != FLEX}
+    rows, _ = bench.run_workload(w, impls, inputs, log=lambda s: None)
+    timed = {(r["impl"], r["mode"]) for r in rows if r["ms"] is not None}
+    assert {(VARLEN, m) for m in ("fwd", "fwd+bwd")} <= timed
+    assert all(math.isfinite(r["tflops"]) and r["peak_gib"] > 0 for r in rows if r["ms"])
