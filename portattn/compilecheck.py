@@ -66,13 +66,9 @@ MMA_PATTERNS = {
     "v_mfma": re.compile(r"\bv_mfma_"),
 }
 # Kernels allowed to use another matrix instruction than their family's (still not FMA):
-# (family, kernel, stage, head_dim) -> instruction. The fixed_order forward at d=256 keeps a
-# [BLOCK_M, 256] float32 accumulator beside two rounded copies of P: every wgmma tiling of it
-# spills in float16 (measured with this check; bfloat16 fits only at BLOCK_N 16), so it runs
-# on mma.sync.
-MMA_EXCEPTIONS: dict[tuple[str, str, str, int], str] = {
-    ("sm90", "fixed_order", "fwd", 256): "mma.sync",
-}
+# (family, kernel, stage, head_dim) -> instruction. Empty: every kernel of every entry must use
+# its family's instruction; kept so that a documented exception has one place to live.
+MMA_EXCEPTIONS: dict[tuple[str, str, str, int], str] = {}
 # Triton knobs pinned while compiling, whatever the environment says (TRITON_*, PTXAS_OPTIONS,
 # AMDGCN_* ...): every setting that changes the machine code at its Triton default, line info
 # off, the bundled ptxas and libdevice, no instrumentation, fresh compiles, and the ptxas report

@@ -46,21 +46,26 @@ class KernelConfig:
     """Tiles of the four kernels of one (family, kernel, head_dim, dtype). ``dkdv_passes``: 1,
     dK and dV summed by one program; 2, by separate programs (one float32 accumulator each
     instead of two; both compute ``K Q^T``); 4, separate programs per gradient and half of the
-    head dim. More passes fit wider tiles in registers at the cost of recomputed products."""
+    head dim. More passes fit wider tiles in registers at the cost of recomputed products.
+    ``fwd_chunks``: 1, or 2 forward programs per query tile, each computing the output for
+    half of the head dim (scores and softmax computed by both), where the full [BLOCK_M, D]
+    accumulator does not fit."""
 
     fwd: Tiles
     bwd_pre: Tiles
     bwd_dkdv: Tiles
     bwd_dq: Tiles
     dkdv_passes: int = 1
+    fwd_chunks: int = 1
 
     def content_hash(self) -> str:
         """SHA-256 (first 16 hex digits) of the canonical JSON of this entry. ``dkdv_passes``
-        (added later) enters only when it is not 1, so the hashes of entries without it are
-        the ones recorded before it existed."""
+        and ``fwd_chunks`` (added later) enter only when they are not 1, so the hashes of
+        entries without them are the ones recorded before they existed."""
         fields = asdict(self)
-        if fields["dkdv_passes"] == 1:
-            del fields["dkdv_passes"]
+        for later in ("dkdv_passes", "fwd_chunks"):
+            if fields[later] == 1:
+                del fields[later]
         blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -72,24 +77,26 @@ def _tiles(spec: tuple[int, ...], amd: dict[str, int]) -> Tiles:
     return Tiles(*spec[:4], **knobs)
 
 
-def _cfg(fwd, dkdv, dq, amd=None, dkdv_passes=1) -> KernelConfig:
+def _cfg(fwd, dkdv, dq, amd=None, dkdv_passes=1, fwd_chunks=1) -> KernelConfig:
     """Compact row: (block_m, block_n, warps, stages) per kernel; ``amd`` = AMD knobs."""
     amd = amd or {}
     pre = Tiles(64, 64, 4, 1, **amd)
-    return KernelConfig(_tiles(fwd, amd), pre, _tiles(dkdv, amd), _tiles(dq, amd), dkdv_passes)
+    return KernelConfig(
+        _tiles(fwd, amd), pre, _tiles(dkdv, amd), _tiles(dq, amd), dkdv_passes, fwd_chunks
+    )
 
 
 # Rows are chosen so that every kernel compiles without register spills, within the family's
 # shared memory / LDS, using its matrix instructions (``python -m portattn compile`` checks it).
 # fixed_order keeps two rounded copies of P and dS (split-P), so where it needs smaller tiles
 # than varlen it has its own row in _FIXED_ORDER. ``dkdv_passes`` (default 1) splits the dK/dV
-# sums over separate programs where the two float32 accumulators do not fit beside wgmma tiles.
+# sums over separate programs where the two float32 accumulators do not fit beside wgmma tiles,
+# and ``fwd_chunks`` the forward's output columns (sm90 fixed_order d256: every single-program
+# wgmma tiling spills).
 _AMD = dict(waves_per_eu=2, matrix_instr_nonkdim=16, kpack=1)
 _AMD1 = dict(waves_per_eu=1, matrix_instr_nonkdim=16, kpack=1)
 # fmt: off
 # head_dim:        fwd (BM, BN, warps, stages)   dK/dV (BM, BN, w, s)   dQ (BM, BN, w, s)
-# The sm90 entry marked * runs on mma.sync: every wgmma tiling of it spills (measured by the
-# compile check, which lists it in MMA_EXCEPTIONS).
 _SM90 = {
     32:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2)),
     64:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2)),
@@ -123,7 +130,8 @@ _FIXED_ORDER = {
     "sm90": {
         96:  _cfg((128, 64, 8, 3),   (64, 128, 8, 1),  (128, 64, 8, 2), dkdv_passes=2),
         128: _cfg((128, 64, 8, 3),   (64, 128, 8, 1),  (128, 64, 8, 2), dkdv_passes=2),
-        256: _cfg((32, 64, 8, 2),    (32, 64, 8, 2),   (128, 32, 8, 2), dkdv_passes=4),  # fwd *
+        256: _cfg((128, 64, 8, 2),   (32, 64, 8, 2),   (128, 32, 8, 2), dkdv_passes=4,
+                  fwd_chunks=2),
     },
     "cdna2": {
         96:  _cfg((64, 64, 4, 1),    (16, 64, 4, 1),   (64, 32, 4, 1), _AMD),

@@ -32,7 +32,7 @@ LOG2E = 1.4426950408889634
 def _fwd_key_tiles(
     b_acc, b_m, b_l, b_q,
     p_k_base, p_v_base, stride_kt, stride_vt,
-    o_q, o_d, m_d, seqlen_k, diag, scale_log2,
+    o_q, o_d, m_d, o_dc, m_dc, seqlen_k, diag, scale_log2,
     n_lo, n_hi,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -41,21 +41,23 @@ def _fwd_key_tiles(
     SPLIT_P: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """Accumulate key tiles [n_lo, n_hi) (ascending) into (acc, m, l)."""
+    """Accumulate key tiles [n_lo, n_hi) (ascending) into (acc, m, l); the scores use all
+    head-dim columns ``o_d``, the accumulator the value columns ``o_dc``."""
     for n_start in range(n_lo, n_hi, BLOCK_N):
         o_k = n_start + tl.arange(0, BLOCK_N)
         m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
+        m_v = (o_k < seqlen_k)[:, None] & m_dc[None, :]  # the same value as m_k when unchunked
         p_k = p_k_base + o_k.to(tl.int64)[:, None] * stride_kt + o_d[None, :]
-        p_v = p_v_base + o_k.to(tl.int64)[:, None] * stride_vt + o_d[None, :]
+        p_v = p_v_base + o_k.to(tl.int64)[:, None] * stride_vt + o_dc[None, :]
         b_k = tl.load(p_k, mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
-        b_v = tl.load(p_v, mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
+        b_v = tl.load(p_v, mask=m_v, other=0.0)  # [BLOCK_N, BLOCK_DC]
         b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
         if MASKED:
             m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, CAUSAL)
             b_qk = mask_scores(b_qk, m_vis)
         b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, scale_log2)
         b_acc = b_acc * b_alpha[:, None]
-        b_acc = mma_rounded(b_p, b_v, b_acc, SPLIT_P, UPCAST)  # [BLOCK_M, BLOCK_D]
+        b_acc = mma_rounded(b_p, b_v, b_acc, SPLIT_P, UPCAST)  # [BLOCK_M, BLOCK_DC]
     return b_acc, b_m, b_l
 
 
@@ -74,7 +76,12 @@ def attn_fwd_kernel(
     SPLIT_P: tl.constexpr,
     STORE_O32: tl.constexpr,
     UPCAST: tl.constexpr,
+    D_CHUNKS: tl.constexpr,
 ):
+    """One program per (query tile of one sequence, query head, head-dim chunk). With
+    ``D_CHUNKS`` = 2 each program computes the scores and softmax over the whole head dim and
+    the output for half of its columns (one [BLOCK_M, D / 2] accumulator), for head dims whose
+    full accumulator does not fit beside the tiles; program 0 of the pair writes lse."""
     i_b, i_m = tile_index(batch, CAUSAL)
     i_h = tl.program_id(1)
     i_hk = i_h // group
@@ -91,38 +98,50 @@ def attn_fwd_kernel(
     m_q = (o_q < seqlen_q)[:, None] & m_d[None, :]
     p_q = q + (bos_q + o_q.to(tl.int64))[:, None] * stride_qt + i_h.to(tl.int64) * stride_qh
     b_q = tl.load(p_q + o_d[None, :], mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
+    # Output columns of this program: all, or one chunk (the unchunked kernel's code is the
+    # same as before chunks existed, so its machine code and bits did not change).
+    BLOCK_DC: tl.constexpr = BLOCK_D // D_CHUNKS
+    if D_CHUNKS == 1:
+        o_dc, m_dc, m_o = o_d, m_d, m_q
+    else:
+        o_dc = tl.program_id(2) * BLOCK_DC + tl.arange(0, BLOCK_DC)
+        m_dc = o_dc < HEAD_DIM
+        m_o = (o_q < seqlen_q)[:, None] & m_dc[None, :]
     p_k_base = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
     p_v_base = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
 
     n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
 
-    b_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    b_acc = tl.zeros([BLOCK_M, BLOCK_DC], tl.float32)
     b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     b_l = tl.zeros([BLOCK_M], tl.float32)
     b_acc, b_m, b_l = _fwd_key_tiles(
         b_acc, b_m, b_l, b_q, p_k_base, p_v_base, stride_kt, stride_vt,
-        o_q, o_d, m_d, seqlen_k, diag, scale_log2, 0, n_full,
+        o_q, o_d, m_d, o_dc, m_dc, seqlen_k, diag, scale_log2, 0, n_full,
         BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, UPCAST,
     )
     b_acc, b_m, b_l = _fwd_key_tiles(
         b_acc, b_m, b_l, b_q, p_k_base, p_v_base, stride_kt, stride_vt,
-        o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_full, n_hi,
+        o_q, o_d, m_d, o_dc, m_dc, seqlen_k, diag, scale_log2, n_full, n_hi,
         BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, UPCAST,
     )
 
     # Rows that saw no key: out 0, lse -inf.
     m_empty = b_l == 0.0
-    b_out = b_acc / tl.where(m_empty, 1.0, b_l)[:, None]  # [BLOCK_M, BLOCK_D]
+    b_out = b_acc / tl.where(m_empty, 1.0, b_l)[:, None]  # [BLOCK_M, BLOCK_DC]
     b_lse = tl.where(m_empty, float("-inf"), (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * LN2)
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
-    p_o = o + o_rows * stride_ot + i_h.to(tl.int64) * stride_oh + o_d[None, :]
-    tl.store(p_o, b_out.to(o.dtype.element_ty), mask=m_q)
+    p_o = o + o_rows * stride_ot + i_h.to(tl.int64) * stride_oh + o_dc[None, :]
+    tl.store(p_o, b_out.to(o.dtype.element_ty), mask=m_o)
     p_lse = lse + (bos_q + o_q.to(tl.int64)) * n_heads_q + i_h
-    tl.store(p_lse, b_lse, mask=o_q < seqlen_q)
+    if D_CHUNKS == 1:  # noqa: SIM114 - a constexpr branch, then a runtime one
+        tl.store(p_lse, b_lse, mask=o_q < seqlen_q)
+    elif tl.program_id(2) == 0:
+        tl.store(p_lse, b_lse, mask=o_q < seqlen_q)
     if STORE_O32:
-        p_o32 = o32 + o_rows * stride_o32t + i_h.to(tl.int64) * stride_o32h + o_d[None, :]
-        tl.store(p_o32, b_out, mask=m_q)
+        p_o32 = o32 + o_rows * stride_o32t + i_h.to(tl.int64) * stride_o32h + o_dc[None, :]
+        tl.store(p_o32, b_out, mask=m_o)
 
 
 def attn_fwd(
@@ -153,7 +172,7 @@ def attn_fwd(
     if total_q == 0 or batch == 0:
         return out, lse, out32
     tiles = cfg.fwd
-    grid = (triton.cdiv(max_seqlen_q, tiles.block_m) * batch, n_heads_q)
+    grid = (triton.cdiv(max_seqlen_q, tiles.block_m) * batch, n_heads_q, cfg.fwd_chunks)
     o32_arg = out32 if store_o32 else out
     attn_fwd_kernel[grid](
         q, k, v, out, lse, o32_arg,
@@ -169,6 +188,7 @@ def attn_fwd(
         SPLIT_P=split_p,
         STORE_O32=store_o32,
         UPCAST=upcast_dot(q),
+        D_CHUNKS=cfg.fwd_chunks,
         **tiles.launch_kwargs(),
     )
     return out, lse, out32
