@@ -59,11 +59,12 @@ def install(kernel: str, head_dim: int, cfg: configs.KernelConfig) -> None:
 
 
 def correct(kernel: str, head_dim: int) -> list[str]:
-    check.HEAD_DIM = head_dim
-    check.LENS_Q, check.LENS_K = (0, 17, 63, 300, 129), (9, 40, 50, 300, 200)
+    lens_q, lens_k = (0, 17, 63, 300, 129), (9, 40, 50, 300, 200)
     problems = []
     for causal in (False, True):
-        res = check._check_case(kernel, torch.bfloat16, causal, torch.device("cuda"))
+        res = check.check_case(
+            kernel, torch.bfloat16, causal, torch.device("cuda"), lens_q, lens_k, head_dim
+        )
         problems += [f"causal={causal}: {p}" for p in res.problems]
     return problems
 

@@ -211,10 +211,15 @@ def launch(world_size: int = 2, device_kind: str | None = None, cases=None, back
     cases = default_cases(device_kind, world_size) if cases is None else cases
     auto_backend, placement = choose_backend(device_kind, world_size)
     backend = backend or auto_backend
-    saved = {k: os.environ.get(k) for k in (*NO_MULTICAST, "TRITON_INTERPRET")}
+    if device_kind == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        # The spawned ranks inherit this environment and import triton at once; the CLI
+        # (python -m portattn.distributed) re-runs itself with the interpreter on.
+        raise RuntimeError(
+            "CPU ranks run the kernels under Triton's interpreter: start the "
+            "process with TRITON_INTERPRET=1"
+        )
+    saved = {k: os.environ.get(k) for k in NO_MULTICAST}
     os.environ.update(NO_MULTICAST)  # the children inherit the parent's environment
-    if device_kind == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # before the children import triton
     start = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(prefix="portattn-dist-") as tmp:
@@ -355,10 +360,15 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="default: nccl with one process per GPU if there are enough GPUs, else gloo",
     )
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if not args.demo:
         parser.print_help()
         return 2
     if args.world_size < 1:
         parser.error("--world-size must be >= 1")
+    from portattn.cli import needs_interpreter_rerun, rerun_under_interpreter
+
+    if needs_interpreter_rerun():  # CPU ranks: the interpreter must be on from the start
+        return rerun_under_interpreter(["-m", "portattn.distributed", *argv])
     return run_demo(args.world_size, args.backend)

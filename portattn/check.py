@@ -61,19 +61,19 @@ def _cu_seqlens(lengths, device) -> torch.Tensor:
     return torch.tensor(bounds, dtype=torch.int32, device=device)
 
 
-def _inputs(dtype: torch.dtype, device: torch.device, seed: int = 0):
+def _inputs(dtype, device, lens_q, lens_k, head_dim, seed: int = 0):
     """q, k, v, dout, dlse from a fixed seed (drawn in float32 on the CPU, then cast)."""
     gen = torch.Generator().manual_seed(seed)
-    tq, tk = sum(LENS_Q), sum(LENS_K)
+    tq, tk = sum(lens_q), sum(lens_k)
 
     def rand(*shape, to=dtype):
         return torch.randn(*shape, generator=gen).to(device=device, dtype=to)
 
     return (
-        rand(tq, N_HEADS_Q, HEAD_DIM),
-        rand(tk, N_HEADS_K, HEAD_DIM),
-        rand(tk, N_HEADS_K, HEAD_DIM),
-        rand(tq, N_HEADS_Q, HEAD_DIM),
+        rand(tq, N_HEADS_Q, head_dim),
+        rand(tk, N_HEADS_K, head_dim),
+        rand(tk, N_HEADS_K, head_dim),
+        rand(tq, N_HEADS_Q, head_dim),
         rand(tq, N_HEADS_Q, to=torch.float32),
     )
 
@@ -113,11 +113,22 @@ def _run_kernel(q, k, v, cu_q, cu_k, dout, dlse, causal, kernel):
     return dict(zip(NAMES, (out.detach(), lse.detach(), *grads), strict=True))
 
 
-def _check_case(kernel: str, dtype: torch.dtype, causal: bool, device: torch.device) -> CaseResult:
+def check_case(
+    kernel: str,
+    dtype: torch.dtype,
+    causal: bool,
+    device: torch.device,
+    lens_q: tuple[int, ...] = LENS_Q,
+    lens_k: tuple[int, ...] = LENS_K,
+    head_dim: int = HEAD_DIM,
+) -> CaseResult:
+    """One packed case (``N_HEADS_Q`` / ``N_HEADS_K`` heads) forward and backward against
+    float64 with the accuracy rule; the defaults are the case ``python -m portattn check`` runs
+    (``ci/tune_sm90.py`` passes others)."""
     result = CaseResult(kernel, dtype, causal)
     start = time.perf_counter()
-    q, k, v, dout, dlse = _inputs(dtype, device)
-    cu_q, cu_k = _cu_seqlens(LENS_Q, device), _cu_seqlens(LENS_K, device)
+    q, k, v, dout, dlse = _inputs(dtype, device, lens_q, lens_k, head_dim)
+    cu_q, cu_k = _cu_seqlens(lens_q, device), _cu_seqlens(lens_k, device)
     ref = _run_reference(q, k, v, cu_q, cu_k, dout, dlse, causal, torch.float64)
     # Rows that see no key have lse = -inf; their upstream lse gradient is meaningless.
     dlse = torch.where(torch.isinf(ref["lse"]), 0.0, dlse.double()).float()
@@ -276,7 +287,7 @@ def run_check(verbose: bool = False) -> int:
     for dtype in dtypes:
         for kernel in KERNELS:
             for causal in (False, True):
-                res = _check_case(kernel, dtype, causal, device)
+                res = check_case(kernel, dtype, causal, device)
                 results.append(res)
                 errs = [f"{res.errors[n]:.2e}" if n in res.errors else "-" for n in NAMES]
                 cells = [kernel, _short(dtype), "yes" if causal else "no", *errs]

@@ -20,19 +20,31 @@ def _gpu_present() -> bool:
     return torch.cuda.is_available()
 
 
-def _cmd_check(args: argparse.Namespace) -> int:
-    if not _gpu_present() and os.environ.get("TRITON_INTERPRET") != "1":
-        # The kernels were defined (compiled mode) when portattn was imported: re-run with the
-        # interpreter switched on from the start. The package itself never sets it.
-        from portattn.check import numpy_problem
+def needs_interpreter_rerun() -> bool:
+    """No GPU and the interpreter is off: the kernels were defined (compiled mode) when
+    portattn was imported, so a CPU run must start over with TRITON_INTERPRET=1."""
+    return not _gpu_present() and os.environ.get("TRITON_INTERPRET") != "1"
 
-        problem = numpy_problem()
-        if problem:
-            print(f"error: {problem}", file=sys.stderr)
-            return 2
-        env = dict(os.environ, TRITON_INTERPRET="1")
-        argv = [sys.executable, "-m", "portattn", "check"] + (["--verbose"] if args.verbose else [])
-        return subprocess.call(argv, env=env)
+
+def rerun_under_interpreter(python_args: list[str]) -> int:
+    """Run ``python <python_args>`` in a child process with TRITON_INTERPRET=1 (set for that
+    process from its start; the package itself never sets it) and return its exit code, or 2
+    when this numpy is too new for Triton's interpreter."""
+    from portattn.check import numpy_problem
+
+    problem = numpy_problem()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    return subprocess.call([sys.executable, *python_args], env=env)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    if needs_interpreter_rerun():
+        return rerun_under_interpreter(
+            ["-m", "portattn", "check"] + (["--verbose"] if args.verbose else [])
+        )
     from portattn.check import run_check
 
     return run_check(verbose=args.verbose)

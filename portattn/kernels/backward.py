@@ -66,11 +66,11 @@ def attn_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _dkdv_accumulate(
-    b_k, b_v, q, do, lse, delta,
+def _dkdv_sum_and_store(
+    b_k, b_v, q, do, lse, delta, p_dk, p_dv,
     stride_qt, stride_qh, stride_dot, stride_doh,
-    bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale_log2,
-    o_k, o_d, m_d, o_dc, m_dc, m_lo, m_full,
+    bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale, scale_log2,
+    o_k, m_krow, o_d, m_d, o_dc, m_dc, m_lo, m_full,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -84,8 +84,7 @@ def _dkdv_accumulate(
     """Sum over the query heads of the group (ascending) and, for each, its query tiles from
     ``m_lo`` on (ascending) into dK and/or dV of one key tile, columns ``o_dc`` (all BLOCK_D
     columns, or a BLOCK_DC-wide chunk), in transposed form: scores are [BLOCK_N, BLOCK_M], so
-    P^T and dS^T feed the products directly. Returns (dK, dV) [BLOCK_N, BLOCK_DC] float32,
-    dV still times P_SCALE and dK without the softmax scale.
+    P^T and dS^T feed the products directly; then store them (rows ``p_dk`` / ``p_dv``).
 
     One flat loop over (head, query tile), not a loop per head and per masked/unmasked range:
     each loop copy holds its own pipeline buffers and registers, which made every wgmma tiling
@@ -112,16 +111,20 @@ def _dkdv_accumulate(
                 b_qkT = mask_scores(b_qkT, visible_mask(o_q[None, :], o_k[:, None], seqlen_k,
                                                         diag, CAUSAL))
         b_pT = recompute_p(b_qkT, b_lse2[None, :], scale_log2)  # [BLOCK_N, BLOCK_M]
+        if WANT_DK or BLOCK_DC == BLOCK_D:
+            b_do = tl.load(p_do + o_d[None, :], mask=m_row[:, None] & m_d[None, :],
+                           other=0.0)  # [BLOCK_M, BLOCK_D]
         if WANT_DV:
-            b_doc = tl.load(p_do + o_dc[None, :], mask=m_row[:, None] & m_dc[None, :],
-                            other=0.0)  # [BLOCK_M, BLOCK_DC]
+            if BLOCK_DC == BLOCK_D:
+                b_doc = b_do
+            else:
+                b_doc = tl.load(p_do + o_dc[None, :], mask=m_row[:, None] & m_dc[None, :],
+                                other=0.0)  # [BLOCK_M, BLOCK_DC]
             # P <= 1 is scaled by an exact power of two before it is rounded for the product,
             # so small probabilities keep their bits in float16 (whose exponent range is
             # narrow); the scale is undone exactly on the float32 dV at the end.
             b_dv = mma_rounded(b_pT * P_SCALE, b_doc, b_dv, SPLIT_P, UPCAST)
         if WANT_DK:
-            b_do = tl.load(p_do + o_d[None, :], mask=m_row[:, None] & m_d[None, :],
-                           other=0.0)  # [BLOCK_M, BLOCK_D]
             b_delta = tl.load(delta + o_rows * n_heads_q + i_h, mask=m_row, other=0.0)
             b_dpT = mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
             b_dsT = b_pT * (b_dpT - b_delta[None, :])  # [BLOCK_N, BLOCK_M]
@@ -131,7 +134,12 @@ def _dkdv_accumulate(
                 b_qc = tl.load(p_q + o_dc[None, :], mask=m_row[:, None] & m_dc[None, :],
                                other=0.0)  # [BLOCK_M, BLOCK_DC]
             b_dk = mma_rounded(b_dsT, b_qc, b_dk, SPLIT_P, UPCAST)
-    return b_dk, b_dv
+    m_kc = m_krow[:, None] & m_dc[None, :]
+    if WANT_DK:
+        tl.store(p_dk + o_dc[None, :], (b_dk * scale).to(p_dk.dtype.element_ty), mask=m_kc)
+    if WANT_DV:
+        tl.store(p_dv + o_dc[None, :], (b_dv * (1.0 / P_SCALE)).to(p_dv.dtype.element_ty),
+                 mask=m_kc)
 
 
 @triton.jit
@@ -178,39 +186,31 @@ def attn_bwd_dkdv_kernel(
     p_dk = dk + o_krows * stride_dkt + i_hk.to(tl.int64) * stride_dkh
     p_dv = dv + o_krows * stride_dvt + i_hk.to(tl.int64) * stride_dvh
     if DKDV_PASSES == 1:
-        b_dk, b_dv = _dkdv_accumulate(
-            b_k, b_v, q, do, lse, delta, stride_qt, stride_qh, stride_dot, stride_doh,
-            bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale_log2,
-            o_k, o_d, m_d, o_d, m_d, m_lo, m_full,
+        _dkdv_sum_and_store(
+            b_k, b_v, q, do, lse, delta, p_dk, p_dv, stride_qt, stride_qh, stride_dot, stride_doh,
+            bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale, scale_log2,
+            o_k, m_krow, o_d, m_d, o_d, m_d, m_lo, m_full,
             BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D, CAUSAL, SPLIT_P, UPCAST, True, True,
         )
-        m_k = m_krow[:, None] & m_d[None, :]
-        tl.store(p_dk + o_d[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_k)
-        tl.store(p_dv + o_d[None, :], (b_dv * (1.0 / P_SCALE)).to(dv.dtype.element_ty),
-                 mask=m_k)
     else:
         BLOCK_DC: tl.constexpr = BLOCK_D * 2 // DKDV_PASSES  # columns per pass
         i_pass = tl.program_id(2)
         o_dc = (i_pass % (DKDV_PASSES // 2)) * BLOCK_DC + tl.arange(0, BLOCK_DC)
         m_dc = o_dc < HEAD_DIM
-        m_kc = m_krow[:, None] & m_dc[None, :]
         if i_pass < DKDV_PASSES // 2:
-            b_dk, b_dv = _dkdv_accumulate(
-                b_k, b_v, q, do, lse, delta, stride_qt, stride_qh, stride_dot, stride_doh,
-                bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale_log2,
-                o_k, o_d, m_d, o_dc, m_dc, m_lo, m_full,
+            _dkdv_sum_and_store(
+                b_k, b_v, q, do, lse, delta, p_dk, p_dv, stride_qt, stride_qh, stride_dot,
+                stride_doh, bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale,
+                scale_log2, o_k, m_krow, o_d, m_d, o_dc, m_dc, m_lo, m_full,
                 BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DC, CAUSAL, SPLIT_P, UPCAST, False, True,
             )
-            tl.store(p_dv + o_dc[None, :], (b_dv * (1.0 / P_SCALE)).to(dv.dtype.element_ty),
-                     mask=m_kc)
         else:
-            b_dk, b_dv = _dkdv_accumulate(
-                b_k, b_v, q, do, lse, delta, stride_qt, stride_qh, stride_dot, stride_doh,
-                bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale_log2,
-                o_k, o_d, m_d, o_dc, m_dc, m_lo, m_full,
+            _dkdv_sum_and_store(
+                b_k, b_v, q, do, lse, delta, p_dk, p_dv, stride_qt, stride_qh, stride_dot,
+                stride_doh, bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale,
+                scale_log2, o_k, m_krow, o_d, m_d, o_dc, m_dc, m_lo, m_full,
                 BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DC, CAUSAL, SPLIT_P, UPCAST, True, False,
             )
-            tl.store(p_dk + o_dc[None, :], (b_dk * scale).to(dk.dtype.element_ty), mask=m_kc)
 
 
 @triton.jit
