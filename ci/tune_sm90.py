@@ -29,17 +29,10 @@ from portattn.configs import Tiles
 # (kernel, head_dim, overrides): overrides are KernelConfig fields; tiles as tuples.
 VARIANTS = [
     ("varlen", 128, {}),
-    ("varlen", 128, dict(bwd_dkdv=(64, 128, 8, 1))),
-    ("varlen", 128, dict(bwd_dkdv=(128, 64, 8, 2))),
-    ("varlen", 128, dict(bwd_dkdv=(64, 64, 8, 2), dkdv_passes=1)),
-    ("varlen", 128, dict(bwd_dq=(128, 32, 8, 2))),
-    ("varlen", 128, dict(bwd_dq=(128, 64, 8, 3))),
-    ("varlen", 128, dict(bwd_dq=(64, 64, 4, 2))),
+    ("varlen", 128, dict(bwd_dkdv=(64, 128, 8, 3))),
+    ("varlen", 64, {}),
     ("fixed_order", 128, {}),
-    ("fixed_order", 128, dict(bwd_dq=(128, 32, 8, 2))),
-    ("fixed_order", 128, dict(bwd_dq=(128, 64, 8, 3))),
-    ("fixed_order", 128, dict(fwd=(128, 64, 8, 2))),
-    ("fixed_order", 128, dict(fwd=(64, 64, 4, 3))),
+    ("fixed_order", 128, dict(bwd_dkdv=(64, 128, 8, 2))),
 ]
 
 

@@ -147,6 +147,9 @@ class KernelResult:
     scratch: int | None = None  # CUDA: stack frame bytes; ROCm: private segment bytes
     sgpr_spills: int | None = None  # ROCm only: SGPRs spilled (to VGPR lanes unless scratch)
     mma: int | None = None  # matrix instructions found; None where none is expected
+    # CUDA: ptxas serialized the wgmma instructions (C7515: each waits for the one before),
+    # which costs the kernel about a fifth of its time; reported, not a failure.
+    wgmma_serialized: bool | None = None
     fingerprint: str | None = None
     seconds: float = 0.0
 
@@ -249,9 +252,10 @@ def _bind(fn: Any, args: tuple, kwargs: dict) -> Launch:
     return Launch(KERNEL_FUNCTIONS[fn.__name__], fn, dict(bound.arguments), options)
 
 
-def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, Launch]:
-    """Run the real launchers on CPU tensors of the representative launch and record the four
-    kernel launches they make for ``entry``'s configuration (or ``cfg``)."""
+def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, tuple[Launch, ...]]:
+    """Run the real launchers on CPU tensors of the representative launch and record the
+    kernel launches they make for ``entry``'s configuration (or ``cfg``), per stage in launch
+    order: one each, except dK/dV with ``dkdv_passes`` > 1 (a dV launch, then a dK launch)."""
     from portattn.kernels.backward import attn_bwd
     from portattn.kernels.forward import attn_fwd
 
@@ -268,7 +272,9 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
         out, lse, out32 = attn_fwd(*fwd_args, split_p=fixed, store_o32=fixed, cfg=cfg)
         bwd_args = (do, q, k, v, out32 if fixed else out, lse, torch.zeros_like(lse), cu, cu)
         attn_bwd(*bwd_args, seq, seq, causal, scale, split_p=fixed, cfg=cfg)
-    launches = {launch.stage: launch for launch in (_bind(*call) for call in sink)}
+    launches: dict[str, tuple[Launch, ...]] = {}
+    for launch in (_bind(*call) for call in sink):
+        launches[launch.stage] = (*launches.get(launch.stage, ()), launch)
     missing = set(STAGES) - set(launches)
     if missing:
         raise RuntimeError(f"launchers did not launch {sorted(missing)}")
@@ -388,8 +394,20 @@ def compile_launch(launch: Launch, family: Family) -> Artifacts:
 
 
 def _int(pattern: str, text: str) -> int | None:
-    match = re.search(pattern, text)
-    return int(match.group(1)) if match else None
+    """The largest match (a stage of several launches has one report per kernel)."""
+    matches = re.findall(pattern, text)
+    return max(int(m) for m in matches) if matches else None
+
+
+def merge_artifacts(parts: list[Artifacts]) -> Artifacts:
+    """One stage's artifacts from its launches: the largest shared memory, the binaries and
+    texts concatenated (a single launch keeps its own bytes, so its fingerprint is the same)."""
+    return Artifacts(
+        max(a.shared for a in parts),
+        b"".join(a.binary for a in parts),
+        "\n".join(a.asm for a in parts),
+        "\n".join(a.ptxas_log for a in parts),
+    )
 
 
 def resource_usage(art: Artifacts, family: Family) -> dict[str, int | None]:
@@ -419,6 +437,8 @@ def check_artifacts(result: KernelResult, art: Artifacts, family: Family) -> Non
     result.shared = art.shared
     result.fingerprint = hashlib.sha256(art.binary).hexdigest()
     result.__dict__.update(resource_usage(art, family))
+    if family.vendor == "cuda":
+        result.wgmma_serialized = "C7515" in art.ptxas_log
     if art.shared > family.shared_mem_bytes:
         result.failures.append(f"shared memory {art.shared} > {family.shared_mem_bytes}")
     if result.spills is None or result.scratch is None:
@@ -457,11 +477,13 @@ def check_entry(
         return results
     with tempfile.TemporaryDirectory(prefix="portattn-cc-") as cache_dir, pinned_knobs(cache_dir):
         for result in results:
-            launch = launches[result.stage]
-            result.failures.extend(table_mismatches(launch, cfg))
+            group = launches[result.stage]
+            for launch in group:
+                result.failures.extend(table_mismatches(launch, cfg))
             start = time.perf_counter()
             try:
-                check_artifacts(result, compile_launch(launch, family), family)
+                art = merge_artifacts([compile_launch(launch, family) for launch in group])
+                check_artifacts(result, art, family)
             except Exception as exc:  # noqa: BLE001 - a kernel that does not compile fails
                 result.failures.append(f"compile failed: {_first_line(exc)}")
             result.seconds = time.perf_counter() - start
@@ -570,6 +592,8 @@ def _row(r: KernelResult) -> tuple[str, ...]:
         mma = f"{instr} x{r.mma}" if r.mma else "NONE"
     spills = str(r.spills) + (f" (s{r.sgpr_spills})" if r.sgpr_spills else "")
     status = "ok" if r.ok else "FAIL: " + "; ".join(r.failures)
+    if r.wgmma_serialized:
+        status += " (wgmma serialized, C7515)"
     e = r.entry
     cells = (e.family, e.kernel, r.stage, e.head_dim, e.dtype, r.shared, r.regs, spills, mma)
     return (*map(str, cells), (r.fingerprint or "-")[:12], status)

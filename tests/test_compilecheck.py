@@ -58,7 +58,7 @@ def twice() -> dict:
         for fam, kernel, stage in [("sm90", "varlen", "fwd"), ("cdna3", "fixed_order", "bwd_dq")]:
             entry = cc.Entry(fam, kernel, 64, "bf16")
             runs = [cc.check_entry(entry, stages=[stage])[0].record() for _ in range(2)]
-            launch = cc.record_launches(entry)[stage]
+            launch = cc.record_launches(entry)[stage][0]
             backend = make_backend(FAMILIES[fam].target())
             binder = create_function_from_signature(launch.fn.signature, launch.fn.params, backend)
             spec = binder(**launch.args)[1]
@@ -308,3 +308,26 @@ def test_table_mismatch_is_reported():
     )
     assert cc.table_mismatches(good, cfg) == []
     assert isinstance(cfg.fwd, Tiles)
+
+
+def test_sm90_varlen_wgmma_not_serialized():
+    """ptxas serializes every wgmma of a kernel (C7515) when non-wgmma code writes the
+    accumulators of one in flight. It did so in dK/dV while dV and dK were two branches of one
+    kernel (their merged loop exits); they are separate launches now. The benchmarked kernels
+    (varlen d128 and d64) must stay free of it; so must a kernel that never had it."""
+    out = run_child(
+        """
+        import json
+        from portattn import compilecheck as cc
+        rows = []
+        for d in (128, 64):
+            entry = cc.Entry("sm90", "varlen", d, "bf16")
+            for r in cc.check_entry(entry, stages=["fwd", "bwd_dkdv", "bwd_dq"]):
+                rows.append([d, r.stage, r.ok, r.wgmma_serialized])
+        print(json.dumps(rows))
+        """
+    )
+    assert len(out) == 6
+    for head_dim, stage, ok, serialized in out:
+        assert ok, (head_dim, stage)
+        assert serialized is False, (head_dim, stage)

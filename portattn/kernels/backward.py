@@ -4,8 +4,9 @@
   float32 copy (fixed_order); folding ``dlse`` here makes ``lse`` differentiable.
 * dK/dV: one program per (key tile of one sequence, kv head). It loops the query heads of its
   GQA group in ascending order and, for each, the query tiles in ascending order, so every
-  dK/dV element is a fixed-order sum written once. Where the table says ``dkdv_passes`` > 1, dK
-  and dV (and, with 4, halves of the head dim) are summed by separate programs.
+  dK/dV element is a fixed-order sum written once. Where the table says ``dkdv_passes`` > 1, dV
+  and dK are summed by separate launches (and, with 4, halves of the head dim by separate
+  programs).
 * dQ: one program per (query tile, query head), key tiles ascending, as in the forward.
 """
 
@@ -34,15 +35,18 @@ from portattn.kernels.primitives import (
 
 @triton.jit
 def attn_bwd_preprocess_kernel(
-    o, do, dlse, delta,
+    o, do, lse, dlse, lse2, delta,
     cu_seqlens_q,
     stride_ot, stride_oh, stride_dot, stride_doh, stride_dlse_t, stride_dlse_h,
-    batch, n_heads_q,
+    batch, n_heads_q, total_q,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     HAS_DLSE: tl.constexpr,
 ):
+    """Per (row, head): ``delta`` and the forward's lse in log2 units (``load_lse2``), both
+    written head-major ([Hq, total_q]) so the dK/dV loop reads each query tile's values as one
+    contiguous vector (token-major, every thread gathered them 4 bytes at a time)."""
     i_b, i_m = tile_index(batch, False)
     i_h = tl.program_id(1)
     bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
@@ -53,23 +57,26 @@ def attn_bwd_preprocess_kernel(
     o_d = tl.arange(0, BLOCK_D)
     m_row = o_q < seqlen_q
     m_q = m_row[:, None] & (o_d < HEAD_DIM)[None, :]
-    o_rows = (bos_q + o_q.to(tl.int64))[:, None]
+    o_tok = bos_q + o_q.to(tl.int64)  # [BLOCK_M]
+    o_rows = o_tok[:, None]
     b_o = tl.load(o + o_rows * stride_ot + i_h.to(tl.int64) * stride_oh + o_d[None, :],
                   mask=m_q, other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_D]
     b_do = tl.load(do + o_rows * stride_dot + i_h.to(tl.int64) * stride_doh + o_d[None, :],
                    mask=m_q, other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_D]
     b_delta = tl.sum(b_o * b_do, 1)  # [BLOCK_M]
     if HAS_DLSE:
-        p_dlse = dlse + (bos_q + o_q.to(tl.int64)) * stride_dlse_t + i_h * stride_dlse_h
+        p_dlse = dlse + o_tok * stride_dlse_t + i_h * stride_dlse_h
         b_delta = b_delta - tl.load(p_dlse, mask=m_row, other=0.0)
-    tl.store(delta + (bos_q + o_q.to(tl.int64)) * n_heads_q + i_h, b_delta, mask=m_row)
+    o_hm = i_h.to(tl.int64) * total_q + o_tok  # head-major offsets
+    tl.store(delta + o_hm, b_delta, mask=m_row)
+    tl.store(lse2 + o_hm, load_lse2(lse + o_tok * n_heads_q + i_h, m_row), mask=m_row)
 
 
 @triton.jit
 def _dkdv_sum_and_store(
-    b_k, b_v, q, do, lse, delta, p_dk, p_dv,
+    b_k, b_v, q, do, lse2, delta, p_dk, p_dv,
     stride_qt, stride_qh, stride_dot, stride_doh,
-    bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale, scale_log2,
+    bos_q, seqlen_q, seqlen_k, diag, i_hk, group, total_q, scale, scale_log2,
     o_k, m_krow, o_d, m_d, o_dc, m_dc, m_lo, m_full,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -104,7 +111,9 @@ def _dkdv_sum_and_store(
         p_do = do + o_rows[:, None] * stride_dot + i_h * stride_doh
         b_q = tl.load(p_q + o_d[None, :], mask=m_row[:, None] & m_d[None, :],
                       other=0.0)  # [BLOCK_M, BLOCK_D]
-        b_lse2 = load_lse2(lse + o_rows * n_heads_q + i_h, m_row)  # [BLOCK_M]
+        o_hm = i_h * total_q + o_rows  # [BLOCK_M] head-major lse2 / delta offsets
+        # Rows past the sequence get lse2 = +inf: P = 0 there.
+        b_lse2 = tl.load(lse2 + o_hm, mask=m_row, other=float("inf"))  # [BLOCK_M]
         b_qkT = mma(b_k, tl.trans(b_q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
         if CAUSAL:  # noqa: SIM102 - a constexpr branch around a runtime one
             if m_start < m_full:
@@ -125,7 +134,7 @@ def _dkdv_sum_and_store(
             # narrow); the scale is undone exactly on the float32 dV at the end.
             b_dv = mma_rounded(b_pT * P_SCALE, b_doc, b_dv, SPLIT_P, UPCAST)
         if WANT_DK:
-            b_delta = tl.load(delta + o_rows * n_heads_q + i_h, mask=m_row, other=0.0)
+            b_delta = tl.load(delta + o_hm, mask=m_row, other=0.0)
             b_dpT = mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
             b_dsT = b_pT * (b_dpT - b_delta[None, :])  # [BLOCK_N, BLOCK_M]
             if BLOCK_DC == BLOCK_D:
@@ -144,11 +153,11 @@ def _dkdv_sum_and_store(
 
 @triton.jit
 def attn_bwd_dkdv_kernel(
-    q, k, v, do, lse, delta, dk, dv,
+    q, k, v, do, lse2, delta, dk, dv,
     cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-    batch, n_heads_q, group, scale, scale_log2,
+    batch, total_q, group, scale, scale_log2,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -156,14 +165,17 @@ def attn_bwd_dkdv_kernel(
     CAUSAL: tl.constexpr,
     SPLIT_P: tl.constexpr,
     UPCAST: tl.constexpr,
-    DKDV_PASSES: tl.constexpr,
+    WANT_DK: tl.constexpr,
+    WANT_DV: tl.constexpr,
+    D_CHUNKS: tl.constexpr,
 ):
-    """One program per (key tile of one sequence, kv head, pass). ``DKDV_PASSES`` = 1: the
-    program sums dK and dV; 2: pass 0 sums dV, pass 1 dK (one float32 accumulator each);
-    4: passes 0, 1 sum dV and passes 2, 3 dK, each over half of the head dim. Fewer live
-    accumulators let head dims whose two [BLOCK_N, D] accumulators do not fit in registers run
-    on wider tiles; every pass recomputes ``K Q^T``. Each element is the same ordered sum
-    whatever the pass count."""
+    """One program per (key tile of one sequence, kv head, head-dim chunk). It sums dK and/or
+    dV (``WANT_DK`` / ``WANT_DV``) over ``BLOCK_D // D_CHUNKS`` columns (chunk
+    ``program_id(2)``). The launcher runs this kernel once (both gradients) or twice (dV, then
+    dK) as the table's ``dkdv_passes`` says; every launch recomputes ``K Q^T``, and each element
+    is the same ordered sum whatever the split. The split is by launch, not by a branch on the
+    program id: LLVM merged the two branches' loop exits, and the accumulator copies that
+    merge put inside the in-flight wgmma made ptxas serialize every wgmma (C7515)."""
     i_b, i_n = tile_index(batch, False)
     i_hk = tl.program_id(1)
     bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
@@ -185,32 +197,18 @@ def attn_bwd_dkdv_kernel(
     m_lo, m_full = query_range(n_start, seqlen_q, diag, BLOCK_M, BLOCK_N, CAUSAL)
     p_dk = dk + o_krows * stride_dkt + i_hk.to(tl.int64) * stride_dkh
     p_dv = dv + o_krows * stride_dvt + i_hk.to(tl.int64) * stride_dvh
-    if DKDV_PASSES == 1:
-        _dkdv_sum_and_store(
-            b_k, b_v, q, do, lse, delta, p_dk, p_dv, stride_qt, stride_qh, stride_dot, stride_doh,
-            bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale, scale_log2,
-            o_k, m_krow, o_d, m_d, o_d, m_d, m_lo, m_full,
-            BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_D, CAUSAL, SPLIT_P, UPCAST, True, True,
-        )
+    BLOCK_DC: tl.constexpr = BLOCK_D // D_CHUNKS  # columns of this program
+    if D_CHUNKS == 1:
+        o_dc, m_dc = o_d, m_d
     else:
-        BLOCK_DC: tl.constexpr = BLOCK_D * 2 // DKDV_PASSES  # columns per pass
-        i_pass = tl.program_id(2)
-        o_dc = (i_pass % (DKDV_PASSES // 2)) * BLOCK_DC + tl.arange(0, BLOCK_DC)
+        o_dc = tl.program_id(2) * BLOCK_DC + tl.arange(0, BLOCK_DC)
         m_dc = o_dc < HEAD_DIM
-        if i_pass < DKDV_PASSES // 2:
-            _dkdv_sum_and_store(
-                b_k, b_v, q, do, lse, delta, p_dk, p_dv, stride_qt, stride_qh, stride_dot,
-                stride_doh, bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale,
-                scale_log2, o_k, m_krow, o_d, m_d, o_dc, m_dc, m_lo, m_full,
-                BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DC, CAUSAL, SPLIT_P, UPCAST, False, True,
-            )
-        else:
-            _dkdv_sum_and_store(
-                b_k, b_v, q, do, lse, delta, p_dk, p_dv, stride_qt, stride_qh, stride_dot,
-                stride_doh, bos_q, seqlen_q, seqlen_k, diag, i_hk, group, n_heads_q, scale,
-                scale_log2, o_k, m_krow, o_d, m_d, o_dc, m_dc, m_lo, m_full,
-                BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DC, CAUSAL, SPLIT_P, UPCAST, True, False,
-            )
+    _dkdv_sum_and_store(
+        b_k, b_v, q, do, lse2, delta, p_dk, p_dv, stride_qt, stride_qh, stride_dot, stride_doh,
+        bos_q, seqlen_q, seqlen_k, diag, i_hk, group, total_q, scale, scale_log2,
+        o_k, m_krow, o_d, m_d, o_dc, m_dc, m_lo, m_full,
+        BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DC, CAUSAL, SPLIT_P, UPCAST, WANT_DK, WANT_DV,
+    )
 
 
 @triton.jit
@@ -247,11 +245,11 @@ def _dq_key_tiles(
 
 @triton.jit
 def attn_bwd_dq_kernel(
-    q, k, v, do, lse, delta, dq,
+    q, k, v, do, lse2, delta, dq,
     cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_dot, stride_doh, stride_dqt, stride_dqh,
-    batch, n_heads_q, group, scale, scale_log2,
+    batch, total_q, group, scale, scale_log2,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -280,9 +278,9 @@ def attn_bwd_dq_kernel(
                   mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
     b_do = tl.load(do + o_rows * stride_dot + i_h.to(tl.int64) * stride_doh + o_d[None, :],
                    mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
-    o_lse = (bos_q + o_q.to(tl.int64)) * n_heads_q + i_h
-    b_lse2 = load_lse2(lse + o_lse, m_row)  # [BLOCK_M]
-    b_delta = tl.load(delta + o_lse, mask=m_row, other=0.0)  # [BLOCK_M]
+    o_hm = i_h.to(tl.int64) * total_q + bos_q + o_q  # [BLOCK_M] head-major offsets
+    b_lse2 = tl.load(lse2 + o_hm, mask=m_row, other=float("inf"))  # [BLOCK_M]
+    b_delta = tl.load(delta + o_hm, mask=m_row, other=0.0)  # [BLOCK_M]
     p_k_base = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
     p_v_base = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
     n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
@@ -334,7 +332,9 @@ def attn_bwd(
     dv = new_buffer(v.shape, v.dtype, v.device)
     if batch == 0 or (total_q == 0 and k.shape[0] == 0):
         return dq, dk, dv
-    delta = new_buffer((total_q, n_heads_q), torch.float32, q.device)
+    # Written by the preprocess kernel, head-major: [Hq, total_q].
+    lse2 = new_buffer((n_heads_q, total_q), torch.float32, q.device)
+    delta = new_buffer((n_heads_q, total_q), torch.float32, q.device)
     common = dict(
         HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
@@ -349,30 +349,38 @@ def attn_bwd(
         pre = cfg.bwd_pre
         dlse_arg = dlse if dlse is not None else lse
         attn_bwd_preprocess_kernel[(triton.cdiv(max_seqlen_q, pre.block_m) * batch, n_heads_q)](
-            o_for_delta, do, dlse_arg, delta, cu_seqlens_q,
+            o_for_delta, do, lse, dlse_arg, lse2, delta, cu_seqlens_q,
             o_for_delta.stride(0), o_for_delta.stride(1), do.stride(0), do.stride(1),
             dlse_arg.stride(0), dlse_arg.stride(1),
-            batch, n_heads_q,
+            batch, n_heads_q, total_q,
             BLOCK_M=pre.block_m, HAS_DLSE=dlse is not None, **common, **pre.launch_kwargs(),
         )
     if k.shape[0] > 0:
         t = cfg.bwd_dkdv
-        grid = (triton.cdiv(max_seqlen_k, t.block_n) * batch, n_heads_k, cfg.dkdv_passes)
-        attn_bwd_dkdv_kernel[grid](
-            q, k, v, do, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-            batch, n_heads_q, n_heads_q // n_heads_k, softmax_scale, scale_log2,
-            BLOCK_M=t.block_m, BLOCK_N=t.block_n, DKDV_PASSES=cfg.dkdv_passes,
-            **common, **kernel_flags, **t.launch_kwargs(),
-        )
+        # dkdv_passes 1: one launch for dK and dV; 2: dV, then dK; 4: as 2, each launch with
+        # two programs per key tile (half of the head dim each).
+        if cfg.dkdv_passes == 1:
+            launches = [(True, True, 1)]
+        else:
+            chunks = cfg.dkdv_passes // 2
+            launches = [(False, True, chunks), (True, False, chunks)]
+        for want_dk, want_dv, chunks in launches:
+            grid = (triton.cdiv(max_seqlen_k, t.block_n) * batch, n_heads_k, chunks)
+            attn_bwd_dkdv_kernel[grid](
+                q, k, v, do, lse2, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0),
+                dv.stride(1), batch, total_q, n_heads_q // n_heads_k, softmax_scale, scale_log2,
+                BLOCK_M=t.block_m, BLOCK_N=t.block_n, WANT_DK=want_dk, WANT_DV=want_dv,
+                D_CHUNKS=chunks, **common, **kernel_flags, **t.launch_kwargs(),
+            )
     if total_q > 0:
         t = cfg.bwd_dq
         attn_bwd_dq_kernel[(triton.cdiv(max_seqlen_q, t.block_m) * batch, n_heads_q)](
-            q, k, v, do, lse, delta, dq, cu_seqlens_q, cu_seqlens_k,
+            q, k, v, do, lse2, delta, dq, cu_seqlens_q, cu_seqlens_k,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
-            batch, n_heads_q, n_heads_q // n_heads_k, softmax_scale, scale_log2,
+            batch, total_q, n_heads_q // n_heads_k, softmax_scale, scale_log2,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, **common, **kernel_flags, **t.launch_kwargs(),
         )
     return dq, dk, dv
