@@ -29,10 +29,16 @@ from portattn.configs import Tiles
 # (kernel, head_dim, overrides): overrides are KernelConfig fields; tiles as tuples.
 VARIANTS = [
     ("varlen", 128, {}),
-    ("varlen", 128, dict(bwd_dkdv=(64, 128, 8, 3))),
+    ("varlen", 128, dict(bwd_dv=(128, 128, 8, 1), bwd_dq=(128, 64, 8, 3))),
+    ("varlen", 96, {}),
+    ("varlen", 96, dict(bwd_dv=(128, 128, 8, 1), bwd_dq=(128, 64, 8, 3))),
     ("varlen", 64, {}),
+    ("varlen", 64, dict(bwd_dq=(128, 64, 8, 3))),
+    ("varlen", 64, dict(bwd_dq=(128, 128, 8, 2))),
+    ("varlen", 64, dict(bwd_dkdv=(64, 128, 8, 3))),
     ("fixed_order", 128, {}),
-    ("fixed_order", 128, dict(bwd_dkdv=(64, 128, 8, 2))),
+    ("fixed_order", 128, dict(bwd_dq=(128, 64, 8, 3))),
+    ("varlen", 128, dict(bwd_dv=(128, 128, 8, 1), bwd_dq=(128, 64, 8, 3))),
 ]
 
 

@@ -283,7 +283,10 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
 
 def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
     """Where a recorded launch differs from the table's tiles (empty when it reads the table)."""
-    tiles = getattr(cfg, launch.stage)
+    if launch.stage == "bwd_dkdv":
+        tiles = cfg.dkdv_launch_tiles(bool(launch.args["WANT_DK"]))
+    else:
+        tiles = getattr(cfg, launch.stage)
     problems = []
     if launch.options != tiles.launch_kwargs():
         problems.append(f"launch options {launch.options} != table {tiles.launch_kwargs()}")

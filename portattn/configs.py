@@ -49,7 +49,9 @@ class KernelConfig:
     head dim. More passes fit wider tiles in registers at the cost of recomputed products.
     ``fwd_chunks``: 1, or 2 forward programs per query tile, each computing the output for
     half of the head dim (scores and softmax computed by both), where the full [BLOCK_M, D]
-    accumulator does not fit."""
+    accumulator does not fit. ``bwd_dv``: tiles of the dV launch where ``dkdv_passes`` > 1
+    (None: those of ``bwd_dkdv``); with one accumulator and two products per tile, the dV
+    launch fits wider query tiles than the dK launch."""
 
     fwd: Tiles
     bwd_pre: Tiles
@@ -57,14 +59,21 @@ class KernelConfig:
     bwd_dq: Tiles
     dkdv_passes: int = 1
     fwd_chunks: int = 1
+    bwd_dv: Tiles | None = None
+
+    def dkdv_launch_tiles(self, want_dk: bool) -> Tiles:
+        """Tiles of a dK/dV launch: the dV-only launch may have its own."""
+        if not want_dk and self.bwd_dv is not None:
+            return self.bwd_dv
+        return self.bwd_dkdv
 
     def content_hash(self) -> str:
-        """SHA-256 (first 16 hex digits) of the canonical JSON of this entry. ``dkdv_passes``
-        and ``fwd_chunks`` (added later) enter only when they are not 1, so the hashes of
-        entries without them are the ones recorded before they existed."""
+        """SHA-256 (first 16 hex digits) of the canonical JSON of this entry. ``dkdv_passes``,
+        ``fwd_chunks`` and ``bwd_dv`` (added later) enter only when they are not 1 / None, so
+        the hashes of entries without them are the ones recorded before they existed."""
         fields = asdict(self)
-        for later in ("dkdv_passes", "fwd_chunks"):
-            if fields[later] == 1:
+        for later, default in (("dkdv_passes", 1), ("fwd_chunks", 1), ("bwd_dv", None)):
+            if fields[later] == default:
                 del fields[later]
         blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -77,12 +86,19 @@ def _tiles(spec: tuple[int, ...], amd: dict[str, int]) -> Tiles:
     return Tiles(*spec[:4], **knobs)
 
 
-def _cfg(fwd, dkdv, dq, amd=None, dkdv_passes=1, fwd_chunks=1) -> KernelConfig:
-    """Compact row: (block_m, block_n, warps, stages) per kernel; ``amd`` = AMD knobs."""
+def _cfg(fwd, dkdv, dq, amd=None, dkdv_passes=1, fwd_chunks=1, dv=None) -> KernelConfig:
+    """Compact row: (block_m, block_n, warps, stages) per kernel; ``amd`` = AMD knobs;
+    ``dv``: the dV launch's own tiles (with ``dkdv_passes`` > 1)."""
     amd = amd or {}
     pre = Tiles(64, 64, 4, 1, **amd)
     return KernelConfig(
-        _tiles(fwd, amd), pre, _tiles(dkdv, amd), _tiles(dq, amd), dkdv_passes, fwd_chunks
+        _tiles(fwd, amd),
+        pre,
+        _tiles(dkdv, amd),
+        _tiles(dq, amd),
+        dkdv_passes,
+        fwd_chunks,
+        _tiles(dv, amd) if dv else None,
     )
 
 
@@ -97,11 +113,14 @@ _AMD = dict(waves_per_eu=2, matrix_instr_nonkdim=16, kpack=1)
 _AMD1 = dict(waves_per_eu=1, matrix_instr_nonkdim=16, kpack=1)
 # fmt: off
 # head_dim:        fwd (BM, BN, warps, stages)   dK/dV (BM, BN, w, s)   dQ (BM, BN, w, s)
+# (sm90 d96/d128: the dV launch of the two dK/dV passes has its own tiles, ``dv``)
 _SM90 = {
     32:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2)),
-    64:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2)),
-    96:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2), dkdv_passes=2),
-    128: _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2), dkdv_passes=2),
+    64:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 3)),
+    96:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 3), dkdv_passes=2,
+              dv=(128, 128, 8, 1)),
+    128: _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 3), dkdv_passes=2,
+              dv=(128, 128, 8, 1)),
     256: _cfg((64, 64, 8, 2),    (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=2),
 }
 _SM80 = {
@@ -129,7 +148,7 @@ _CDNA2 = {
 _FIXED_ORDER = {
     "sm90": {
         96:  _cfg((128, 64, 8, 3),   (64, 128, 8, 1),  (128, 64, 8, 2), dkdv_passes=2),
-        128: _cfg((128, 64, 8, 3),   (64, 128, 8, 1),  (128, 64, 8, 2), dkdv_passes=2),
+        128: _cfg((128, 64, 8, 3),   (64, 128, 8, 1),  (128, 64, 8, 3), dkdv_passes=2),
         256: _cfg((128, 64, 8, 2),   (32, 64, 8, 2),   (128, 32, 8, 2), dkdv_passes=4,
                   fwd_chunks=2),
     },

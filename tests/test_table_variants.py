@@ -62,3 +62,35 @@ def test_split_accurate_gpu(kernel, split, override_entry):
     override_entry(kernel, 128, torch.bfloat16, **split)
     assert_accurate(p, kernel, causal=True)
     assert_accurate(p, kernel, causal=False)
+
+
+# The dV launch's own tiles (``bwd_dv``): wider query tiles than the dK launch.
+DV_TILES = {False: configs.Tiles(32, 32, 4, 1), True: configs.Tiles(128, 128, 8, 1)}
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_dv_tiles_accurate_cpu(kernel, override_entry):
+    """On the interpreter a 32-row dot is one float32 sum, not two chained 16-row sums, so only
+    the accuracy rule is claimed here."""
+    if HAS_GPU:
+        pytest.skip("interpreter variant; the GPU runs the bitwise test below")
+    p = make_pack([0, 17, 63, 40], [9, 40, 50, 40], 4, 2, 64, torch.float16, seed=92)
+    override_entry(kernel, 64, torch.float16, dkdv_passes=2, bwd_dv=DV_TILES[False])
+    assert_accurate(p, kernel, causal=True)
+    assert_accurate(p, kernel, causal=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_dv_tiles_same_bits_gpu(causal, override_entry):
+    """The matrix unit chains the 16-deep steps of a 128-row query tile into the accumulator in
+    the same order as two 64-row tiles, so the dV launch's own tiles keep every bit of dK, dV
+    (and of dQ, which they do not touch)."""
+    p = make_pack(
+        [300, 1, 0, 513, 1000], [280, 700, 5, 513, 1000], 8, 2, 128, torch.bfloat16, seed=93
+    )
+    override_entry("varlen", 128, torch.bfloat16, dkdv_passes=2, bwd_dv=None)
+    plain = run_kernel(p, "varlen", causal=causal)
+    override_entry("varlen", 128, torch.bfloat16, dkdv_passes=2, bwd_dv=DV_TILES[True])
+    assert_accurate(p, "varlen", causal=causal)
+    assert_bitwise_equal(run_kernel(p, "varlen", causal=causal), plain)

@@ -356,7 +356,6 @@ def attn_bwd(
             BLOCK_M=pre.block_m, HAS_DLSE=dlse is not None, **common, **pre.launch_kwargs(),
         )
     if k.shape[0] > 0:
-        t = cfg.bwd_dkdv
         # dkdv_passes 1: one launch for dK and dV; 2: dV, then dK; 4: as 2, each launch with
         # two programs per key tile (half of the head dim each).
         if cfg.dkdv_passes == 1:
@@ -365,6 +364,7 @@ def attn_bwd(
             chunks = cfg.dkdv_passes // 2
             launches = [(False, True, chunks), (True, False, chunks)]
         for want_dk, want_dv, chunks in launches:
+            t = cfg.dkdv_launch_tiles(want_dk)
             grid = (triton.cdiv(max_seqlen_k, t.block_n) * batch, n_heads_k, chunks)
             attn_bwd_dkdv_kernel[grid](
                 q, k, v, do, lse2, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
