@@ -177,7 +177,10 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     """q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: int32 [B + 1]."""
     check_heads_and_dims(q, k, v, token_dims=1)
     values_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
-    values_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
+    if cu_seqlens_k is cu_seqlens_q and k.shape[0] == q.shape[0]:
+        values_k = values_q  # one tensor for both: its values are checked, no second host sync
+    else:
+        values_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
     _check_same_batch(len(values_q), len(values_k))
     real_q = max((b - a for a, b in zip(values_q, values_q[1:])), default=0)
     real_k = max((b - a for a, b in zip(values_k, values_k[1:])), default=0)
