@@ -20,8 +20,10 @@ from portattn.configs import upcast_dot
 from portattn.kernels.buffers import new_buffer
 from portattn.kernels.primitives import (
     P_SCALE,
+    head_dim_chunk,
     key_range,
     load_lse2,
+    load_row_lse2,
     mask_scores,
     mma,
     mma_rounded,
@@ -73,85 +75,6 @@ def attn_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _dkdv_sum_and_store(
-    b_k, b_v, q, do, lse2, delta, p_dk, p_dv,
-    stride_qt, stride_qh, stride_dot, stride_doh,
-    bos_q, seqlen_q, seqlen_k, diag, i_hk, group, total_q, scale, scale_log2,
-    o_k, m_krow, o_d, m_d, o_dc, m_dc, m_lo, m_full,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_DC: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    SPLIT_P: tl.constexpr,
-    UPCAST: tl.constexpr,
-    WANT_DK: tl.constexpr,
-    WANT_DV: tl.constexpr,
-):
-    """Sum over the query heads of the group (ascending) and, for each, its query tiles from
-    ``m_lo`` on (ascending) into dK and/or dV of one key tile, columns ``o_dc`` (all BLOCK_D
-    columns, or a BLOCK_DC-wide chunk), in transposed form: scores are [BLOCK_N, BLOCK_M], so
-    P^T and dS^T feed the products directly; then store them (rows ``p_dk`` / ``p_dv``).
-
-    One flat loop over (head, query tile), not a loop per head and per masked/unmasked range:
-    each loop copy holds its own pipeline buffers and registers, which made every wgmma tiling
-    spill. Only tiles below ``m_full`` (the causal diagonal) take the mask.
-    """
-    b_dk = tl.zeros([BLOCK_N, BLOCK_DC], tl.float32)
-    b_dv = tl.zeros([BLOCK_N, BLOCK_DC], tl.float32)
-    n_tiles = tl.cdiv(seqlen_q - m_lo, BLOCK_M)
-    for i_it in range(group * n_tiles):
-        i_g = i_it // n_tiles
-        m_start = m_lo + (i_it - i_g * n_tiles) * BLOCK_M
-        i_h = (i_hk * group + i_g).to(tl.int64)
-        o_q = m_start + tl.arange(0, BLOCK_M)  # [BLOCK_M]
-        m_row = o_q < seqlen_q
-        o_rows = bos_q + o_q.to(tl.int64)
-        p_q = q + o_rows[:, None] * stride_qt + i_h * stride_qh
-        p_do = do + o_rows[:, None] * stride_dot + i_h * stride_doh
-        b_q = tl.load(p_q + o_d[None, :], mask=m_row[:, None] & m_d[None, :],
-                      other=0.0)  # [BLOCK_M, BLOCK_D]
-        o_hm = i_h * total_q + o_rows  # [BLOCK_M] head-major lse2 / delta offsets
-        # Rows past the sequence get lse2 = +inf: P = 0 there.
-        b_lse2 = tl.load(lse2 + o_hm, mask=m_row, other=float("inf"))  # [BLOCK_M]
-        b_qkT = mma(b_k, tl.trans(b_q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
-        if CAUSAL:  # noqa: SIM102 - a constexpr branch around a runtime one
-            if m_start < m_full:
-                b_qkT = mask_scores(b_qkT, visible_mask(o_q[None, :], o_k[:, None], seqlen_k,
-                                                        diag, CAUSAL))
-        b_pT = recompute_p(b_qkT, b_lse2[None, :], scale_log2)  # [BLOCK_N, BLOCK_M]
-        if WANT_DK or BLOCK_DC == BLOCK_D:
-            b_do = tl.load(p_do + o_d[None, :], mask=m_row[:, None] & m_d[None, :],
-                           other=0.0)  # [BLOCK_M, BLOCK_D]
-        if WANT_DV:
-            if BLOCK_DC == BLOCK_D:
-                b_doc = b_do
-            else:
-                b_doc = tl.load(p_do + o_dc[None, :], mask=m_row[:, None] & m_dc[None, :],
-                                other=0.0)  # [BLOCK_M, BLOCK_DC]
-            # P <= 1 is scaled by an exact power of two before it is rounded for the product,
-            # so small probabilities keep their bits in float16 (whose exponent range is
-            # narrow); the scale is undone exactly on the float32 dV at the end.
-            b_dv = mma_rounded(b_pT * P_SCALE, b_doc, b_dv, SPLIT_P, UPCAST)
-        if WANT_DK:
-            b_delta = tl.load(delta + o_hm, mask=m_row, other=0.0)
-            b_dpT = mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
-            b_dsT = b_pT * (b_dpT - b_delta[None, :])  # [BLOCK_N, BLOCK_M]
-            if BLOCK_DC == BLOCK_D:
-                b_qc = b_q
-            else:
-                b_qc = tl.load(p_q + o_dc[None, :], mask=m_row[:, None] & m_dc[None, :],
-                               other=0.0)  # [BLOCK_M, BLOCK_DC]
-            b_dk = mma_rounded(b_dsT, b_qc, b_dk, SPLIT_P, UPCAST)
-    m_kc = m_krow[:, None] & m_dc[None, :]
-    if WANT_DK:
-        tl.store(p_dk + o_dc[None, :], (b_dk * scale).to(p_dk.dtype.element_ty), mask=m_kc)
-    if WANT_DV:
-        tl.store(p_dv + o_dc[None, :], (b_dv * (1.0 / P_SCALE)).to(p_dv.dtype.element_ty),
-                 mask=m_kc)
-
-
-@triton.jit
 def attn_bwd_dkdv_kernel(
     q, k, v, do, lse2, delta, dk, dv,
     cu_seqlens_q, cu_seqlens_k,
@@ -198,17 +121,65 @@ def attn_bwd_dkdv_kernel(
     p_dk = dk + o_krows * stride_dkt + i_hk.to(tl.int64) * stride_dkh
     p_dv = dv + o_krows * stride_dvt + i_hk.to(tl.int64) * stride_dvh
     BLOCK_DC: tl.constexpr = BLOCK_D // D_CHUNKS  # columns of this program
-    if D_CHUNKS == 1:
-        o_dc, m_dc = o_d, m_d
-    else:
-        o_dc = tl.program_id(2) * BLOCK_DC + tl.arange(0, BLOCK_DC)
-        m_dc = o_dc < HEAD_DIM
-    _dkdv_sum_and_store(
-        b_k, b_v, q, do, lse2, delta, p_dk, p_dv, stride_qt, stride_qh, stride_dot, stride_doh,
-        bos_q, seqlen_q, seqlen_k, diag, i_hk, group, total_q, scale, scale_log2,
-        o_k, m_krow, o_d, m_d, o_dc, m_dc, m_lo, m_full,
-        BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DC, CAUSAL, SPLIT_P, UPCAST, WANT_DK, WANT_DV,
-    )
+    o_dc, m_dc = head_dim_chunk(o_d, m_d, HEAD_DIM, BLOCK_D, D_CHUNKS)
+
+    # Sum over the query heads of the group (ascending) and, for each, its query tiles from
+    # m_lo on (ascending), in transposed form: scores are [BLOCK_N, BLOCK_M], so P^T and dS^T
+    # feed the products directly. One flat loop over (head, query tile), not a loop per head
+    # and per masked/unmasked range: each loop copy holds its own pipeline buffers and
+    # registers, which made every wgmma tiling spill. Only tiles below m_full (the causal
+    # diagonal) take the mask.
+    b_dk = tl.zeros([BLOCK_N, BLOCK_DC], tl.float32)
+    b_dv = tl.zeros([BLOCK_N, BLOCK_DC], tl.float32)
+    n_tiles = tl.cdiv(seqlen_q - m_lo, BLOCK_M)
+    for i_it in range(group * n_tiles):
+        i_g = i_it // n_tiles
+        m_start = m_lo + (i_it - i_g * n_tiles) * BLOCK_M
+        i_h = (i_hk * group + i_g).to(tl.int64)
+        o_q = m_start + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+        m_row = o_q < seqlen_q
+        o_rows = bos_q + o_q.to(tl.int64)
+        p_q = q + o_rows[:, None] * stride_qt + i_h * stride_qh
+        p_do = do + o_rows[:, None] * stride_dot + i_h * stride_doh
+        b_q = tl.load(p_q + o_d[None, :], mask=m_row[:, None] & m_d[None, :],
+                      other=0.0)  # [BLOCK_M, BLOCK_D]
+        o_hm = i_h * total_q + o_rows  # [BLOCK_M] head-major lse2 / delta offsets
+        b_lse2 = load_row_lse2(lse2 + o_hm, m_row)  # [BLOCK_M]
+        b_qkT = mma(b_k, tl.trans(b_q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
+        if CAUSAL:  # noqa: SIM102 - a constexpr branch around a runtime one
+            if m_start < m_full:
+                b_qkT = mask_scores(b_qkT, visible_mask(o_q[None, :], o_k[:, None], seqlen_k,
+                                                        diag, CAUSAL))
+        b_pT = recompute_p(b_qkT, b_lse2[None, :], scale_log2)  # [BLOCK_N, BLOCK_M]
+        if WANT_DK or BLOCK_DC == BLOCK_D:
+            b_do = tl.load(p_do + o_d[None, :], mask=m_row[:, None] & m_d[None, :],
+                           other=0.0)  # [BLOCK_M, BLOCK_D]
+        if WANT_DV:
+            if BLOCK_DC == BLOCK_D:
+                b_doc = b_do
+            else:
+                b_doc = tl.load(p_do + o_dc[None, :], mask=m_row[:, None] & m_dc[None, :],
+                                other=0.0)  # [BLOCK_M, BLOCK_DC]
+            # P <= 1 is scaled by an exact power of two before it is rounded for the product,
+            # so small probabilities keep their bits in float16 (whose exponent range is
+            # narrow); the scale is undone exactly on the float32 dV at the end.
+            b_dv = mma_rounded(b_pT * P_SCALE, b_doc, b_dv, SPLIT_P, UPCAST)
+        if WANT_DK:
+            b_delta = tl.load(delta + o_hm, mask=m_row, other=0.0)
+            b_dpT = mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
+            b_dsT = b_pT * (b_dpT - b_delta[None, :])  # [BLOCK_N, BLOCK_M]
+            if BLOCK_DC == BLOCK_D:
+                b_qc = b_q
+            else:
+                b_qc = tl.load(p_q + o_dc[None, :], mask=m_row[:, None] & m_dc[None, :],
+                               other=0.0)  # [BLOCK_M, BLOCK_DC]
+            b_dk = mma_rounded(b_dsT, b_qc, b_dk, SPLIT_P, UPCAST)
+    m_kc = m_krow[:, None] & m_dc[None, :]
+    if WANT_DK:
+        tl.store(p_dk + o_dc[None, :], (b_dk * scale).to(p_dk.dtype.element_ty), mask=m_kc)
+    if WANT_DV:
+        tl.store(p_dv + o_dc[None, :], (b_dv * (1.0 / P_SCALE)).to(p_dv.dtype.element_ty),
+                 mask=m_kc)
 
 
 @triton.jit
@@ -279,7 +250,7 @@ def attn_bwd_dq_kernel(
     b_do = tl.load(do + o_rows * stride_dot + i_h.to(tl.int64) * stride_doh + o_d[None, :],
                    mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
     o_hm = i_h.to(tl.int64) * total_q + bos_q + o_q  # [BLOCK_M] head-major offsets
-    b_lse2 = tl.load(lse2 + o_hm, mask=m_row, other=float("inf"))  # [BLOCK_M]
+    b_lse2 = load_row_lse2(lse2 + o_hm, m_row)  # [BLOCK_M]
     b_delta = tl.load(delta + o_hm, mask=m_row, other=0.0)  # [BLOCK_M]
     p_k_base = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
     p_v_base = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh

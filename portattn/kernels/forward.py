@@ -14,6 +14,7 @@ import triton.language as tl
 from portattn.configs import upcast_dot
 from portattn.kernels.buffers import new_buffer
 from portattn.kernels.primitives import (
+    head_dim_chunk,
     key_range,
     mask_scores,
     mma,
@@ -98,15 +99,10 @@ def attn_fwd_kernel(
     m_q = (o_q < seqlen_q)[:, None] & m_d[None, :]
     p_q = q + (bos_q + o_q.to(tl.int64))[:, None] * stride_qt + i_h.to(tl.int64) * stride_qh
     b_q = tl.load(p_q + o_d[None, :], mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
-    # Output columns of this program: all, or one chunk (the unchunked kernel's code is the
-    # same as before chunks existed, so its machine code and bits did not change).
+    # Output columns of this program: all, or one chunk.
     BLOCK_DC: tl.constexpr = BLOCK_D // D_CHUNKS
-    if D_CHUNKS == 1:
-        o_dc, m_dc, m_o = o_d, m_d, m_q
-    else:
-        o_dc = tl.program_id(2) * BLOCK_DC + tl.arange(0, BLOCK_DC)
-        m_dc = o_dc < HEAD_DIM
-        m_o = (o_q < seqlen_q)[:, None] & m_dc[None, :]
+    o_dc, m_dc = head_dim_chunk(o_d, m_d, HEAD_DIM, BLOCK_D, D_CHUNKS)
+    m_o = (o_q < seqlen_q)[:, None] & m_dc[None, :]  # m_q when unchunked
     p_k_base = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
     p_v_base = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
 

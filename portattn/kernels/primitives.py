@@ -133,6 +133,27 @@ def load_lse2(p_lse, m_row):
 
 
 @triton.jit
+def load_row_lse2(p_lse2, m_row):
+    """The preprocess kernel's lse2 (``load_lse2``, stored head-major) of a tile's rows; rows
+    past the sequence get +inf, so their recomputed P is exactly 0."""
+    return tl.load(p_lse2, mask=m_row, other=float("inf"))
+
+
+@triton.jit
+def head_dim_chunk(o_d, m_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   D_CHUNKS: tl.constexpr):
+    """The head-dim columns (offsets, mask) of this program: all of ``o_d`` when ``D_CHUNKS``
+    is 1, else chunk ``program_id(2)`` of ``BLOCK_D // D_CHUNKS`` columns (the forward's
+    ``fwd_chunks``, the dK/dV launches' halves with ``dkdv_passes`` = 4)."""
+    if D_CHUNKS == 1:
+        o_dc, m_dc = o_d, m_d
+    else:
+        o_dc = tl.program_id(2) * (BLOCK_D // D_CHUNKS) + tl.arange(0, BLOCK_D // D_CHUNKS)
+        m_dc = o_dc < HEAD_DIM
+    return o_dc, m_dc
+
+
+@triton.jit
 def seq_bounds(cu_seqlens, i_b):
     """Start (int64, so token offsets times strides never overflow) and length of sequence
     ``i_b`` in a packed tensor."""
