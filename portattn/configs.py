@@ -19,6 +19,7 @@ KERNELS = ("varlen", "fixed_order")
 HEAD_DIMS = (32, 64, 96, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
 INTERPRETER = "interpreter"  # pseudo-family: CPU tensors under TRITON_INTERPRET=1
+TMA_KERNELS = ("fwd", "bwd_dkdv", "bwd_dq")  # kernels that can read through tensor descriptors
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,10 @@ class KernelConfig:
     half of the head dim (scores and softmax computed by both), where the full [BLOCK_M, D]
     accumulator does not fit. ``bwd_dv``: tiles of the dV launch where ``dkdv_passes`` > 1
     (None: those of ``bwd_dkdv``); with one accumulator and two products per tile, the dV
-    launch fits wider query tiles than the dK launch."""
+    launch fits wider query tiles than the dK launch. ``tma`` (Hopper): the kernels among
+    ``TMA_KERNELS`` that read their row tiles through per-sequence tensor descriptors (the copy
+    engine) where the tensors' addresses allow it, else through masked pointer loads; both
+    read the same values, so the bits do not depend on it."""
 
     fwd: Tiles
     bwd_pre: Tiles
@@ -60,6 +64,7 @@ class KernelConfig:
     dkdv_passes: int = 1
     fwd_chunks: int = 1
     bwd_dv: Tiles | None = None
+    tma: tuple[str, ...] = ()
 
     def dkdv_launch_tiles(self, want_dk: bool) -> Tiles:
         """Tiles of a dK/dV launch: the dV-only launch may have its own."""
@@ -69,10 +74,16 @@ class KernelConfig:
 
     def content_hash(self) -> str:
         """SHA-256 (first 16 hex digits) of the canonical JSON of this entry. ``dkdv_passes``,
-        ``fwd_chunks`` and ``bwd_dv`` (added later) enter only when they are not 1 / None, so
-        the hashes of entries without them are the ones recorded before they existed."""
+        ``fwd_chunks``, ``bwd_dv`` and ``tma`` (added later) enter only when they are not their
+        defaults, so the hashes of entries without them are the ones recorded before they
+        existed."""
         fields = asdict(self)
-        for later, default in (("dkdv_passes", 1), ("fwd_chunks", 1), ("bwd_dv", None)):
+        for later, default in (
+            ("dkdv_passes", 1),
+            ("fwd_chunks", 1),
+            ("bwd_dv", None),
+            ("tma", ()),
+        ):
             if fields[later] == default:
                 del fields[later]
         blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
@@ -86,7 +97,7 @@ def _tiles(spec: tuple[int, ...], amd: dict[str, int]) -> Tiles:
     return Tiles(*spec[:4], **knobs)
 
 
-def _cfg(fwd, dkdv, dq, amd=None, dkdv_passes=1, fwd_chunks=1, dv=None) -> KernelConfig:
+def _cfg(fwd, dkdv, dq, amd=None, dkdv_passes=1, fwd_chunks=1, dv=None, tma=()) -> KernelConfig:
     """Compact row: (block_m, block_n, warps, stages) per kernel; ``amd`` = AMD knobs;
     ``dv``: the dV launch's own tiles (with ``dkdv_passes`` > 1)."""
     amd = amd or {}
@@ -99,6 +110,7 @@ def _cfg(fwd, dkdv, dq, amd=None, dkdv_passes=1, fwd_chunks=1, dv=None) -> Kerne
         dkdv_passes,
         fwd_chunks,
         _tiles(dv, amd) if dv else None,
+        tuple(tma),
     )
 
 
@@ -113,14 +125,16 @@ _AMD = dict(waves_per_eu=2, matrix_instr_nonkdim=16, kpack=1)
 _AMD1 = dict(waves_per_eu=1, matrix_instr_nonkdim=16, kpack=1)
 # fmt: off
 # head_dim:        fwd (BM, BN, warps, stages)   dK/dV (BM, BN, w, s)   dQ (BM, BN, w, s)
-# (sm90 d96/d128: the dV launch of the two dK/dV passes has its own tiles, ``dv``)
+# (sm90 d96/d128: the dV launch of the two dK/dV passes has its own tiles, ``dv``; ``tma``:
+# the kernels that read through tensor descriptors, where that measured faster)
+_FWD, _DKDV, _DQ = "fwd", "bwd_dkdv", "bwd_dq"
 _SM90 = {
     32:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2)),
-    64:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 3)),
+    64:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_DKDV, _DQ)),
     96:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 3), dkdv_passes=2,
-              dv=(128, 128, 8, 1)),
-    128: _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 3), dkdv_passes=2,
-              dv=(128, 128, 8, 1)),
+              dv=(128, 128, 8, 1), tma=(_FWD, _DQ)),
+    128: _cfg((128, 128, 8, 3),  (64, 128, 8, 3),  (128, 64, 8, 3), dkdv_passes=2,
+              dv=(128, 128, 8, 2), tma=(_FWD, _DKDV, _DQ)),
     256: _cfg((64, 64, 8, 2),    (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=2),
 }
 _SM80 = {
@@ -148,7 +162,8 @@ _CDNA2 = {
 _FIXED_ORDER = {
     "sm90": {
         96:  _cfg((128, 64, 8, 3),   (64, 128, 8, 1),  (128, 64, 8, 2), dkdv_passes=2),
-        128: _cfg((128, 64, 8, 3),   (64, 128, 8, 1),  (128, 64, 8, 3), dkdv_passes=2),
+        128: _cfg((128, 64, 8, 3),   (64, 128, 8, 1),  (128, 64, 8, 3), dkdv_passes=2,
+                  tma=(_FWD, _DQ)),
         256: _cfg((128, 64, 8, 2),   (32, 64, 8, 2),   (128, 32, 8, 2), dkdv_passes=4,
                   fwd_chunks=2),
     },

@@ -1,5 +1,6 @@
 """The table's work-splitting fields: ``dkdv_passes`` (dK and dV, and halves of the head dim, in
-separate programs) and ``fwd_chunks`` (the forward's output columns in two programs).
+separate programs) and ``fwd_chunks`` (the forward's output columns in two programs); and
+``tma``, which changes how tiles are read, never what is computed.
 
 On the CPU the interpreter's table entry is replaced by one with the field set, the results
 must meet the accuracy rule and equal the unsplit entry's bitwise (the interpreter computes
@@ -18,6 +19,7 @@ import torch
 from helpers import HAS_GPU, KERNELS, assert_accurate, assert_bitwise_equal, make_pack, run_kernel
 
 from portattn import configs
+from portattn.kernels.buffers import descriptor_scratch, tma_compatible
 
 SPLITS = [dict(dkdv_passes=2), dict(dkdv_passes=4), dict(fwd_chunks=2)]
 
@@ -94,3 +96,102 @@ def test_dv_tiles_same_bits_gpu(causal, override_entry):
     override_entry("varlen", 128, torch.bfloat16, dkdv_passes=2, bwd_dv=DV_TILES[True])
     assert_accurate(p, "varlen", causal=causal)
     assert_bitwise_equal(run_kernel(p, "varlen", causal=causal), plain)
+
+
+# ``tma``: tiles read through per-sequence tensor descriptors instead of masked pointer loads.
+TMA_SPLITS = [{}, dict(dkdv_passes=4), dict(fwd_chunks=2)]
+
+
+@pytest.mark.parametrize(
+    "split", TMA_SPLITS, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()) or "plain"
+)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_tma_same_bits_as_pointers_cpu(kernel, split, override_entry):
+    """Descriptors read 0 past the sequence end and the head dim (96 of 128 columns here) where
+    the pointer path masks; lse2/delta of rows past the end read 0 instead of +inf, and those
+    rows' Q and dO are 0, so what they add is exactly 0."""
+    if HAS_GPU:
+        pytest.skip("interpreter run; the GPU runs the test below")
+    p = make_pack([0, 17, 63, 40, 5], [9, 40, 50, 40, 1], 4, 2, 96, torch.float16, seed=94)
+    override_entry(kernel, 96, torch.float16, tma=(), **split)
+    pointers = run_kernel(p, kernel, causal=True)
+    override_entry(kernel, 96, torch.float16, tma=configs.TMA_KERNELS, **split)
+    assert_bitwise_equal(run_kernel(p, kernel, causal=True), pointers)
+
+
+def _misaligned(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` whose data starts 2 bytes past a 16-byte boundary (no descriptor)."""
+    flat = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+    out = flat[1:].view(x.shape)
+    out.copy_(x)
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_tma_same_bits_as_pointers_gpu(kernel, causal, override_entry):
+    """The family's d128 entry with every kernel reading through descriptors, and with none:
+    the same bits."""
+    if _gpu_family() != "sm90":
+        pytest.skip("tensor descriptors are switched on by sm90 entries only")
+    p = make_pack(
+        [300, 1, 0, 513, 1000], [280, 700, 5, 513, 1000], 8, 2, 128, torch.bfloat16, seed=95
+    )
+    override_entry(kernel, 128, torch.bfloat16, tma=())
+    pointers = run_kernel(p, kernel, causal=causal)
+    override_entry(kernel, 128, torch.bfloat16, tma=configs.TMA_KERNELS)
+    assert_accurate(p, kernel, causal=causal)
+    assert_bitwise_equal(run_kernel(p, kernel, causal=causal), pointers)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_tma_fallback_same_bits_gpu(causal, override_entry):
+    """Inputs a descriptor cannot address (data not 16-byte aligned) take the pointer path of
+    the same entry, with the same bits."""
+    if _gpu_family() != "sm90":
+        pytest.skip("tensor descriptors are switched on by sm90 entries only")
+    p = make_pack([300, 0, 513, 77], [280, 5, 513, 77], 8, 2, 128, torch.bfloat16, seed=96)
+    override_entry("varlen", 128, torch.bfloat16, tma=configs.TMA_KERNELS)
+    aligned = run_kernel(p, "varlen", causal=causal)
+    moved = dataclasses.replace(
+        p, q=_misaligned(p.q), k=_misaligned(p.k), v=_misaligned(p.v), do=_misaligned(p.do)
+    )
+    assert moved.q.data_ptr() % 16 != 0
+    assert_bitwise_equal(run_kernel(moved, "varlen", causal=causal), aligned)
+
+
+def test_tma_only_in_hopper_entries():
+    """Tensor descriptors are a Hopper feature: only sm90 entries switch them on, and only for
+    kernels that have a descriptor path."""
+    for (family, *_), cfg in configs.config_table().items():
+        assert set(cfg.tma) <= set(configs.TMA_KERNELS)
+        if family != "sm90":
+            assert cfg.tma == (), family
+
+
+def test_tma_compatible():
+    x = torch.randn(10, 4, 64, dtype=torch.float16)
+    assert tma_compatible(x, x[:, 1:3], x[2:])
+    assert not tma_compatible(_misaligned(x))
+    assert not tma_compatible(torch.randn(10, 4, 66, dtype=torch.float16)[:, :, :64])
+    assert not tma_compatible(torch.randn(10, 3, 4, dtype=torch.float16))  # 8-byte head stride
+
+
+def test_descriptor_scratch_restores_callers_allocator():
+    from triton.runtime import _allocation
+
+    def mine(size, alignment, stream):
+        return torch.empty(size, dtype=torch.int8)
+
+    token = _allocation._allocator.set(mine)
+    try:
+        with descriptor_scratch(torch.device("cpu"), True):
+            buf = _allocation._allocator.get()(256, 128, None)
+            assert _allocation._allocator.get() is not mine and buf.numel() == 256
+        assert _allocation._allocator.get() is mine
+        with descriptor_scratch(torch.device("cpu"), False):
+            assert _allocation._allocator.get() is mine
+    finally:
+        _allocation._allocator.reset(token)

@@ -17,10 +17,12 @@ import triton
 import triton.language as tl
 
 from portattn.configs import upcast_dot
-from portattn.kernels.buffers import new_buffer
+from portattn.kernels.buffers import descriptor_scratch, new_buffer, tma_compatible
 from portattn.kernels.primitives import (
     P_SCALE,
     head_dim_chunk,
+    head_major_start,
+    head_rows_tiles,
     key_range,
     load_lse2,
     load_row_lse2,
@@ -29,6 +31,7 @@ from portattn.kernels.primitives import (
     mma_rounded,
     query_range,
     recompute_p,
+    row_tiles,
     seq_bounds,
     tile_index,
     visible_mask,
@@ -40,14 +43,15 @@ def attn_bwd_preprocess_kernel(
     o, do, lse, dlse, lse2, delta,
     cu_seqlens_q,
     stride_ot, stride_oh, stride_dot, stride_doh, stride_dlse_t, stride_dlse_h,
-    batch, n_heads_q, total_q,
+    batch, n_heads_q, stride_hm,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     HAS_DLSE: tl.constexpr,
+    PADDED: tl.constexpr,
 ):
     """Per (row, head): ``delta`` and the forward's lse in log2 units (``load_lse2``), both
-    written head-major ([Hq, total_q]) so the dK/dV loop reads each query tile's values as one
+    written head-major ([Hq, stride_hm]) so the dK/dV loop reads each query tile's values as one
     contiguous vector (token-major, every thread gathered them 4 bytes at a time)."""
     i_b, i_m = tile_index(batch, False)
     i_h = tl.program_id(1)
@@ -69,7 +73,10 @@ def attn_bwd_preprocess_kernel(
     if HAS_DLSE:
         p_dlse = dlse + o_tok * stride_dlse_t + i_h * stride_dlse_h
         b_delta = b_delta - tl.load(p_dlse, mask=m_row, other=0.0)
-    o_hm = i_h.to(tl.int64) * total_q + o_tok  # head-major offsets
+    if PADDED:
+        o_hm = i_h.to(tl.int64) * stride_hm + head_major_start(bos_q, i_b, PADDED) + o_q
+    else:
+        o_hm = i_h.to(tl.int64) * stride_hm + o_tok  # head-major offsets
     tl.store(delta + o_hm, b_delta, mask=m_row)
     tl.store(lse2 + o_hm, load_lse2(lse + o_tok * n_heads_q + i_h, m_row), mask=m_row)
 
@@ -80,7 +87,7 @@ def attn_bwd_dkdv_kernel(
     cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-    batch, total_q, group, scale, scale_log2,
+    batch, stride_hm, group, scale, scale_log2,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -91,6 +98,7 @@ def attn_bwd_dkdv_kernel(
     WANT_DK: tl.constexpr,
     WANT_DV: tl.constexpr,
     D_CHUNKS: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """One program per (key tile of one sequence, kv head, head-dim chunk). It sums dK and/or
     dV (``WANT_DK`` / ``WANT_DV``) over ``BLOCK_D // D_CHUNKS`` columns (chunk
@@ -113,15 +121,41 @@ def attn_bwd_dkdv_kernel(
     m_d = o_d < HEAD_DIM
     m_krow = o_k < seqlen_k
     o_krows = (bos_k + o_k.to(tl.int64))[:, None]
-    b_k = tl.load(k + o_krows * stride_kt + i_hk.to(tl.int64) * stride_kh + o_d[None, :],
-                  mask=m_krow[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-    b_v = tl.load(v + o_krows * stride_vt + i_hk.to(tl.int64) * stride_vh + o_d[None, :],
-                  mask=m_krow[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+    if TMA:
+        p_k = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
+        p_v = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
+        b_k = row_tiles(p_k, seqlen_k, stride_kt, HEAD_DIM, BLOCK_N, BLOCK_D).load([n_start, 0])
+        b_v = row_tiles(p_v, seqlen_k, stride_vt, HEAD_DIM, BLOCK_N, BLOCK_D).load([n_start, 0])
+        # Q and dO rows of the sequence, any head of the group: [seqlen_q, Hq, HEAD_DIM] (a
+        # tile reads 0 past the sequence end). lse2 and delta of rows past the sequence end
+        # read 0, not +inf: those rows' Q and dO tiles are 0, so what they add is exactly 0.
+        n_heads_q = tl.num_programs(1) * group
+        p_q_seq = q + bos_q * stride_qt
+        p_do_seq = do + bos_q * stride_dot
+        desc_q = head_rows_tiles(p_q_seq, seqlen_q, n_heads_q, stride_qt, stride_qh, HEAD_DIM,
+                                 BLOCK_M, BLOCK_D)
+        desc_do = head_rows_tiles(p_do_seq, seqlen_q, n_heads_q, stride_dot, stride_doh,
+                                  HEAD_DIM, BLOCK_M, BLOCK_D)
+        if D_CHUNKS > 1:  # this program's columns of Q and dO
+            desc_qc = head_rows_tiles(p_q_seq, seqlen_q, n_heads_q, stride_qt, stride_qh,
+                                      HEAD_DIM, BLOCK_M, BLOCK_D // D_CHUNKS)
+            desc_doc = head_rows_tiles(p_do_seq, seqlen_q, n_heads_q, stride_dot, stride_doh,
+                                       HEAD_DIM, BLOCK_M, BLOCK_D // D_CHUNKS)
+        hm_start = head_major_start(bos_q, i_b, True).to(tl.int32)
+        hm_shape = [n_heads_q, hm_start + seqlen_q]
+        desc_lse2 = tl.make_tensor_descriptor(lse2, hm_shape, [stride_hm, 1], [1, BLOCK_M])
+        desc_delta = tl.make_tensor_descriptor(delta, hm_shape, [stride_hm, 1], [1, BLOCK_M])
+    else:
+        b_k = tl.load(k + o_krows * stride_kt + i_hk.to(tl.int64) * stride_kh + o_d[None, :],
+                      mask=m_krow[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        b_v = tl.load(v + o_krows * stride_vt + i_hk.to(tl.int64) * stride_vh + o_d[None, :],
+                      mask=m_krow[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
     m_lo, m_full = query_range(n_start, seqlen_q, diag, BLOCK_M, BLOCK_N, CAUSAL)
     p_dk = dk + o_krows * stride_dkt + i_hk.to(tl.int64) * stride_dkh
     p_dv = dv + o_krows * stride_dvt + i_hk.to(tl.int64) * stride_dvh
     BLOCK_DC: tl.constexpr = BLOCK_D // D_CHUNKS  # columns of this program
     o_dc, m_dc = head_dim_chunk(o_d, m_d, HEAD_DIM, BLOCK_D, D_CHUNKS)
+    c_dc = 0 if D_CHUNKS == 1 else tl.program_id(2) * BLOCK_DC  # first column of the chunk
 
     # Sum over the query heads of the group (ascending) and, for each, its query tiles from
     # m_lo on (ascending), in transposed form: scores are [BLOCK_N, BLOCK_M], so P^T and dS^T
@@ -141,10 +175,15 @@ def attn_bwd_dkdv_kernel(
         o_rows = bos_q + o_q.to(tl.int64)
         p_q = q + o_rows[:, None] * stride_qt + i_h * stride_qh
         p_do = do + o_rows[:, None] * stride_dot + i_h * stride_doh
-        b_q = tl.load(p_q + o_d[None, :], mask=m_row[:, None] & m_d[None, :],
-                      other=0.0)  # [BLOCK_M, BLOCK_D]
-        o_hm = i_h * total_q + o_rows  # [BLOCK_M] head-major lse2 / delta offsets
-        b_lse2 = load_row_lse2(lse2 + o_hm, m_row)  # [BLOCK_M]
+        if TMA:
+            i_h32 = i_h.to(tl.int32)
+            b_q = desc_q.load([m_start, i_h32, 0]).reshape(BLOCK_M, BLOCK_D)
+            b_lse2 = desc_lse2.load([i_h32, hm_start + m_start]).reshape(BLOCK_M)
+        else:
+            b_q = tl.load(p_q + o_d[None, :], mask=m_row[:, None] & m_d[None, :],
+                          other=0.0)  # [BLOCK_M, BLOCK_D]
+            o_hm = i_h * stride_hm + o_rows  # [BLOCK_M] head-major lse2 / delta offsets
+            b_lse2 = load_row_lse2(lse2 + o_hm, m_row)  # [BLOCK_M]
         b_qkT = mma(b_k, tl.trans(b_q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
         if CAUSAL:  # noqa: SIM102 - a constexpr branch around a runtime one
             if m_start < m_full:
@@ -152,11 +191,16 @@ def attn_bwd_dkdv_kernel(
                                                         diag, CAUSAL))
         b_pT = recompute_p(b_qkT, b_lse2[None, :], scale_log2)  # [BLOCK_N, BLOCK_M]
         if WANT_DK or BLOCK_DC == BLOCK_D:
-            b_do = tl.load(p_do + o_d[None, :], mask=m_row[:, None] & m_d[None, :],
-                           other=0.0)  # [BLOCK_M, BLOCK_D]
+            if TMA:
+                b_do = desc_do.load([m_start, i_h32, 0]).reshape(BLOCK_M, BLOCK_D)
+            else:
+                b_do = tl.load(p_do + o_d[None, :], mask=m_row[:, None] & m_d[None, :],
+                               other=0.0)  # [BLOCK_M, BLOCK_D]
         if WANT_DV:
             if BLOCK_DC == BLOCK_D:
                 b_doc = b_do
+            elif TMA:
+                b_doc = desc_doc.load([m_start, i_h32, c_dc]).reshape(BLOCK_M, BLOCK_DC)
             else:
                 b_doc = tl.load(p_do + o_dc[None, :], mask=m_row[:, None] & m_dc[None, :],
                                 other=0.0)  # [BLOCK_M, BLOCK_DC]
@@ -165,11 +209,16 @@ def attn_bwd_dkdv_kernel(
             # narrow); the scale is undone exactly on the float32 dV at the end.
             b_dv = mma_rounded(b_pT * P_SCALE, b_doc, b_dv, SPLIT_P, UPCAST)
         if WANT_DK:
-            b_delta = tl.load(delta + o_hm, mask=m_row, other=0.0)
+            if TMA:
+                b_delta = desc_delta.load([i_h32, hm_start + m_start]).reshape(BLOCK_M)
+            else:
+                b_delta = tl.load(delta + o_hm, mask=m_row, other=0.0)
             b_dpT = mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
             b_dsT = b_pT * (b_dpT - b_delta[None, :])  # [BLOCK_N, BLOCK_M]
             if BLOCK_DC == BLOCK_D:
                 b_qc = b_q
+            elif TMA:
+                b_qc = desc_qc.load([m_start, i_h32, c_dc]).reshape(BLOCK_M, BLOCK_DC)
             else:
                 b_qc = tl.load(p_q + o_dc[None, :], mask=m_row[:, None] & m_dc[None, :],
                                other=0.0)  # [BLOCK_M, BLOCK_DC]
@@ -185,7 +234,7 @@ def attn_bwd_dkdv_kernel(
 @triton.jit
 def _dq_key_tiles(
     b_dq, b_q, b_do, b_lse2, b_delta,
-    p_k_base, p_v_base, stride_kt, stride_vt,
+    src_k, src_v, stride_kt, stride_vt,
     o_q, o_d, m_d, seqlen_k, diag, scale_log2,
     n_lo, n_hi,
     BLOCK_M: tl.constexpr,
@@ -194,15 +243,20 @@ def _dq_key_tiles(
     CAUSAL: tl.constexpr,
     SPLIT_P: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Accumulate key tiles [n_lo, n_hi) (ascending) into dQ."""
     for n_start in range(n_lo, n_hi, BLOCK_N):
         o_k = n_start + tl.arange(0, BLOCK_N)
-        m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
-        b_k = tl.load(p_k_base + o_k.to(tl.int64)[:, None] * stride_kt + o_d[None, :],
-                      mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
-        b_v = tl.load(p_v_base + o_k.to(tl.int64)[:, None] * stride_vt + o_d[None, :],
-                      mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
+        if TMA:
+            b_k = src_k.load([n_start, 0])  # [BLOCK_N, BLOCK_D]
+            b_v = src_v.load([n_start, 0])  # [BLOCK_N, BLOCK_D]
+        else:
+            m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
+            b_k = tl.load(src_k + o_k.to(tl.int64)[:, None] * stride_kt + o_d[None, :],
+                          mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
+            b_v = tl.load(src_v + o_k.to(tl.int64)[:, None] * stride_vt + o_d[None, :],
+                          mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
         b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
         if MASKED:
             b_qk = mask_scores(b_qk, visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag,
@@ -220,7 +274,7 @@ def attn_bwd_dq_kernel(
     cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_dot, stride_doh, stride_dqt, stride_dqh,
-    batch, total_q, group, scale, scale_log2,
+    batch, stride_hm, group, scale, scale_log2,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -228,7 +282,12 @@ def attn_bwd_dq_kernel(
     CAUSAL: tl.constexpr,
     SPLIT_P: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
+    PADDED: tl.constexpr,
 ):
+    """One program per (query tile of one sequence, query head). ``TMA``: K and V tiles are
+    read through per-sequence tensor descriptors (``row_tiles``). ``PADDED``: lse2 and delta
+    are in the preprocess kernel's padded layout (``head_major_start``)."""
     i_b, i_m = tile_index(batch, CAUSAL)
     i_h = tl.program_id(1)
     i_hk = i_h // group
@@ -249,23 +308,30 @@ def attn_bwd_dq_kernel(
                   mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
     b_do = tl.load(do + o_rows * stride_dot + i_h.to(tl.int64) * stride_doh + o_d[None, :],
                    mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
-    o_hm = i_h.to(tl.int64) * total_q + bos_q + o_q  # [BLOCK_M] head-major offsets
+    # [BLOCK_M] head-major offsets
+    o_hm = i_h.to(tl.int64) * stride_hm + head_major_start(bos_q, i_b, PADDED) + o_q
     b_lse2 = load_row_lse2(lse2 + o_hm, m_row)  # [BLOCK_M]
     b_delta = tl.load(delta + o_hm, mask=m_row, other=0.0)  # [BLOCK_M]
     p_k_base = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
     p_v_base = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
+    if TMA:  # K and V tiles through descriptors; else from the base pointers
+        src_k = row_tiles(p_k_base, seqlen_k, stride_kt, HEAD_DIM, BLOCK_N, BLOCK_D)
+        src_v = row_tiles(p_v_base, seqlen_k, stride_vt, HEAD_DIM, BLOCK_N, BLOCK_D)
+    else:
+        src_k = p_k_base
+        src_v = p_v_base
     n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
 
     b_dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     b_dq = _dq_key_tiles(
-        b_dq, b_q, b_do, b_lse2, b_delta, p_k_base, p_v_base, stride_kt, stride_vt,
+        b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, seqlen_k, diag, scale_log2, 0, n_full,
-        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, UPCAST,
+        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, UPCAST, TMA,
     )
     b_dq = _dq_key_tiles(
-        b_dq, b_q, b_do, b_lse2, b_delta, p_k_base, p_v_base, stride_kt, stride_vt,
+        b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_full, n_hi,
-        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, UPCAST,
+        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, UPCAST, TMA,
     )
     b_dq = b_dq * scale
     tl.store(dq + o_rows * stride_dqt + i_h.to(tl.int64) * stride_dqh + o_d[None, :],
@@ -303,9 +369,15 @@ def attn_bwd(
     dv = new_buffer(v.shape, v.dtype, v.device)
     if batch == 0 or (total_q == 0 and k.shape[0] == 0):
         return dq, dk, dv
-    # Written by the preprocess kernel, head-major: [Hq, total_q].
-    lse2 = new_buffer((n_heads_q, total_q), torch.float32, q.device)
-    delta = new_buffer((n_heads_q, total_q), torch.float32, q.device)
+    aligned = bool(cfg.tma) and tma_compatible(q, k, v, do)
+    tma_dkdv = aligned and "bwd_dkdv" in cfg.tma
+    tma_dq = aligned and "bwd_dq" in cfg.tma
+    # Written by the preprocess kernel, head-major: [Hq, stride_hm]. For dK/dV's descriptors
+    # every sequence starts 16-byte aligned (``head_major_start``); the padding is never read.
+    padded = tma_dkdv
+    stride_hm = triton.cdiv(total_q, 4) * 4 + 4 * batch if padded else total_q
+    lse2 = new_buffer((n_heads_q, stride_hm), torch.float32, q.device)
+    delta = new_buffer((n_heads_q, stride_hm), torch.float32, q.device)
     common = dict(
         HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
@@ -323,8 +395,9 @@ def attn_bwd(
             o_for_delta, do, lse, dlse_arg, lse2, delta, cu_seqlens_q,
             o_for_delta.stride(0), o_for_delta.stride(1), do.stride(0), do.stride(1),
             dlse_arg.stride(0), dlse_arg.stride(1),
-            batch, n_heads_q, total_q,
-            BLOCK_M=pre.block_m, HAS_DLSE=dlse is not None, **common, **pre.launch_kwargs(),
+            batch, n_heads_q, stride_hm,
+            BLOCK_M=pre.block_m, HAS_DLSE=dlse is not None, PADDED=padded, **common,
+            **pre.launch_kwargs(),
         )
     if k.shape[0] > 0:
         # dkdv_passes 1: one launch for dK and dV; 2: dV, then dK; 4: as 2, each launch with
@@ -337,21 +410,26 @@ def attn_bwd(
         for want_dk, want_dv, chunks in launches:
             t = cfg.dkdv_launch_tiles(want_dk)
             grid = (triton.cdiv(max_seqlen_k, t.block_n) * batch, n_heads_k, chunks)
-            attn_bwd_dkdv_kernel[grid](
-                q, k, v, do, lse2, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
-                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0),
-                dv.stride(1), batch, total_q, n_heads_q // n_heads_k, softmax_scale, scale_log2,
-                BLOCK_M=t.block_m, BLOCK_N=t.block_n, WANT_DK=want_dk, WANT_DV=want_dv,
-                D_CHUNKS=chunks, **common, **kernel_flags, **t.launch_kwargs(),
-            )
+            with descriptor_scratch(q.device, tma_dkdv):
+                attn_bwd_dkdv_kernel[grid](
+                    q, k, v, do, lse2, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+                    v.stride(1), do.stride(0), do.stride(1), dk.stride(0), dk.stride(1),
+                    dv.stride(0), dv.stride(1), batch, stride_hm, n_heads_q // n_heads_k,
+                    softmax_scale, scale_log2,
+                    BLOCK_M=t.block_m, BLOCK_N=t.block_n, WANT_DK=want_dk, WANT_DV=want_dv,
+                    D_CHUNKS=chunks, TMA=tma_dkdv, **common, **kernel_flags, **t.launch_kwargs(),
+                )
     if total_q > 0:
         t = cfg.bwd_dq
-        attn_bwd_dq_kernel[(triton.cdiv(max_seqlen_q, t.block_m) * batch, n_heads_q)](
-            q, k, v, do, lse2, delta, dq, cu_seqlens_q, cu_seqlens_k,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
-            batch, total_q, n_heads_q // n_heads_k, softmax_scale, scale_log2,
-            BLOCK_M=t.block_m, BLOCK_N=t.block_n, **common, **kernel_flags, **t.launch_kwargs(),
-        )
+        with descriptor_scratch(q.device, tma_dq):
+            attn_bwd_dq_kernel[(triton.cdiv(max_seqlen_q, t.block_m) * batch, n_heads_q)](
+                q, k, v, do, lse2, delta, dq, cu_seqlens_q, cu_seqlens_k,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
+                batch, stride_hm, n_heads_q // n_heads_k, softmax_scale, scale_log2,
+                BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded, **common,
+                **kernel_flags,
+                **t.launch_kwargs(),
+            )
     return dq, dk, dv

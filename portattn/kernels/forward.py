@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from portattn.configs import upcast_dot
-from portattn.kernels.buffers import new_buffer
+from portattn.kernels.buffers import descriptor_scratch, new_buffer, tma_compatible
 from portattn.kernels.primitives import (
     head_dim_chunk,
     key_range,
@@ -20,6 +20,7 @@ from portattn.kernels.primitives import (
     mma,
     mma_rounded,
     online_softmax_step,
+    row_tiles,
     seq_bounds,
     tile_index,
     visible_mask,
@@ -32,8 +33,8 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _fwd_key_tiles(
     b_acc, b_m, b_l, b_q,
-    p_k_base, p_v_base, stride_kt, stride_vt,
-    o_q, o_d, m_d, o_dc, m_dc, seqlen_k, diag, scale_log2,
+    src_k, src_v, stride_kt, stride_vt,
+    o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2,
     n_lo, n_hi,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -41,17 +42,22 @@ def _fwd_key_tiles(
     CAUSAL: tl.constexpr,
     SPLIT_P: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Accumulate key tiles [n_lo, n_hi) (ascending) into (acc, m, l); the scores use all
-    head-dim columns ``o_d``, the accumulator the value columns ``o_dc``."""
+    head-dim columns ``o_d``, the accumulator the value columns ``o_dc`` (from ``c_v``)."""
     for n_start in range(n_lo, n_hi, BLOCK_N):
         o_k = n_start + tl.arange(0, BLOCK_N)
-        m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
-        m_v = (o_k < seqlen_k)[:, None] & m_dc[None, :]  # the same value as m_k when unchunked
-        p_k = p_k_base + o_k.to(tl.int64)[:, None] * stride_kt + o_d[None, :]
-        p_v = p_v_base + o_k.to(tl.int64)[:, None] * stride_vt + o_dc[None, :]
-        b_k = tl.load(p_k, mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
-        b_v = tl.load(p_v, mask=m_v, other=0.0)  # [BLOCK_N, BLOCK_DC]
+        if TMA:
+            b_k = src_k.load([n_start, 0])  # [BLOCK_N, BLOCK_D]
+            b_v = src_v.load([n_start, c_v])  # [BLOCK_N, BLOCK_DC]
+        else:
+            m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
+            m_v = (o_k < seqlen_k)[:, None] & m_dc[None, :]  # = m_k when unchunked
+            p_k = src_k + o_k.to(tl.int64)[:, None] * stride_kt + o_d[None, :]
+            p_v = src_v + o_k.to(tl.int64)[:, None] * stride_vt + o_dc[None, :]
+            b_k = tl.load(p_k, mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
+            b_v = tl.load(p_v, mask=m_v, other=0.0)  # [BLOCK_N, BLOCK_DC]
         b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
         if MASKED:
             m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, CAUSAL)
@@ -78,11 +84,13 @@ def attn_fwd_kernel(
     STORE_O32: tl.constexpr,
     UPCAST: tl.constexpr,
     D_CHUNKS: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """One program per (query tile of one sequence, query head, head-dim chunk). With
     ``D_CHUNKS`` = 2 each program computes the scores and softmax over the whole head dim and
     the output for half of its columns (one [BLOCK_M, D / 2] accumulator), for head dims whose
-    full accumulator does not fit beside the tiles; program 0 of the pair writes lse."""
+    full accumulator does not fit beside the tiles; program 0 of the pair writes lse. ``TMA``:
+    Q, K and V tiles are read through per-sequence tensor descriptors (``row_tiles``)."""
     i_b, i_m = tile_index(batch, CAUSAL)
     i_h = tl.program_id(1)
     i_hk = i_h // group
@@ -96,15 +104,27 @@ def attn_fwd_kernel(
     o_q = m_start + tl.arange(0, BLOCK_M)  # [BLOCK_M] positions in the sequence
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
-    m_q = (o_q < seqlen_q)[:, None] & m_d[None, :]
-    p_q = q + (bos_q + o_q.to(tl.int64))[:, None] * stride_qt + i_h.to(tl.int64) * stride_qh
-    b_q = tl.load(p_q + o_d[None, :], mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
-    # Output columns of this program: all, or one chunk.
+    if TMA:
+        p_q = q + bos_q * stride_qt + i_h.to(tl.int64) * stride_qh
+        src_q = row_tiles(p_q, seqlen_q, stride_qt, HEAD_DIM, BLOCK_M, BLOCK_D)
+        b_q = src_q.load([m_start, 0])  # [BLOCK_M, BLOCK_D]
+    else:
+        m_q = (o_q < seqlen_q)[:, None] & m_d[None, :]
+        p_q = q + (bos_q + o_q.to(tl.int64))[:, None] * stride_qt + i_h.to(tl.int64) * stride_qh
+        b_q = tl.load(p_q + o_d[None, :], mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
+    # Output columns of this program: all, or one chunk (from column c_v).
     BLOCK_DC: tl.constexpr = BLOCK_D // D_CHUNKS
     o_dc, m_dc = head_dim_chunk(o_d, m_d, HEAD_DIM, BLOCK_D, D_CHUNKS)
+    c_v = 0 if D_CHUNKS == 1 else tl.program_id(2) * BLOCK_DC
     m_o = (o_q < seqlen_q)[:, None] & m_dc[None, :]  # m_q when unchunked
     p_k_base = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
     p_v_base = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
+    if TMA:  # K and V tiles through descriptors; else from the base pointers
+        src_k = row_tiles(p_k_base, seqlen_k, stride_kt, HEAD_DIM, BLOCK_N, BLOCK_D)
+        src_v = row_tiles(p_v_base, seqlen_k, stride_vt, HEAD_DIM, BLOCK_N, BLOCK_DC)
+    else:
+        src_k = p_k_base
+        src_v = p_v_base
 
     n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
 
@@ -112,14 +132,14 @@ def attn_fwd_kernel(
     b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     b_l = tl.zeros([BLOCK_M], tl.float32)
     b_acc, b_m, b_l = _fwd_key_tiles(
-        b_acc, b_m, b_l, b_q, p_k_base, p_v_base, stride_kt, stride_vt,
-        o_q, o_d, m_d, o_dc, m_dc, seqlen_k, diag, scale_log2, 0, n_full,
-        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, UPCAST,
+        b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
+        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, 0, n_full,
+        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, UPCAST, TMA,
     )
     b_acc, b_m, b_l = _fwd_key_tiles(
-        b_acc, b_m, b_l, b_q, p_k_base, p_v_base, stride_kt, stride_vt,
-        o_q, o_d, m_d, o_dc, m_dc, seqlen_k, diag, scale_log2, n_full, n_hi,
-        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, UPCAST,
+        b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
+        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi,
+        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, UPCAST, TMA,
     )
 
     # Rows that saw no key: out 0, lse -inf.
@@ -170,21 +190,24 @@ def attn_fwd(
     tiles = cfg.fwd
     grid = (triton.cdiv(max_seqlen_q, tiles.block_m) * batch, n_heads_q, cfg.fwd_chunks)
     o32_arg = out32 if store_o32 else out
-    attn_fwd_kernel[grid](
-        q, k, v, out, lse, o32_arg,
-        cu_seqlens_q, cu_seqlens_k,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), o32_arg.stride(0), o32_arg.stride(1),
-        batch, n_heads_q, n_heads_q // n_heads_k, softmax_scale * LOG2E,
-        HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_M=tiles.block_m,
-        BLOCK_N=tiles.block_n,
-        CAUSAL=causal,
-        SPLIT_P=split_p,
-        STORE_O32=store_o32,
-        UPCAST=upcast_dot(q),
-        D_CHUNKS=cfg.fwd_chunks,
-        **tiles.launch_kwargs(),
-    )
+    tma = "fwd" in cfg.tma and tma_compatible(q, k, v)
+    with descriptor_scratch(q.device, tma):
+        attn_fwd_kernel[grid](
+            q, k, v, out, lse, o32_arg,
+            cu_seqlens_q, cu_seqlens_k,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1), o32_arg.stride(0), o32_arg.stride(1),
+            batch, n_heads_q, n_heads_q // n_heads_k, softmax_scale * LOG2E,
+            HEAD_DIM=head_dim,
+            BLOCK_D=triton.next_power_of_2(head_dim),
+            BLOCK_M=tiles.block_m,
+            BLOCK_N=tiles.block_n,
+            CAUSAL=causal,
+            SPLIT_P=split_p,
+            STORE_O32=store_o32,
+            UPCAST=upcast_dot(q),
+            D_CHUNKS=cfg.fwd_chunks,
+            TMA=tma,
+            **tiles.launch_kwargs(),
+        )
     return out, lse, out32

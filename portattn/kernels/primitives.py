@@ -154,6 +154,37 @@ def head_dim_chunk(o_d, m_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
 
 
 @triton.jit
+def row_tiles(base, seqlen, stride_t, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+              BLOCK_C: tl.constexpr):
+    """A tensor descriptor (TMA) of one sequence's rows of one head (``base``: its first row),
+    of shape [seqlen, HEAD_DIM] and [BLOCK_R, BLOCK_C] tiles: the copy engine reads 0 past the
+    sequence end and the head dim, as the masked pointer loads do."""
+    return tl.make_tensor_descriptor(base, [seqlen, HEAD_DIM], [stride_t, 1], [BLOCK_R, BLOCK_C])
+
+
+@triton.jit
+def head_rows_tiles(base, seqlen, n_heads, stride_t, stride_h, HEAD_DIM: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """As ``row_tiles`` for rows of any head (a loop over a GQA group's heads): shape
+    [seqlen, n_heads, HEAD_DIM], [BLOCK_R, 1, BLOCK_C] tiles; load at [row, head, column]."""
+    return tl.make_tensor_descriptor(base, [seqlen, n_heads, HEAD_DIM], [stride_t, stride_h, 1],
+                                     [BLOCK_R, 1, BLOCK_C])
+
+
+@triton.jit
+def head_major_start(bos, i_b, PADDED: tl.constexpr):
+    """Where sequence ``i_b`` (first token ``bos``) starts in a head-major [Hq, stride_hm]
+    buffer (lse2, delta): at ``bos``, or with ``PADDED`` at ``bos`` rounded up to a multiple of
+    4 plus 4 per earlier sequence, so every sequence starts 16-byte aligned (as the offset of a
+    tensor-descriptor load must be) and none overlaps the next."""
+    if PADDED:
+        start = (bos + 3) // 4 * 4 + 4 * i_b
+    else:
+        start = bos
+    return start
+
+
+@triton.jit
 def seq_bounds(cu_seqlens, i_b):
     """Start (int64, so token offsets times strides never overflow) and length of sequence
     ``i_b`` in a packed tensor."""
