@@ -19,7 +19,7 @@ import torch
 from helpers import HAS_GPU, KERNELS, assert_accurate, assert_bitwise_equal, make_pack, run_kernel
 
 from portattn import configs
-from portattn.kernels.buffers import descriptor_scratch, tma_compatible
+from portattn.kernels.buffers import dense_specialized, descriptor_scratch, rows_aligned
 
 SPLITS = [dict(dkdv_passes=2), dict(dkdv_passes=4), dict(fwd_chunks=2)]
 
@@ -145,21 +145,38 @@ def test_tma_same_bits_as_pointers_gpu(kernel, causal, override_entry):
     assert_bitwise_equal(run_kernel(p, kernel, causal=causal), pointers)
 
 
+def _strided(x: torch.Tensor) -> torch.Tensor:
+    """A view of the values of ``x`` with head and token strides not divisible by 16."""
+    wide = torch.empty(*x.shape[:-1], x.shape[-1] + 8, dtype=x.dtype, device=x.device)
+    out = wide[..., : x.shape[-1]]
+    out.copy_(x)
+    return out
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["misaligned", "strided"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_tma_fallback_same_bits_gpu(causal, override_entry):
-    """Inputs a descriptor cannot address (data not 16-byte aligned) take the pointer path of
-    the same entry, with the same bits."""
-    if _gpu_family() != "sm90":
-        pytest.skip("tensor descriptors are switched on by sm90 entries only")
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_input_layout_same_bits_gpu(kernel, causal, layout):
+    """Inputs whose rows are not 16-byte aligned (no tensor descriptor; other vector widths),
+    or whose strides are not divisible by 16 (another Triton specialization), give the bits of
+    dense inputs. Before the backward copied such a dO densely, fixed_order's delta was summed
+    in another order for a misaligned dO."""
     p = make_pack([300, 0, 513, 77], [280, 5, 513, 77], 8, 2, 128, torch.bfloat16, seed=96)
-    override_entry("varlen", 128, torch.bfloat16, tma=configs.TMA_KERNELS)
-    aligned = run_kernel(p, "varlen", causal=causal)
-    moved = dataclasses.replace(
-        p, q=_misaligned(p.q), k=_misaligned(p.k), v=_misaligned(p.v), do=_misaligned(p.do)
-    )
-    assert moved.q.data_ptr() % 16 != 0
-    assert_bitwise_equal(run_kernel(moved, "varlen", causal=causal), aligned)
+    dense = run_kernel(p, kernel, causal=causal)
+    move = _misaligned if layout == "misaligned" else _strided
+    moved = dataclasses.replace(p, q=move(p.q), k=move(p.k), v=move(p.v), do=move(p.do))
+    assert moved.do.data_ptr() % 16 != 0 or moved.do.stride(1) % 16 != 0
+    assert_bitwise_equal(run_kernel(moved, kernel, causal=causal), dense)
+
+
+def test_dense_specialized():
+    x = torch.randn(10, 4, 64, dtype=torch.float16)
+    assert dense_specialized(x) is x and dense_specialized(x[:, 1:3]) is not None
+    assert dense_specialized(x[:, 1:3]).data_ptr() == x[:, 1:3].data_ptr()
+    for odd in (_misaligned(x), _strided(x)):
+        copy = dense_specialized(odd)
+        assert copy.is_contiguous() and copy.data_ptr() % 16 == 0 and torch.equal(copy, odd)
 
 
 def test_tma_only_in_hopper_entries():
@@ -171,12 +188,12 @@ def test_tma_only_in_hopper_entries():
             assert cfg.tma == (), family
 
 
-def test_tma_compatible():
+def test_rows_aligned():
     x = torch.randn(10, 4, 64, dtype=torch.float16)
-    assert tma_compatible(x, x[:, 1:3], x[2:])
-    assert not tma_compatible(_misaligned(x))
-    assert not tma_compatible(torch.randn(10, 4, 66, dtype=torch.float16)[:, :, :64])
-    assert not tma_compatible(torch.randn(10, 3, 4, dtype=torch.float16))  # 8-byte head stride
+    assert rows_aligned(x, x[:, 1:3], x[2:])
+    assert not rows_aligned(_misaligned(x))
+    assert not rows_aligned(torch.randn(10, 4, 66, dtype=torch.float16)[:, :, :64])
+    assert not rows_aligned(torch.randn(10, 3, 4, dtype=torch.float16))  # 8-byte head stride
 
 
 def test_descriptor_scratch_restores_callers_allocator():

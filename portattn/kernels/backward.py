@@ -17,7 +17,12 @@ import triton
 import triton.language as tl
 
 from portattn.configs import upcast_dot
-from portattn.kernels.buffers import descriptor_scratch, new_buffer, tma_compatible
+from portattn.kernels.buffers import (
+    dense_specialized,
+    descriptor_scratch,
+    new_buffer,
+    rows_aligned,
+)
 from portattn.kernels.primitives import (
     P_SCALE,
     head_dim_chunk,
@@ -369,7 +374,13 @@ def attn_bwd(
     dv = new_buffer(v.shape, v.dtype, v.device)
     if batch == 0 or (total_q == 0 and k.shape[0] == 0):
         return dq, dk, dv
-    aligned = bool(cfg.tma) and tma_compatible(q, k, v, do)
+    # The preprocess kernel sums delta = rowsum(O * dO) in the register layout that the
+    # compiler derives from the loads' vector width, that is from how it specialized the O and
+    # dO arguments: a misaligned dO (or one with strides not divisible by 16) was summed in
+    # another order, with other bits (fixed_order on the H200; its O is float32). Such tensors
+    # are copied densely first, so the bits never depend on the inputs' memory layout.
+    do, o_for_delta = dense_specialized(do), dense_specialized(o_for_delta)
+    aligned = bool(cfg.tma) and rows_aligned(q, k, v, do)
     tma_dkdv = aligned and "bwd_dkdv" in cfg.tma
     tma_dq = aligned and "bwd_dq" in cfg.tma
     # Written by the preprocess kernel, head-major: [Hq, stride_hm]. For dK/dV's descriptors

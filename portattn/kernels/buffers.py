@@ -21,10 +21,10 @@ def new_buffer(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.empty(tuple(shape), dtype=dtype, device=device)
 
 
-def tma_compatible(*tensors: torch.Tensor) -> bool:
-    """Whether the copy engine (TMA) can read [T, H, D] rows of these tensors: base address
-    and token and head strides multiples of 16 bytes, head dim contiguous. Otherwise the
-    launchers take the pointer path, which reads the same values (same bits)."""
+def rows_aligned(*tensors: torch.Tensor) -> bool:
+    """Whether every [T, H, D] row of these tensors starts on a 16-byte boundary (base address,
+    token and head strides) with the head dim contiguous: what a tensor descriptor (TMA) needs,
+    and what the compiler's choice of vector width, hence of register layout, depends on."""
     for x in tensors:
         size = x.element_size()
         if x.stride(-1) != 1 or x.data_ptr() % 16:
@@ -32,6 +32,16 @@ def tma_compatible(*tensors: torch.Tensor) -> bool:
         if any((x.stride(i) * size) % 16 for i in range(x.dim() - 1)):
             return False
     return True
+
+
+def dense_specialized(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when Triton specializes a kernel argument on it as on a dense tensor (it
+    specializes a pointer on 16-byte alignment and an integer, here a stride, on divisibility
+    by 16; dense [T, H, D] strides H*D and D are multiples of 16 for every supported D), else
+    a dense copy."""
+    if x.data_ptr() % 16 == 0 and all(x.stride(i) % 16 == 0 for i in range(x.dim() - 1)):
+        return x
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from portattn.configs import upcast_dot
-from portattn.kernels.buffers import descriptor_scratch, new_buffer, tma_compatible
+from portattn.kernels.buffers import descriptor_scratch, new_buffer, rows_aligned
 from portattn.kernels.primitives import (
     head_dim_chunk,
     key_range,
@@ -190,7 +190,7 @@ def attn_fwd(
     tiles = cfg.fwd
     grid = (triton.cdiv(max_seqlen_q, tiles.block_m) * batch, n_heads_q, cfg.fwd_chunks)
     o32_arg = out32 if store_o32 else out
-    tma = "fwd" in cfg.tma and tma_compatible(q, k, v)
+    tma = "fwd" in cfg.tma and rows_aligned(q, k, v)
     with descriptor_scratch(q.device, tma):
         attn_fwd_kernel[grid](
             q, k, v, out, lse, o32_arg,
