@@ -29,6 +29,8 @@ from portattn.kernels.primitives import (
     head_major_start,
     head_rows_tiles,
     key_range,
+    key_value_tiles,
+    load_key_tile,
     load_lse2,
     load_row_lse2,
     mask_scores,
@@ -253,15 +255,10 @@ def _dq_key_tiles(
     """Accumulate key tiles [n_lo, n_hi) (ascending) into dQ."""
     for n_start in range(n_lo, n_hi, BLOCK_N):
         o_k = n_start + tl.arange(0, BLOCK_N)
-        if TMA:
-            b_k = src_k.load([n_start, 0])  # [BLOCK_N, BLOCK_D]
-            b_v = src_v.load([n_start, 0])  # [BLOCK_N, BLOCK_D]
-        else:
-            m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
-            b_k = tl.load(src_k + o_k.to(tl.int64)[:, None] * stride_kt + o_d[None, :],
-                          mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
-            b_v = tl.load(src_v + o_k.to(tl.int64)[:, None] * stride_vt + o_d[None, :],
-                          mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
+        b_k = load_key_tile(src_k, n_start, 0, o_k, seqlen_k, stride_kt, o_d, m_d,
+                            TMA)  # [BLOCK_N, BLOCK_D]
+        b_v = load_key_tile(src_v, n_start, 0, o_k, seqlen_k, stride_vt, o_d, m_d,
+                            TMA)  # [BLOCK_N, BLOCK_D]
         b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
         if MASKED:
             b_qk = mask_scores(b_qk, visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag,
@@ -317,14 +314,8 @@ def attn_bwd_dq_kernel(
     o_hm = i_h.to(tl.int64) * stride_hm + head_major_start(bos_q, i_b, PADDED) + o_q
     b_lse2 = load_row_lse2(lse2 + o_hm, m_row)  # [BLOCK_M]
     b_delta = tl.load(delta + o_hm, mask=m_row, other=0.0)  # [BLOCK_M]
-    p_k_base = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
-    p_v_base = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
-    if TMA:  # K and V tiles through descriptors; else from the base pointers
-        src_k = row_tiles(p_k_base, seqlen_k, stride_kt, HEAD_DIM, BLOCK_N, BLOCK_D)
-        src_v = row_tiles(p_v_base, seqlen_k, stride_vt, HEAD_DIM, BLOCK_N, BLOCK_D)
-    else:
-        src_k = p_k_base
-        src_v = p_v_base
+    src_k, src_v = key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt,
+                                   stride_vh, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_D, TMA)
     n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
 
     b_dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)

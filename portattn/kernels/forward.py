@@ -16,6 +16,7 @@ from portattn.kernels.buffers import descriptor_scratch, new_buffer, rows_aligne
 from portattn.kernels.primitives import (
     head_dim_chunk,
     key_range,
+    key_value_tiles,
     mask_scores,
     mma,
     mma_rounded,
@@ -51,7 +52,7 @@ def _fwd_key_tiles(
         if TMA:
             b_k = src_k.load([n_start, 0])  # [BLOCK_N, BLOCK_D]
             b_v = src_v.load([n_start, c_v])  # [BLOCK_N, BLOCK_DC]
-        else:
+        else:  # both masks and addresses before both loads: keeps the pointer path's code
             m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
             m_v = (o_k < seqlen_k)[:, None] & m_dc[None, :]  # = m_k when unchunked
             p_k = src_k + o_k.to(tl.int64)[:, None] * stride_kt + o_d[None, :]
@@ -117,14 +118,8 @@ def attn_fwd_kernel(
     o_dc, m_dc = head_dim_chunk(o_d, m_d, HEAD_DIM, BLOCK_D, D_CHUNKS)
     c_v = 0 if D_CHUNKS == 1 else tl.program_id(2) * BLOCK_DC
     m_o = (o_q < seqlen_q)[:, None] & m_dc[None, :]  # m_q when unchunked
-    p_k_base = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
-    p_v_base = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
-    if TMA:  # K and V tiles through descriptors; else from the base pointers
-        src_k = row_tiles(p_k_base, seqlen_k, stride_kt, HEAD_DIM, BLOCK_N, BLOCK_D)
-        src_v = row_tiles(p_v_base, seqlen_k, stride_vt, HEAD_DIM, BLOCK_N, BLOCK_DC)
-    else:
-        src_k = p_k_base
-        src_v = p_v_base
+    src_k, src_v = key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt,
+                                   stride_vh, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_DC, TMA)
 
     n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
 

@@ -163,6 +163,37 @@ def row_tiles(base, seqlen, stride_t, HEAD_DIM: tl.constexpr, BLOCK_R: tl.conste
 
 
 @triton.jit
+def key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt, stride_vh,
+                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_DV: tl.constexpr, TMA: tl.constexpr):
+    """Where ``load_key_tile`` reads K tiles ([BLOCK_N, BLOCK_D]) and V tiles ([BLOCK_N,
+    BLOCK_DV]) of sequence ``bos_k`` and kv head ``i_hk``: descriptors (``TMA``) or the base
+    pointers of its first row."""
+    p_k_base = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
+    p_v_base = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
+    if TMA:
+        src_k = row_tiles(p_k_base, seqlen_k, stride_kt, HEAD_DIM, BLOCK_N, BLOCK_D)
+        src_v = row_tiles(p_v_base, seqlen_k, stride_vt, HEAD_DIM, BLOCK_N, BLOCK_DV)
+    else:
+        src_k = p_k_base
+        src_v = p_v_base
+    return src_k, src_v
+
+
+@triton.jit
+def load_key_tile(src, n_start, c_start, o_k, seqlen_k, stride_t, o_c, m_c, TMA: tl.constexpr):
+    """Key rows ``o_k`` (``n_start`` onwards) and columns ``o_c`` (``c_start`` onwards, mask
+    ``m_c``) from ``key_value_tiles``; entries past the sequence or the head dim are 0."""
+    if TMA:
+        b_x = src.load([n_start, c_start])
+    else:
+        m_x = (o_k < seqlen_k)[:, None] & m_c[None, :]
+        b_x = tl.load(src + o_k.to(tl.int64)[:, None] * stride_t + o_c[None, :], mask=m_x,
+                      other=0.0)
+    return b_x
+
+
+@triton.jit
 def head_rows_tiles(base, seqlen, n_heads, stride_t, stride_h, HEAD_DIM: tl.constexpr,
                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """As ``row_tiles`` for rows of any head (a loop over a GQA group's heads): shape
