@@ -26,21 +26,18 @@ from portattn import check, configs
 from portattn.bench import skewed_lengths
 from portattn.configs import Tiles
 
-# (kernel, head_dim, overrides): overrides are KernelConfig fields; tiles as tuples.
+# (kernel, head_dim, overrides): overrides are KernelConfig fields; tiles as tuples, ``tma`` as
+# a tuple of kernel names. The next step of docs/perf-notes.md (row 30), against the table.
+ALL_TMA = configs.TMA_KERNELS
 VARIANTS = [
-    ("varlen", 128, {}),
-    ("varlen", 128, dict(bwd_dv=(128, 128, 8, 1), bwd_dq=(128, 64, 8, 3))),
-    ("varlen", 96, {}),
-    ("varlen", 96, dict(bwd_dv=(128, 128, 8, 1), bwd_dq=(128, 64, 8, 3))),
-    ("varlen", 64, {}),
-    ("varlen", 64, dict(bwd_dq=(128, 64, 8, 3))),
-    ("varlen", 64, dict(bwd_dq=(128, 128, 8, 2))),
-    ("varlen", 64, dict(bwd_dkdv=(64, 128, 8, 3))),
     ("fixed_order", 128, {}),
-    ("fixed_order", 128, dict(bwd_dq=(128, 64, 8, 3))),
-    ("varlen", 128, dict(bwd_dv=(128, 128, 8, 1), bwd_dq=(128, 64, 8, 3))),
+    ("fixed_order", 128, dict(tma=ALL_TMA, bwd_dkdv=(64, 128, 8, 3))),
+    ("varlen", 96, {}),
+    ("varlen", 96, dict(tma=ALL_TMA, bwd_dkdv=(64, 128, 8, 3), bwd_dv=(128, 128, 8, 2))),
+    ("varlen", 32, {}),
+    ("varlen", 32, dict(tma=("bwd_dkdv",))),
+    ("varlen", 128, {}),
 ]
-
 
 TABLE = dict(configs.config_table())  # the committed table, before any override
 
@@ -48,7 +45,9 @@ TABLE = dict(configs.config_table())  # the committed table, before any override
 def variant_config(kernel: str, head_dim: int, overrides: dict) -> configs.KernelConfig:
     """The committed sm90 bf16 entry with ``overrides`` (each variant starts from the table)."""
     base = TABLE[("sm90", kernel, head_dim, torch.bfloat16)]
-    fields = {k: Tiles(*v) if isinstance(v, tuple) else v for k, v in overrides.items()}
+    fields = {
+        k: Tiles(*v) if isinstance(v, tuple) and k != "tma" else v for k, v in overrides.items()
+    }
     return dataclasses.replace(base, **fields)
 
 
