@@ -170,6 +170,24 @@ def test_input_layout_same_bits_gpu(kernel, causal, layout):
     assert_bitwise_equal(run_kernel(moved, kernel, causal=causal), dense)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_broadcast_output_gradient_same_bits(kernel, override_entry):
+    """An output gradient that broadcasts over tokens and heads (``(out * w).sum()`` gives
+    ``w.expand(T, H, D)``, strides (0, 0, 1)) gives the bits of its dense copy; with every
+    kernel's descriptors switched on, such a tensor takes the pointer path (``rows_aligned``)."""
+    head_dim = 64 if not HAS_GPU else 128
+    dtype = torch.float16 if not HAS_GPU else torch.bfloat16
+    p = make_pack([0, 17, 63, 40], [9, 40, 50, 40], 4, 2, head_dim, dtype, seed=97)
+    if not HAS_GPU or _gpu_family() == "sm90":  # descriptors exist on Hopper only
+        override_entry(kernel, head_dim, dtype, tma=configs.TMA_KERNELS)
+    row = torch.randn(head_dim, generator=torch.Generator().manual_seed(98)).to(dtype)
+    broadcast = row.to(p.do.device).expand(p.do.shape)
+    assert broadcast.stride()[:2] == (0, 0)
+    dense = run_kernel(dataclasses.replace(p, do=broadcast.contiguous()), kernel, causal=True)
+    got = run_kernel(dataclasses.replace(p, do=broadcast), kernel, causal=True)
+    assert_bitwise_equal(got, dense)
+
+
 def test_dense_specialized():
     x = torch.randn(10, 4, 64, dtype=torch.float16)
     assert dense_specialized(x) is x and dense_specialized(x[:, 1:3]) is not None
@@ -194,6 +212,7 @@ def test_rows_aligned():
     assert not rows_aligned(_misaligned(x))
     assert not rows_aligned(torch.randn(10, 4, 66, dtype=torch.float16)[:, :, :64])
     assert not rows_aligned(torch.randn(10, 3, 4, dtype=torch.float16))  # 8-byte head stride
+    assert not rows_aligned(torch.randn(64, dtype=torch.float16).expand(10, 4, 64))  # stride 0
 
 
 def test_descriptor_scratch_restores_callers_allocator():

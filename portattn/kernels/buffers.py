@@ -23,13 +23,14 @@ def new_buffer(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 def rows_aligned(*tensors: torch.Tensor) -> bool:
     """Whether every [T, H, D] row of these tensors starts on a 16-byte boundary (base address,
-    token and head strides) with the head dim contiguous: what a tensor descriptor (TMA) needs,
-    and what the compiler's choice of vector width, hence of register layout, depends on."""
+    token and head strides) with the head dim contiguous: what a tensor descriptor (TMA) needs.
+    Broadcast dimensions (stride 0, e.g. an expanded output gradient) are left to the pointer
+    path too: a descriptor's strides describe distinct rows."""
     for x in tensors:
         size = x.element_size()
         if x.stride(-1) != 1 or x.data_ptr() % 16:
             return False
-        if any((x.stride(i) * size) % 16 for i in range(x.dim() - 1)):
+        if any(x.stride(i) <= 0 or (x.stride(i) * size) % 16 for i in range(x.dim() - 1)):
             return False
     return True
 
