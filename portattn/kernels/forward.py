@@ -115,8 +115,7 @@ def attn_fwd_kernel(
         b_q = tl.load(p_q + o_d[None, :], mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
     # Output columns of this program: all, or one chunk (from column c_v).
     BLOCK_DC: tl.constexpr = BLOCK_D // D_CHUNKS
-    o_dc, m_dc = head_dim_chunk(o_d, m_d, HEAD_DIM, BLOCK_D, D_CHUNKS)
-    c_v = 0 if D_CHUNKS == 1 else tl.program_id(2) * BLOCK_DC
+    o_dc, m_dc, c_v = head_dim_chunk(o_d, m_d, HEAD_DIM, BLOCK_D, D_CHUNKS)
     m_o = (o_q < seqlen_q)[:, None] & m_dc[None, :]  # m_q when unchunked
     src_k, src_v = key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt,
                                    stride_vh, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_DC, TMA)

@@ -142,15 +142,16 @@ def load_row_lse2(p_lse2, m_row):
 @triton.jit
 def head_dim_chunk(o_d, m_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    D_CHUNKS: tl.constexpr):
-    """The head-dim columns (offsets, mask) of this program: all of ``o_d`` when ``D_CHUNKS``
-    is 1, else chunk ``program_id(2)`` of ``BLOCK_D // D_CHUNKS`` columns (the forward's
-    ``fwd_chunks``, the dK/dV launches' halves with ``dkdv_passes`` = 4)."""
+    """The head-dim columns (offsets, mask, first column) of this program: all of ``o_d`` when
+    ``D_CHUNKS`` is 1, else chunk ``program_id(2)`` of ``BLOCK_D // D_CHUNKS`` columns (the
+    forward's ``fwd_chunks``, the dK/dV launches' halves with ``dkdv_passes`` = 4)."""
     if D_CHUNKS == 1:
-        o_dc, m_dc = o_d, m_d
+        o_dc, m_dc, c_start = o_d, m_d, 0
     else:
-        o_dc = tl.program_id(2) * (BLOCK_D // D_CHUNKS) + tl.arange(0, BLOCK_D // D_CHUNKS)
+        c_start = tl.program_id(2) * (BLOCK_D // D_CHUNKS)
+        o_dc = c_start + tl.arange(0, BLOCK_D // D_CHUNKS)
         m_dc = o_dc < HEAD_DIM
-    return o_dc, m_dc
+    return o_dc, m_dc, c_start
 
 
 @triton.jit
@@ -200,6 +201,19 @@ def head_rows_tiles(base, seqlen, n_heads, stride_t, stride_h, HEAD_DIM: tl.cons
     [seqlen, n_heads, HEAD_DIM], [BLOCK_R, 1, BLOCK_C] tiles; load at [row, head, column]."""
     return tl.make_tensor_descriptor(base, [seqlen, n_heads, HEAD_DIM], [stride_t, stride_h, 1],
                                      [BLOCK_R, 1, BLOCK_C])
+
+
+@triton.jit
+def load_head_rows(desc, p_rows, m_start, i_h32, c_start, o_c, m_row, m_c,
+                   BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, TMA: tl.constexpr):
+    """Rows ``m_start`` onwards of head ``i_h32`` and columns ``o_c`` (from ``c_start``; mask
+    ``m_c``): from ``head_rows_tiles`` (``TMA``) or from the rows' pointers ``p_rows``
+    ([BLOCK_R, 1], row mask ``m_row``); 0 past the sequence and the head dim."""
+    if TMA:
+        b_x = desc.load([m_start, i_h32, c_start]).reshape(BLOCK_R, BLOCK_C)
+    else:
+        b_x = tl.load(p_rows + o_c[None, :], mask=m_row[:, None] & m_c[None, :], other=0.0)
+    return b_x
 
 
 @triton.jit
