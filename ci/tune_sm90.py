@@ -7,7 +7,7 @@ alone (``autograd.grad`` on a kept graph), medians of ``triton.testing.do_bench`
 ``portattn/configs.py`` is edited by hand afterwards; nothing here picks a configuration at run
 time.
 
-Usage (GPU): python ci/tune_sm90.py [--json PATH] [--table-only]
+Usage (GPU): python ci/tune_sm90.py [--json PATH] [--table-only] [--forward-only]
 """
 
 from __future__ import annotations
@@ -27,16 +27,24 @@ from portattn.bench import skewed_lengths
 from portattn.configs import Tiles
 
 # (kernel, head_dim, overrides): overrides are KernelConfig fields; tiles as tuples, ``tma`` as
-# a tuple of kernel names. The next step of docs/perf-notes.md (row 30), against the table.
+# a tuple of kernel names. docs/perf-notes.md rows 34-35, against the table: forward and
+# backward timed (VARIANTS), or the forward alone (FORWARD_VARIANTS, ``--forward-only``).
 ALL_TMA = configs.TMA_KERNELS
 VARIANTS = [
     ("fixed_order", 128, {}),
-    ("fixed_order", 128, dict(tma=ALL_TMA, bwd_dkdv=(64, 128, 8, 3))),
-    ("varlen", 96, {}),
-    ("varlen", 96, dict(tma=ALL_TMA, bwd_dkdv=(64, 128, 8, 3), bwd_dv=(128, 128, 8, 2))),
-    ("varlen", 32, {}),
-    ("varlen", 32, dict(tma=("bwd_dkdv",))),
-    ("varlen", 128, {}),
+    ("fixed_order", 128, dict(fwd=(64, 64, 4, 3), tma=ALL_TMA, bwd_dkdv=(64, 128, 8, 3))),
+    ("fixed_order", 96, {}),
+    ("fixed_order", 96, dict(fwd=(64, 64, 4, 3), tma=ALL_TMA, bwd_dkdv=(64, 128, 8, 3))),
+]
+# One-warp-group forward tiles: two CTAs per SM (shared memory and registers allow it).
+FORWARD_VARIANTS = [
+    ("fixed_order", 64, {}),
+    ("fixed_order", 64, dict(fwd=(64, 64, 4, 3), tma=ALL_TMA)),
+    ("fixed_order", 64, dict(fwd=(64, 128, 4, 2), tma=ALL_TMA)),
+    ("varlen", 64, {}),
+    ("varlen", 64, dict(fwd=(64, 64, 4, 3), tma=ALL_TMA)),
+    ("fixed_order", 96, {}),
+    ("fixed_order", 96, dict(fwd=(64, 64, 4, 3), tma=("fwd",))),
 ]
 
 TABLE = dict(configs.config_table())  # the committed table, before any override
@@ -67,7 +75,7 @@ def correct(kernel: str, head_dim: int) -> list[str]:
     return problems
 
 
-def timings(kernel: str, head_dim: int, causal: bool) -> tuple[float, float]:
+def timings(kernel: str, head_dim: int, causal: bool, forward_only: bool = False):
     lengths = skewed_lengths(32768)
     total, heads = sum(lengths), 16
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -82,6 +90,8 @@ def timings(kernel: str, head_dim: int, causal: bool) -> tuple[float, float]:
         return portattn.varlen_attention(q, k, v, cu, cu, top, top, causal=causal, kernel=kernel)
 
     fwd_ms = triton.testing.do_bench(fwd, warmup=25, rep=150, return_mode="median")
+    if forward_only:
+        return fwd_ms, float("nan"), profile_kernels(fwd)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     out = fwd(*leaves)
     dout = torch.randn_like(out)
@@ -123,9 +133,10 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=None)
     parser.add_argument("--table-only", action="store_true", help="only the table's entries")
+    parser.add_argument("--forward-only", action="store_true", help="time the forward alone")
     args = parser.parse_args()
     rows = []
-    for kernel, head_dim, overrides in VARIANTS:
+    for kernel, head_dim, overrides in FORWARD_VARIANTS if args.forward_only else VARIANTS:
         if args.table_only and overrides:
             continue
         cfg = variant_config(kernel, head_dim, overrides)
@@ -135,7 +146,7 @@ def main() -> int:
         try:
             row["problems"] = correct(kernel, head_dim)
             for causal in (False, True):
-                f_ms, b_ms, kernel_ms = timings(kernel, head_dim, causal)
+                f_ms, b_ms, kernel_ms = timings(kernel, head_dim, causal, args.forward_only)
                 tag = "causal" if causal else "full"
                 fl = flops(head_dim, causal)
                 row |= {

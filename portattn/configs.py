@@ -129,10 +129,10 @@ _AMD1 = dict(waves_per_eu=1, matrix_instr_nonkdim=16, kpack=1)
 # the kernels that read through tensor descriptors, where that measured faster)
 _FWD, _DKDV, _DQ = "fwd", "bwd_dkdv", "bwd_dq"
 _SM90 = {
-    32:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2)),
-    64:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_DKDV, _DQ)),
-    96:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 3), dkdv_passes=2,
-              dv=(128, 128, 8, 1), tma=(_FWD, _DQ)),
+    32:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2), tma=(_DKDV,)),
+    64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
+    96:  _cfg((128, 128, 8, 3),  (64, 128, 8, 3),  (128, 64, 8, 3), dkdv_passes=2,
+              dv=(128, 128, 8, 2), tma=(_FWD, _DKDV, _DQ)),
     128: _cfg((128, 128, 8, 3),  (64, 128, 8, 3),  (128, 64, 8, 3), dkdv_passes=2,
               dv=(128, 128, 8, 2), tma=(_FWD, _DKDV, _DQ)),
     256: _cfg((64, 64, 8, 2),    (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=2),
@@ -158,12 +158,16 @@ _CDNA2 = {
     128: _cfg((64, 64, 4, 1),    (32, 64, 4, 1),   (64, 32, 4, 1), _AMD),
     256: _cfg((64, 32, 4, 1),    (32, 32, 4, 1),   (32, 32, 4, 1), _AMD1),
 }
-# fixed_order rows that differ from the family's row (a fifth number is waves_per_eu).
+# fixed_order rows that differ from the family's row (a fifth number is waves_per_eu). sm90
+# d64-d128 forwards (and varlen d64's): one warp group per CTA at (64, 64), so two CTAs share
+# an SM and one's softmax runs under the other's products (perf-notes rows 34-35).
 _FIXED_ORDER = {
     "sm90": {
-        96:  _cfg((128, 64, 8, 3),   (64, 128, 8, 1),  (128, 64, 8, 2), dkdv_passes=2),
-        128: _cfg((128, 64, 8, 3),   (64, 128, 8, 1),  (128, 64, 8, 3), dkdv_passes=2,
-                  tma=(_FWD, _DQ)),
+        64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
+        96:  _cfg((64, 64, 4, 3),    (64, 128, 8, 3),  (128, 64, 8, 2), dkdv_passes=2,
+                  tma=(_FWD, _DKDV)),
+        128: _cfg((64, 64, 4, 3),    (64, 128, 8, 3),  (128, 64, 8, 3), dkdv_passes=2,
+                  tma=(_FWD, _DKDV, _DQ)),
         256: _cfg((128, 64, 8, 2),   (32, 64, 8, 2),   (128, 32, 8, 2), dkdv_passes=4,
                   fwd_chunks=2),
     },
