@@ -4,8 +4,10 @@ Layering: kernels (``portattn.kernels``) -> launchers (``attn_fwd`` / ``attn_bwd
 ops ``torch.ops.portattn.varlen_fwd`` / ``varlen_bwd`` with their autograd formula
 (:mod:`portattn.ops`) -> ``varlen_attention`` / ``attention`` (checked public API).
 
-Validation runs here, before the op, never inside it. In eager mode every check runs, including
-the ones that read ``cu_seqlens`` on the host. While ``torch.compile`` traces
+Validation runs here, before the op. In eager mode every check runs, including the ones that
+read ``cu_seqlens`` on the host; when both ``max_seqlen`` are given those run inside the forward
+op (``check_values=True``), right before its launch, so the GPU does not idle through the op's
+dispatch after their host copy. While ``torch.compile`` traces
 (``torch.compiler.is_compiling()``), the host-value checks are skipped (they would break the
 graph) and ``max_seqlen_q`` / ``max_seqlen_k`` must be given; all shape, dtype, device and
 stride checks still run.
@@ -20,6 +22,7 @@ from portattn.validation import (
     check_common,
     check_heads_and_dims,
     check_varlen,
+    check_varlen_meta,
     check_varlen_traced,
 )
 
@@ -29,9 +32,20 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
 
 
 def _run_fwd(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, kernel
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    scale,
+    kernel,
+    check_values: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The checked arguments into the forward op; returns (out, lse), both differentiable."""
+    """The checked arguments into the forward op; returns (out, lse), both differentiable.
+    ``check_values``: the op runs the value checks of ``cu_seqlens`` right before its launch."""
     # fixed_order's backward reads a float32 copy of out: store it only when a backward can run.
     store_o32 = kernel == "fixed_order" and _needs_grad(q, k, v)
     out, lse, _ = varlen_fwd(
@@ -46,6 +60,7 @@ def _run_fwd(
         softmax_scale=scale,
         kernel=kernel,
         store_o32=store_o32,
+        check_values=check_values,
     )
     return out, lse
 
@@ -100,11 +115,19 @@ def varlen_attention(
     checks still run.
     """
     softmax_scale = check_common(q, k, v, causal, softmax_scale, return_lse, kernel)
+    check_values = False
     if torch.compiler.is_compiling():
         max_seqlen_q, max_seqlen_k = check_varlen_traced(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         )
-    else:
+    elif max_seqlen_q is not None and max_seqlen_k is not None:
+        # The value checks run in the op, right before its launch (same checks, same errors,
+        # still before any launch): the GPU idles from their host copy until the launch.
+        max_seqlen_q, max_seqlen_k = check_varlen_meta(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+        )
+        check_values = True
+    else:  # a max_seqlen to derive: the values are needed here
         shape = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         max_seqlen_q, max_seqlen_k = shape.max_seqlen_q, shape.max_seqlen_k
     out, lse = _run_fwd(
@@ -118,6 +141,7 @@ def varlen_attention(
         causal,
         softmax_scale,
         kernel,
+        check_values,
     )
     return (out, lse) if return_lse else out
 

@@ -20,18 +20,23 @@ Why ``custom_op`` and not ``triton_op`` + ``wrap_triton``:
 An opaque ``custom_op`` runs the same launcher code in eager and compiled mode, on the GPU and
 under the interpreter.
 
-The ops do **no input validation**: the public functions (:mod:`portattn.api`) check every
-argument (including the host values of ``cu_seqlens``) before calling them. Called directly,
-they trust their arguments.
+The ops do **no input validation** of their own: the public functions (:mod:`portattn.api`)
+check every argument before calling them. The one exception is on request: with
+``check_values=True`` the forward op runs the public function's checks of the host values of
+``cu_seqlens`` itself, as late as possible (right before its launch, still before any launch).
+Called directly, the ops trust their arguments.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from portattn.configs import resolve_config
 from portattn.kernels.backward import attn_bwd
 from portattn.kernels.forward import attn_fwd
+from portattn.validation import check_varlen_values
 
 __all__ = ["varlen_bwd", "varlen_fwd"]
 
@@ -52,7 +57,7 @@ def _empty_o32(q: torch.Tensor) -> torch.Tensor:
 _FWD_SCHEMA = (
     "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
     "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float softmax_scale, str kernel, "
-    "bool store_o32) -> (Tensor, Tensor, Tensor)"
+    "bool store_o32, bool check_values=False) -> (Tensor, Tensor, Tensor)"
 )
 _BWD_SCHEMA = (
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o_for_delta, Tensor lse, Tensor? dlse, "
@@ -74,19 +79,36 @@ def varlen_fwd(
     softmax_scale: float,
     kernel: str,
     store_o32: bool,
+    check_values: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward attention over a packed batch.
 
     q: [total_q, Hq, D]; k, v: [total_k, Hkv, D] (``stride(-1) == 1``, other strides free);
     cu_seqlens_q, cu_seqlens_k: int32 [B + 1]; max_seqlen_q/k: ints at least the longest
     sequence; kernel: ``"varlen"`` or ``"fixed_order"``; store_o32: also return the float32
-    output (the ``fixed_order`` backward needs it; must be True when that backward will run).
+    output (the ``fixed_order`` backward needs it; must be True when that backward will run);
+    check_values: read ``cu_seqlens`` on the host and check their values and ``max_seqlen``
+    (ValueError) right before the launch. ``varlen_attention`` sets it in eager mode when both
+    max_seqlen are given: the GPU, which idles from that host copy on, then waits only for the
+    launch itself, not for the op's dispatch and the launcher's set-up.
 
     Returns (out [total_q, Hq, D] in q's dtype, lse float32 [total_q, Hq],
     out32 float32 [total_q, Hq, D] when store_o32, else an empty [0, Hq, D]); all contiguous.
     """
     cfg = resolve_config(q.device, kernel, q.shape[-1], q.dtype)
     split_p = kernel == "fixed_order"
+    before_launch = None
+    if check_values:
+        before_launch = functools.partial(
+            check_varlen_values,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            q.shape[0],
+            k.shape[0],
+            max_seqlen_q,
+            max_seqlen_k,
+            q.device,
+        )
     out, lse, out32 = attn_fwd(
         q,
         k,
@@ -99,6 +121,7 @@ def varlen_fwd(
         split_p=split_p,
         store_o32=store_o32,
         cfg=cfg,
+        before_launch=before_launch,
     )
     return out, lse, _empty_o32(q) if out32 is None else out32
 
@@ -116,6 +139,7 @@ def _varlen_fwd_fake(
     softmax_scale,
     kernel,
     store_o32,
+    check_values=False,
 ):
     total_q, n_heads_q, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -195,7 +219,7 @@ def _varlen_bwd_fake(
 
 def _fwd_setup_context(ctx, inputs, output) -> None:
     q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
-    max_seqlen_q, max_seqlen_k, causal, scale, kernel, store_o32 = inputs[5:]
+    max_seqlen_q, max_seqlen_k, causal, scale, kernel, store_o32 = inputs[5:11]
     out, lse, out32 = output
     ctx.mark_non_differentiable(out32)
     ctx.set_materialize_grads(False)
@@ -232,7 +256,7 @@ def _fwd_backward(ctx, dout, dlse, _dout32):
         scale,
         kernel,
     )
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 varlen_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

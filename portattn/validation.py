@@ -68,6 +68,15 @@ def _check_max_seqlen(name: str, given, real: int) -> int:
     return given if isinstance(given, torch.SymInt) else int(given)
 
 
+def _check_max_seqlen_given(name: str, given) -> int:
+    """A max_seqlen given by the caller, before the values of cu_seqlens are known."""
+    if isinstance(given, bool) or not isinstance(given, numbers.Integral):
+        raise TypeError(f"{name} must be an int or None, got {type(given).__name__}")
+    if given < 0:
+        raise ValueError(f"{name} must be >= 0, got {given}")
+    return int(given)
+
+
 def check_common(q, k, v, causal, softmax_scale, return_lse, kernel) -> float:
     """Checks shared by the varlen and dense entry points; returns the softmax scale."""
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -173,14 +182,33 @@ def check_varlen_traced(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     )
 
 
-def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> VarlenShape:
-    """q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: int32 [B + 1]."""
+def check_varlen_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int):
+    """The eager varlen checks that need no host value of ``cu_seqlens``, for calls that give
+    both ``max_seqlen``: shapes, dtypes, devices, strides, batch sizes, the max_seqlen types.
+    The value checks (:func:`check_varlen_values`) then run inside the forward op, right before
+    its launch, so that the GPU idles only for the launch itself after their host copy.
+    Returns (max_seqlen_q, max_seqlen_k) as ints."""
     check_heads_and_dims(q, k, v, token_dims=1)
-    values_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
-    if cu_seqlens_k is cu_seqlens_q and k.shape[0] == q.shape[0]:
+    check_cu_seqlens_meta("cu_seqlens_q", cu_seqlens_q, q.device)
+    check_cu_seqlens_meta("cu_seqlens_k", cu_seqlens_k, q.device)
+    _check_same_batch(cu_seqlens_q.shape[0], cu_seqlens_k.shape[0])
+    return (
+        _check_max_seqlen_given("max_seqlen_q", max_seqlen_q),
+        _check_max_seqlen_given("max_seqlen_k", max_seqlen_k),
+    )
+
+
+def check_varlen_values(
+    cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q, max_seqlen_k, device
+) -> VarlenShape:
+    """The checks of the values of ``cu_seqlens`` (one host copy per distinct tensor): first
+    entry 0, non-decreasing, last entry the token count, and each max_seqlen (None: derived)
+    at least the longest sequence."""
+    values_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, device)
+    if cu_seqlens_k is cu_seqlens_q and total_k == total_q:
         values_k = values_q  # one tensor for both: its values are checked, no second host sync
     else:
-        values_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
+        values_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, device)
     _check_same_batch(len(values_q), len(values_k))
     real_q = max((b - a for a, b in zip(values_q, values_q[1:])), default=0)
     real_k = max((b - a for a, b in zip(values_k, values_k[1:])), default=0)
@@ -188,4 +216,13 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         batch=len(values_q) - 1,
         max_seqlen_q=_check_max_seqlen("max_seqlen_q", max_seqlen_q, real_q),
         max_seqlen_k=_check_max_seqlen("max_seqlen_k", max_seqlen_k, real_k),
+    )
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> VarlenShape:
+    """q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: int32 [B + 1]. Every check,
+    the value checks included (they derive a max_seqlen that is None)."""
+    check_heads_and_dims(q, k, v, token_dims=1)
+    return check_varlen_values(
+        cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k, q.device
     )

@@ -157,12 +157,49 @@ def test_dense_checks():
 
 
 def test_no_launch_on_bad_input(good, monkeypatch):
-    """Errors come before any kernel launch."""
-    import portattn.ops as ops_module
+    """Errors come before any kernel launch, also those of the value checks that the forward op
+    runs itself (both max_seqlen given) right before its launch."""
+    import portattn.kernels.forward as forward_module
 
-    def boom(*a, **kw):
-        raise AssertionError("launched")
+    class NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError("launched")
 
-    monkeypatch.setattr(ops_module, "attn_fwd", boom)
-    _raises(ValueError, "max_seqlen_q", good, max_seqlen_q=1)
+    monkeypatch.setattr(forward_module, "attn_fwd_kernel", NoLaunch())
+    given = dict(max_seqlen_q=7, max_seqlen_k=8)  # both given: the op checks the values
+    _raises(ValueError, "smaller than the longest", good, **{**given, "max_seqlen_q": 1})
+    _raises(ValueError, "smaller than the longest", good, max_seqlen_q=1)  # checked in the API
+    bad_cu = good["cu_seqlens_q"].clone()
+    bad_cu[1] = 13  # [0, 13, 12]: not non-decreasing
+    _raises(ValueError, "non-decreasing", {**good, "cu_seqlens_q": bad_cu}, **given)
+    _raises(ValueError, "non-decreasing", {**good, "cu_seqlens_q": bad_cu})
+    short_cu = good["cu_seqlens_k"].clone()
+    short_cu[-1] = 13  # the last entry is not the token count
+    _raises(
+        ValueError, "cu_seqlens_k\\[-1\\] must equal", {**good, "cu_seqlens_k": short_cu}, **given
+    )
     assert cu_seqlens([1]).dtype == torch.int32
+
+
+def test_value_checks_run_in_the_op_when_max_seqlen_given(good, monkeypatch):
+    """With both max_seqlen given, eager calls leave the cu_seqlens value checks to the forward
+    op (right before its launch): the API does not read the values itself."""
+    import portattn.api as api_module
+
+    def no_api_value_checks(*a, **kw):
+        raise AssertionError("the API read cu_seqlens")
+
+    monkeypatch.setattr(api_module, "check_varlen", no_api_value_checks)
+    ref = _call(good, max_seqlen_q=7, max_seqlen_k=8)
+    assert ref.shape == good["q"].shape
+    bad_cu = good["cu_seqlens_q"].clone()
+    bad_cu[0] = 1
+    _raises(
+        ValueError,
+        r"cu_seqlens_q\[0\] must be 0",
+        {**good, "cu_seqlens_q": bad_cu},
+        max_seqlen_q=7,
+        max_seqlen_k=8,
+    )
+    _raises(TypeError, "max_seqlen_k must be an int", good, max_seqlen_q=7, max_seqlen_k=8.0)
+    _raises(ValueError, "max_seqlen_q must be >= 0", good, max_seqlen_q=-1, max_seqlen_k=8)

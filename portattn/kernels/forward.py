@@ -7,6 +7,8 @@ fully sees (no mask), then the tiles that need a mask (causal diagonal, sequence
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -166,25 +168,30 @@ def attn_fwd(
     split_p: bool,
     store_o32: bool,
     cfg,
+    before_launch: Callable[[], object] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launch the forward kernel.
 
     q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: int32 [B + 1].
     Returns out [total_q, Hq, D] (q.dtype), lse float32 [total_q, Hq] (natural log) and,
     when ``store_o32``, a float32 copy of out [total_q, Hq, D] (else None).
+    ``before_launch``: the caller's checks that need a host sync (they may raise), run after
+    the host-side set-up and before anything is launched.
     """
     total_q, n_heads_q, head_dim = q.shape
     n_heads_k = k.shape[1]
     batch = cu_seqlens_q.numel() - 1
+    tiles = cfg.fwd
+    grid = (triton.cdiv(max_seqlen_q, tiles.block_m) * batch, n_heads_q, cfg.fwd_chunks)
+    tma = "fwd" in cfg.tma and rows_aligned(q, k, v)
+    if before_launch is not None:
+        before_launch()
     out = new_buffer(q.shape, q.dtype, q.device)
     lse = new_buffer((total_q, n_heads_q), torch.float32, q.device)
     out32 = new_buffer(q.shape, torch.float32, q.device) if store_o32 else None
     if total_q == 0 or batch == 0:
         return out, lse, out32
-    tiles = cfg.fwd
-    grid = (triton.cdiv(max_seqlen_q, tiles.block_m) * batch, n_heads_q, cfg.fwd_chunks)
     o32_arg = out32 if store_o32 else out
-    tma = "fwd" in cfg.tma and rows_aligned(q, k, v)
     with descriptor_scratch(q.device, tma):
         attn_fwd_kernel[grid](
             q, k, v, out, lse, o32_arg,
