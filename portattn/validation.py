@@ -165,6 +165,15 @@ def _check_max_seqlen_traced(name: str, given):
     return given
 
 
+def _check_varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
+    """Shapes, dtypes, devices and strides of the varlen arguments and the batch sizes of both
+    cu_seqlens: everything that needs no host value of ``cu_seqlens``."""
+    check_heads_and_dims(q, k, v, token_dims=1)
+    check_cu_seqlens_meta("cu_seqlens_q", cu_seqlens_q, q.device)
+    check_cu_seqlens_meta("cu_seqlens_k", cu_seqlens_k, q.device)
+    _check_same_batch(cu_seqlens_q.shape[0], cu_seqlens_k.shape[0])
+
+
 def check_varlen_traced(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
     """The varlen checks that run while ``torch.compile`` traces: everything that needs no host
     value of ``cu_seqlens`` (shapes, dtypes, devices, strides, batch sizes, max_seqlen given).
@@ -172,10 +181,7 @@ def check_varlen_traced(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     The value checks of ``cu_seqlens`` (first entry 0, non-decreasing, last entry the token
     count, max_seqlen at least the longest sequence) are skipped: they need a device-to-host
     copy, which would break the graph. Returns (max_seqlen_q, max_seqlen_k)."""
-    check_heads_and_dims(q, k, v, token_dims=1)
-    check_cu_seqlens_meta("cu_seqlens_q", cu_seqlens_q, q.device)
-    check_cu_seqlens_meta("cu_seqlens_k", cu_seqlens_k, q.device)
-    _check_same_batch(cu_seqlens_q.shape[0], cu_seqlens_k.shape[0])
+    _check_varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
     return (
         _check_max_seqlen_traced("max_seqlen_q", max_seqlen_q),
         _check_max_seqlen_traced("max_seqlen_k", max_seqlen_k),
@@ -188,10 +194,7 @@ def check_varlen_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
     The value checks (:func:`check_varlen_values`) then run inside the forward op, right before
     its launch, so that the GPU idles only for the launch itself after their host copy.
     Returns (max_seqlen_q, max_seqlen_k) as ints."""
-    check_heads_and_dims(q, k, v, token_dims=1)
-    check_cu_seqlens_meta("cu_seqlens_q", cu_seqlens_q, q.device)
-    check_cu_seqlens_meta("cu_seqlens_k", cu_seqlens_k, q.device)
-    _check_same_batch(cu_seqlens_q.shape[0], cu_seqlens_k.shape[0])
+    _check_varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
     return (
         _check_max_seqlen_given("max_seqlen_q", max_seqlen_q),
         _check_max_seqlen_given("max_seqlen_k", max_seqlen_k),
