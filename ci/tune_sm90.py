@@ -27,14 +27,15 @@ from portattn.bench import skewed_lengths
 from portattn.configs import Tiles
 
 # (kernel, head_dim, overrides): overrides are KernelConfig fields; tiles as tuples, ``tma`` as
-# a tuple of kernel names. docs/perf-notes.md rows 34-35, against the table: forward and
-# backward timed (VARIANTS), or the forward alone (FORWARD_VARIANTS, ``--forward-only``).
+# a tuple of kernel names. VARIANTS (forward and backward timed): the next step of
+# docs/perf-notes.md (row 38), one-warp-group backward tiles that fit two CTAs per SM, against
+# the table. FORWARD_VARIANTS (``--forward-only``): row 35's forward list.
 ALL_TMA = configs.TMA_KERNELS
 VARIANTS = [
-    ("fixed_order", 128, {}),
-    ("fixed_order", 128, dict(fwd=(64, 64, 4, 3), tma=ALL_TMA, bwd_dkdv=(64, 128, 8, 3))),
-    ("fixed_order", 96, {}),
-    ("fixed_order", 96, dict(fwd=(64, 64, 4, 3), tma=ALL_TMA, bwd_dkdv=(64, 128, 8, 3))),
+    ("varlen", 128, {}),
+    ("varlen", 128, dict(bwd_dq=(64, 64, 4, 2))),
+    ("varlen", 128, dict(bwd_dkdv=(64, 64, 4, 2), bwd_dv=(64, 64, 4, 3))),
+    ("varlen", 128, dict(bwd_dkdv=(32, 64, 4, 3), bwd_dv=(64, 64, 4, 3))),
 ]
 # One-warp-group forward tiles: two CTAs per SM (shared memory and registers allow it).
 FORWARD_VARIANTS = [
