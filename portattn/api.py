@@ -22,8 +22,7 @@ from portattn.validation import (
     check_common,
     check_heads_and_dims,
     check_varlen,
-    check_varlen_meta,
-    check_varlen_traced,
+    check_varlen_without_values,
 )
 
 
@@ -115,21 +114,18 @@ def varlen_attention(
     checks still run.
     """
     softmax_scale = check_common(q, k, v, causal, softmax_scale, return_lse, kernel)
-    check_values = False
-    if torch.compiler.is_compiling():
-        max_seqlen_q, max_seqlen_k = check_varlen_traced(
+    compiling = torch.compiler.is_compiling()
+    if compiling or (max_seqlen_q is not None and max_seqlen_k is not None):
+        max_seqlen_q, max_seqlen_k = check_varlen_without_values(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         )
-    elif max_seqlen_q is not None and max_seqlen_k is not None:
-        # The value checks run in the op, right before its launch (same checks, same errors,
-        # still before any launch): the GPU idles from their host copy until the launch.
-        max_seqlen_q, max_seqlen_k = check_varlen_meta(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
-        )
-        check_values = True
+        # Eager: the value checks run in the op, right before its launch (same checks, same
+        # errors, still before any launch), as the GPU idles from their host copy on.
+        check_values = not compiling
     else:  # a max_seqlen to derive: the values are needed here
         shape = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         max_seqlen_q, max_seqlen_k = shape.max_seqlen_q, shape.max_seqlen_k
+        check_values = False
     out, lse = _run_fwd(
         q,
         k,

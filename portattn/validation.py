@@ -68,15 +68,6 @@ def _check_max_seqlen(name: str, given, real: int) -> int:
     return given if isinstance(given, torch.SymInt) else int(given)
 
 
-def _check_max_seqlen_given(name: str, given) -> int:
-    """A max_seqlen given by the caller, before the values of cu_seqlens are known."""
-    if isinstance(given, bool) or not isinstance(given, numbers.Integral):
-        raise TypeError(f"{name} must be an int or None, got {type(given).__name__}")
-    if given < 0:
-        raise ValueError(f"{name} must be >= 0, got {given}")
-    return int(given)
-
-
 def check_common(q, k, v, causal, softmax_scale, return_lse, kernel) -> float:
     """Checks shared by the varlen and dense entry points; returns the softmax scale."""
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -152,7 +143,9 @@ def _check_same_batch(n_q: int, n_k: int) -> None:
         )
 
 
-def _check_max_seqlen_traced(name: str, given):
+def _check_max_seqlen_given(name: str, given):
+    """A max_seqlen checked without the values of cu_seqlens: it must be given (an int, or a
+    symbolic int while torch.compile traces) and >= 0. Plain integers come back as int."""
     if given is None:
         raise ValueError(
             f"{name} must be given (an int) when varlen_attention runs under torch.compile: "
@@ -160,41 +153,26 @@ def _check_max_seqlen_traced(name: str, given):
         )
     if isinstance(given, bool) or not isinstance(given, (numbers.Integral, torch.SymInt)):
         raise TypeError(f"{name} must be an int, got {type(given).__name__}")
-    if isinstance(given, numbers.Integral) and given < 0:
+    if isinstance(given, torch.SymInt):
+        return given
+    if given < 0:
         raise ValueError(f"{name} must be >= 0, got {given}")
-    return given
+    return int(given)
 
 
-def _check_varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
-    """Shapes, dtypes, devices and strides of the varlen arguments and the batch sizes of both
-    cu_seqlens: everything that needs no host value of ``cu_seqlens``."""
+def check_varlen_without_values(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+) -> tuple:
+    """The varlen checks that need no host value of ``cu_seqlens``: shapes, dtypes, devices,
+    strides, batch sizes, and both max_seqlen given. They are all the checks while
+    ``torch.compile`` traces (the value checks would need a device-to-host copy, a graph
+    break). In eager mode with both max_seqlen given, the value checks
+    (:func:`check_varlen_values`) follow inside the forward op, right before its launch.
+    Returns (max_seqlen_q, max_seqlen_k)."""
     check_heads_and_dims(q, k, v, token_dims=1)
     check_cu_seqlens_meta("cu_seqlens_q", cu_seqlens_q, q.device)
     check_cu_seqlens_meta("cu_seqlens_k", cu_seqlens_k, q.device)
     _check_same_batch(cu_seqlens_q.shape[0], cu_seqlens_k.shape[0])
-
-
-def check_varlen_traced(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
-    """The varlen checks that run while ``torch.compile`` traces: everything that needs no host
-    value of ``cu_seqlens`` (shapes, dtypes, devices, strides, batch sizes, max_seqlen given).
-
-    The value checks of ``cu_seqlens`` (first entry 0, non-decreasing, last entry the token
-    count, max_seqlen at least the longest sequence) are skipped: they need a device-to-host
-    copy, which would break the graph. Returns (max_seqlen_q, max_seqlen_k)."""
-    _check_varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    return (
-        _check_max_seqlen_traced("max_seqlen_q", max_seqlen_q),
-        _check_max_seqlen_traced("max_seqlen_k", max_seqlen_k),
-    )
-
-
-def check_varlen_meta(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int):
-    """The eager varlen checks that need no host value of ``cu_seqlens``, for calls that give
-    both ``max_seqlen``: shapes, dtypes, devices, strides, batch sizes, the max_seqlen types.
-    The value checks (:func:`check_varlen_values`) then run inside the forward op, right before
-    its launch, so that the GPU idles only for the launch itself after their host copy.
-    Returns (max_seqlen_q, max_seqlen_k) as ints."""
-    _check_varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
     return (
         _check_max_seqlen_given("max_seqlen_q", max_seqlen_q),
         _check_max_seqlen_given("max_seqlen_k", max_seqlen_k),
