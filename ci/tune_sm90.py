@@ -29,13 +29,24 @@ from portattn.configs import Tiles
 # (kernel, head_dim, overrides): overrides are KernelConfig fields; tiles as tuples, ``tma`` as
 # a tuple of kernel names. VARIANTS (forward and backward timed): the next step of
 # docs/perf-notes.md (row 38), one-warp-group backward tiles that fit two CTAs per SM, against
-# the table. FORWARD_VARIANTS (``--forward-only``): row 35's forward list.
+# the table, for both kernels at d128. FORWARD_VARIANTS (``--forward-only``): row 35's forward list.
 ALL_TMA = configs.TMA_KERNELS
+_DK1 = dict(bwd_dkdv=(64, 64, 4, 2), bwd_dv=(64, 64, 4, 3))
 VARIANTS = [
     ("varlen", 128, {}),
-    ("varlen", 128, dict(bwd_dq=(64, 64, 4, 2))),
-    ("varlen", 128, dict(bwd_dkdv=(64, 64, 4, 2), bwd_dv=(64, 64, 4, 3))),
-    ("varlen", 128, dict(bwd_dkdv=(32, 64, 4, 3), bwd_dv=(64, 64, 4, 3))),
+    ("varlen", 128, _DK1),
+    ("varlen", 128, dict(bwd_dkdv=(64, 64, 4, 2))),
+    ("varlen", 128, dict(bwd_dv=(64, 64, 4, 3))),
+    ("varlen", 128, dict(bwd_dkdv=(64, 64, 4, 2), bwd_dv=(64, 64, 4, 2))),
+    ("varlen", 128, dict(bwd_dkdv=(64, 64, 4, 2), bwd_dv=(128, 64, 4, 2))),
+    ("fixed_order", 128, {}),
+    ("fixed_order", 128, _DK1),
+    ("fixed_order", 128, dict(bwd_dkdv=(64, 64, 4, 2))),
+    ("fixed_order", 128, dict(bwd_dv=(64, 64, 4, 3))),
+    ("varlen", 96, {}),
+    ("varlen", 96, _DK1),
+    ("fixed_order", 96, {}),
+    ("fixed_order", 96, _DK1),
 ]
 # One-warp-group forward tiles: two CTAs per SM (shared memory and registers allow it).
 FORWARD_VARIANTS = [
