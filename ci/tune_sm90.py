@@ -27,37 +27,21 @@ from portattn.bench import skewed_lengths
 from portattn.configs import Tiles
 
 # (kernel, head_dim, overrides): overrides are KernelConfig fields; tiles as tuples, ``tma`` as
-# a tuple of kernel names. VARIANTS (forward and backward timed): the next step of
-# docs/perf-notes.md (row 38), one-warp-group backward tiles that fit two CTAs per SM, against
-# the table, for both kernels at d128. FORWARD_VARIANTS (``--forward-only``): row 35's forward list.
-ALL_TMA = configs.TMA_KERNELS
-_DK1 = dict(bwd_dkdv=(64, 64, 4, 2), bwd_dv=(64, 64, 4, 3))
+# a tuple of kernel names. The lists hold the last round run (docs/perf-notes.md row 40), the
+# table's entry first: VARIANTS (forward and backward timed) dQ with 4 stages;
+# FORWARD_VARIANTS (``--forward-only``) wider-than-tall forward tiles, one CTA per SM.
+ALL_TMA = configs.TMA_KERNELS  # for overrides that read every row tile through descriptors
 VARIANTS = [
     ("varlen", 128, {}),
-    ("varlen", 128, _DK1),
-    ("varlen", 128, dict(bwd_dkdv=(64, 64, 4, 2))),
-    ("varlen", 128, dict(bwd_dv=(64, 64, 4, 3))),
-    ("varlen", 128, dict(bwd_dkdv=(64, 64, 4, 2), bwd_dv=(64, 64, 4, 2))),
-    ("varlen", 128, dict(bwd_dkdv=(64, 64, 4, 2), bwd_dv=(128, 64, 4, 2))),
-    ("fixed_order", 128, {}),
-    ("fixed_order", 128, _DK1),
-    ("fixed_order", 128, dict(bwd_dkdv=(64, 64, 4, 2))),
-    ("fixed_order", 128, dict(bwd_dv=(64, 64, 4, 3))),
-    ("varlen", 96, {}),
-    ("varlen", 96, _DK1),
-    ("fixed_order", 96, {}),
-    ("fixed_order", 96, _DK1),
+    ("varlen", 128, dict(bwd_dq=(128, 64, 8, 4))),
+    ("varlen", 128, dict(bwd_dq=(128, 32, 8, 4))),
 ]
-# One-warp-group forward tiles: two CTAs per SM (shared memory and registers allow it).
 FORWARD_VARIANTS = [
-    ("fixed_order", 64, {}),
-    ("fixed_order", 64, dict(fwd=(64, 64, 4, 3), tma=ALL_TMA)),
-    ("fixed_order", 64, dict(fwd=(64, 128, 4, 2), tma=ALL_TMA)),
-    ("varlen", 64, {}),
-    ("varlen", 64, dict(fwd=(64, 64, 4, 3), tma=ALL_TMA)),
-    ("fixed_order", 96, {}),
-    ("fixed_order", 96, dict(fwd=(64, 64, 4, 3), tma=("fwd",))),
+    ("varlen", 128, {}),
+    ("varlen", 128, dict(fwd=(128, 64, 8, 3))),
+    ("varlen", 128, dict(fwd=(128, 64, 8, 4))),
 ]
+
 
 TABLE = dict(configs.config_table())  # the committed table, before any override
 
