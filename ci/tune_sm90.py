@@ -27,14 +27,29 @@ from portattn.bench import skewed_lengths
 from portattn.configs import Tiles
 
 # (kernel, head_dim, overrides): overrides are KernelConfig fields; tiles as tuples, ``tma`` as
-# a tuple of kernel names. The lists hold the last round run (docs/perf-notes.md row 40), the
-# table's entry first: VARIANTS (forward and backward timed) dQ with 4 stages;
-# FORWARD_VARIANTS (``--forward-only``) wider-than-tall forward tiles, one CTA per SM.
+# a tuple of kernel names. The lists hold the last round run, the table's entry first:
+# VARIANTS (forward and backward timed) dK and dV summed by one program of one warp group
+# (docs/perf-notes.md row 42); FORWARD_VARIANTS (``--forward-only``) wider-than-tall forward
+# tiles, one CTA per SM (row 40).
 ALL_TMA = configs.TMA_KERNELS  # for overrides that read every row tile through descriptors
+
+
+def _one_pass(tiles: tuple) -> dict:
+    """dK and dV summed by one program (one warp group; both accumulators in registers)."""
+    return dict(dkdv_passes=1, bwd_dkdv=tiles, bwd_dv=None)
+
+
 VARIANTS = [
     ("varlen", 128, {}),
-    ("varlen", 128, dict(bwd_dq=(128, 64, 8, 4))),
-    ("varlen", 128, dict(bwd_dq=(128, 32, 8, 4))),
+    ("varlen", 128, _one_pass((32, 64, 4, 2))),
+    ("varlen", 128, _one_pass((32, 64, 4, 1))),
+    ("fixed_order", 128, {}),
+    ("fixed_order", 128, _one_pass((32, 64, 4, 1))),
+    ("fixed_order", 128, _one_pass((16, 64, 4, 2))),
+    ("varlen", 96, {}),
+    ("varlen", 96, _one_pass((32, 64, 4, 2))),
+    ("fixed_order", 96, {}),
+    ("fixed_order", 96, _one_pass((32, 64, 4, 1))),
 ]
 FORWARD_VARIANTS = [
     ("varlen", 128, {}),
