@@ -7,7 +7,9 @@ alone (``autograd.grad`` on a kept graph), medians of ``triton.testing.do_bench`
 ``portattn/configs.py`` is edited by hand afterwards; nothing here picks a configuration at run
 time.
 
-Usage (GPU): python ci/tune_sm90.py [--json PATH] [--table-only] [--forward-only]
+Usage (GPU): python ci/tune_sm90.py [--round NAME] [--json PATH] [--table-only]
+[--forward-only] [--list]. ``--round`` picks a list of ``ROUNDS`` (default: the latest); the
+forward-only rounds time the forward alone.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ from portattn import check, configs
 from portattn.bench import skewed_lengths
 from portattn.configs import Tiles
 
-# (kernel, head_dim, overrides): overrides are KernelConfig fields; tiles as tuples, ``tma`` as
-# a tuple of kernel names. The lists hold the last round run, the table's entry first:
-# VARIANTS (forward and backward timed) dK and dV summed by one program of one warp group
-# (docs/perf-notes.md row 42); FORWARD_VARIANTS (``--forward-only``) wider-than-tall forward
-# tiles, one CTA per SM (row 40).
+# Rounds of variants, named by the docs/perf-notes.md row that records them. A variant is
+# (kernel, head_dim, overrides): overrides are KernelConfig fields (tiles as tuples, ``tma`` a
+# tuple of kernel names) applied to the committed table's entry, and {} is that entry. Replayed
+# after the table changed, a round compares its variants against the new table.
 ALL_TMA = configs.TMA_KERNELS  # for overrides that read every row tile through descriptors
+_DK_1WG = dict(bwd_dkdv=(64, 64, 4, 2), bwd_dv=(64, 64, 4, 3))  # row 39's choice
 
 
 def _one_pass(tiles: tuple) -> dict:
@@ -39,24 +41,67 @@ def _one_pass(tiles: tuple) -> dict:
     return dict(dkdv_passes=1, bwd_dkdv=tiles, bwd_dv=None)
 
 
-VARIANTS = [
-    ("varlen", 128, {}),
-    ("varlen", 128, _one_pass((32, 64, 4, 2))),
-    ("varlen", 128, _one_pass((32, 64, 4, 1))),
-    ("fixed_order", 128, {}),
-    ("fixed_order", 128, _one_pass((32, 64, 4, 1))),
-    ("fixed_order", 128, _one_pass((16, 64, 4, 2))),
-    ("varlen", 96, {}),
-    ("varlen", 96, _one_pass((32, 64, 4, 2))),
-    ("fixed_order", 96, {}),
-    ("fixed_order", 96, _one_pass((32, 64, 4, 1))),
-]
-FORWARD_VARIANTS = [
-    ("varlen", 128, {}),
-    ("varlen", 128, dict(fwd=(128, 64, 8, 3))),
-    ("varlen", 128, dict(fwd=(128, 64, 8, 4))),
-]
-
+ROUNDS: dict[str, list[tuple[str, int, dict]]] = {
+    # One-warp-group forward tiles, two CTAs per SM (forward only).
+    "row35-forward": [
+        ("fixed_order", 64, {}),
+        ("fixed_order", 64, dict(fwd=(64, 64, 4, 3), tma=ALL_TMA)),
+        ("fixed_order", 64, dict(fwd=(64, 128, 4, 2), tma=ALL_TMA)),
+        ("varlen", 64, {}),
+        ("varlen", 64, dict(fwd=(64, 64, 4, 3), tma=ALL_TMA)),
+        ("fixed_order", 96, {}),
+        ("fixed_order", 96, dict(fwd=(64, 64, 4, 3), tma=("fwd",))),
+    ],
+    # One-warp-group backward tiles that fit two CTAs per SM (run against the table before it).
+    "row39": [
+        ("varlen", 128, {}),
+        ("varlen", 128, dict(bwd_dq=(64, 64, 4, 2))),
+        ("varlen", 128, _DK_1WG),
+        ("varlen", 128, dict(bwd_dkdv=(64, 64, 4, 2))),
+        ("varlen", 128, dict(bwd_dv=(64, 64, 4, 3))),
+        ("varlen", 128, dict(bwd_dkdv=(64, 64, 4, 2), bwd_dv=(64, 64, 4, 2))),
+        ("varlen", 128, dict(bwd_dkdv=(64, 64, 4, 2), bwd_dv=(128, 64, 4, 2))),
+        ("varlen", 128, dict(bwd_dkdv=(32, 64, 4, 3), bwd_dv=(64, 64, 4, 3))),
+        ("fixed_order", 128, {}),
+        ("fixed_order", 128, dict(bwd_dq=(64, 64, 4, 2))),
+        ("fixed_order", 128, _DK_1WG),
+        ("fixed_order", 128, dict(bwd_dkdv=(64, 64, 4, 2))),
+        ("fixed_order", 128, dict(bwd_dv=(64, 64, 4, 3))),
+        ("fixed_order", 128, dict(bwd_dkdv=(32, 64, 4, 3), bwd_dv=(64, 64, 4, 3))),
+        ("varlen", 96, {}),
+        ("varlen", 96, _DK_1WG),
+        ("fixed_order", 96, {}),
+        ("fixed_order", 96, _DK_1WG),
+    ],
+    # dQ with 4 stages.
+    "row40": [
+        ("varlen", 128, {}),
+        ("varlen", 128, dict(bwd_dq=(128, 64, 8, 4))),
+        ("varlen", 128, dict(bwd_dq=(128, 32, 8, 4))),
+    ],
+    # Wider-than-tall forward tiles, one CTA per SM (forward only).
+    "row40-forward": [
+        ("varlen", 128, {}),
+        ("varlen", 128, dict(fwd=(128, 64, 8, 3))),
+        ("varlen", 128, dict(fwd=(128, 64, 8, 4))),
+    ],
+    # dK and dV summed by one program of one warp group.
+    "row42": [
+        ("varlen", 128, {}),
+        ("varlen", 128, _one_pass((32, 64, 4, 2))),
+        ("varlen", 128, _one_pass((32, 64, 4, 1))),
+        ("fixed_order", 128, {}),
+        ("fixed_order", 128, _one_pass((32, 64, 4, 2))),
+        ("fixed_order", 128, _one_pass((32, 64, 4, 1))),
+        ("fixed_order", 128, _one_pass((16, 64, 4, 2))),
+        ("varlen", 96, {}),
+        ("varlen", 96, _one_pass((32, 64, 4, 2))),
+        ("fixed_order", 96, {}),
+        ("fixed_order", 96, _one_pass((32, 64, 4, 1))),
+    ],
+}
+FORWARD_ONLY = {"row35-forward", "row40-forward"}
+LATEST = "row42"
 
 TABLE = dict(configs.config_table())  # the committed table, before any override
 
@@ -145,9 +190,18 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--table-only", action="store_true", help="only the table's entries")
     parser.add_argument("--forward-only", action="store_true", help="time the forward alone")
+    parser.add_argument(
+        "--round", default=LATEST, choices=sorted(ROUNDS), help=f"variants (default {LATEST})"
+    )
+    parser.add_argument("--list", action="store_true", help="print the round's variants, exit")
     args = parser.parse_args()
+    forward_only = args.forward_only or args.round in FORWARD_ONLY
+    if args.list:
+        for variant in ROUNDS[args.round]:
+            print(*variant)
+        return 0
     rows = []
-    for kernel, head_dim, overrides in FORWARD_VARIANTS if args.forward_only else VARIANTS:
+    for kernel, head_dim, overrides in ROUNDS[args.round]:
         if args.table_only and overrides:
             continue
         cfg = variant_config(kernel, head_dim, overrides)
@@ -157,7 +211,7 @@ def main() -> int:
         try:
             row["problems"] = correct(kernel, head_dim)
             for causal in (False, True):
-                f_ms, b_ms, kernel_ms = timings(kernel, head_dim, causal, args.forward_only)
+                f_ms, b_ms, kernel_ms = timings(kernel, head_dim, causal, forward_only)
                 tag = "causal" if causal else "full"
                 fl = flops(head_dim, causal)
                 row |= {
