@@ -107,7 +107,6 @@ def varlen_fwd(
             k.shape[0],
             max_seqlen_q,
             max_seqlen_k,
-            q.device,
         )
     out, lse, out32 = attn_fwd(
         q,

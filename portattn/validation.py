@@ -41,8 +41,8 @@ def check_cu_seqlens_meta(name: str, cu, device: torch.device) -> None:
         raise ValueError(f"{name} must be on {device} like q, got {cu.device}")
 
 
-def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, device: torch.device) -> list[int]:
-    check_cu_seqlens_meta(name, cu, device)
+def _check_cu_seqlens_values(name: str, cu: torch.Tensor, total: int) -> list[int]:
+    """The checks of a cu_seqlens tensor's values (after :func:`check_cu_seqlens_meta`)."""
     values = cu.tolist()  # one host sync: the checks below need the values
     if values[0] != 0:
         raise ValueError(f"{name}[0] must be 0, got {values[0]}")
@@ -160,6 +160,15 @@ def _check_max_seqlen_given(name: str, given):
     return int(given)
 
 
+def _check_varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
+    """The varlen checks of both paths that read no values: q/k/v heads and dims, the
+    cu_seqlens tensors' type, dtype, rank and device, one batch size for both."""
+    check_heads_and_dims(q, k, v, token_dims=1)
+    check_cu_seqlens_meta("cu_seqlens_q", cu_seqlens_q, q.device)
+    check_cu_seqlens_meta("cu_seqlens_k", cu_seqlens_k, q.device)
+    _check_same_batch(cu_seqlens_q.shape[0], cu_seqlens_k.shape[0])
+
+
 def check_varlen_without_values(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 ) -> tuple:
@@ -169,10 +178,7 @@ def check_varlen_without_values(
     break). In eager mode with both max_seqlen given, the value checks
     (:func:`check_varlen_values`) follow inside the forward op, right before its launch.
     Returns (max_seqlen_q, max_seqlen_k)."""
-    check_heads_and_dims(q, k, v, token_dims=1)
-    check_cu_seqlens_meta("cu_seqlens_q", cu_seqlens_q, q.device)
-    check_cu_seqlens_meta("cu_seqlens_k", cu_seqlens_k, q.device)
-    _check_same_batch(cu_seqlens_q.shape[0], cu_seqlens_k.shape[0])
+    _check_varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
     return (
         _check_max_seqlen_given("max_seqlen_q", max_seqlen_q),
         _check_max_seqlen_given("max_seqlen_k", max_seqlen_k),
@@ -180,17 +186,17 @@ def check_varlen_without_values(
 
 
 def check_varlen_values(
-    cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q, max_seqlen_k, device
+    cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q, max_seqlen_k
 ) -> VarlenShape:
-    """The checks of the values of ``cu_seqlens`` (one host copy per distinct tensor): first
+    """The checks of the values of ``cu_seqlens`` (one host copy per distinct tensor), after
+    the shape checks (:func:`check_varlen_without_values` or :func:`check_varlen`): first
     entry 0, non-decreasing, last entry the token count, and each max_seqlen (None: derived)
     at least the longest sequence."""
-    values_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, device)
+    values_q = _check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, total_q)
     if cu_seqlens_k is cu_seqlens_q and total_k == total_q:
         values_k = values_q  # one tensor for both: its values are checked, no second host sync
     else:
-        values_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, device)
-    _check_same_batch(len(values_q), len(values_k))
+        values_k = _check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, total_k)
     real_q = max((b - a for a, b in zip(values_q, values_q[1:])), default=0)
     real_k = max((b - a for a, b in zip(values_k, values_k[1:])), default=0)
     return VarlenShape(
@@ -203,7 +209,7 @@ def check_varlen_values(
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> VarlenShape:
     """q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: int32 [B + 1]. Every check,
     the value checks included (they derive a max_seqlen that is None)."""
-    check_heads_and_dims(q, k, v, token_dims=1)
+    _check_varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
     return check_varlen_values(
-        cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k, q.device
+        cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k
     )
