@@ -125,17 +125,15 @@ _AMD = dict(waves_per_eu=2, matrix_instr_nonkdim=16, kpack=1)
 _AMD1 = dict(waves_per_eu=1, matrix_instr_nonkdim=16, kpack=1)
 # fmt: off
 # head_dim:        fwd (BM, BN, warps, stages)   dK/dV (BM, BN, w, s)   dQ (BM, BN, w, s)
-# (sm90 d96/d128: the dV launch of the two dK/dV passes has its own tiles, ``dv``; ``tma``:
-# the kernels that read through tensor descriptors, where that measured faster; sm90 d96/d128
-# dK and dV launches: one warp group at (64, 64), two CTAs per SM, perf-notes row 39)
+# (``tma``: the kernels that read through tensor descriptors, where that measured faster;
+# sm90 d96/d128 dK/dV: both gradients by one program of one warp group at (32, 64), two CTAs
+# per SM, perf-notes rows 42-45)
 _FWD, _DKDV, _DQ = "fwd", "bwd_dkdv", "bwd_dq"
 _SM90 = {
     32:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2), tma=(_DKDV,)),
     64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
-    96:  _cfg((128, 128, 8, 3),  (64, 64, 4, 2),   (128, 64, 8, 3), dkdv_passes=2,
-              dv=(64, 64, 4, 3), tma=(_FWD, _DKDV, _DQ)),
-    128: _cfg((128, 128, 8, 3),  (64, 64, 4, 2),   (128, 64, 8, 3), dkdv_passes=2,
-              dv=(64, 64, 4, 3), tma=(_FWD, _DKDV, _DQ)),
+    96:  _cfg((128, 128, 8, 3),  (32, 64, 4, 3),   (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
+    128: _cfg((128, 128, 8, 3),  (32, 64, 4, 3),   (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
     256: _cfg((64, 64, 8, 2),    (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=2),
 }
 _SM80 = {
@@ -165,10 +163,8 @@ _CDNA2 = {
 _FIXED_ORDER = {
     "sm90": {
         64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
-        96:  _cfg((64, 64, 4, 3),    (64, 64, 4, 2),   (128, 64, 8, 2), dkdv_passes=2,
-                  dv=(64, 64, 4, 3), tma=(_FWD, _DKDV)),
-        128: _cfg((64, 64, 4, 3),    (64, 64, 4, 2),   (128, 64, 8, 3), dkdv_passes=2,
-                  dv=(64, 64, 4, 3), tma=(_FWD, _DKDV, _DQ)),
+        96:  _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 2), tma=(_FWD, _DKDV)),
+        128: _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
         256: _cfg((128, 64, 8, 2),   (32, 64, 8, 2),   (128, 32, 8, 2), dkdv_passes=4,
                   fwd_chunks=2),
     },

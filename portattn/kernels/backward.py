@@ -224,11 +224,24 @@ def attn_bwd_dkdv_kernel(
                                       BLOCK_M, BLOCK_DC, TMA)  # [BLOCK_M, BLOCK_DC]
             b_dk = mma_rounded(b_dsT, b_qc, b_dk, SPLIT_P, UPCAST)
     m_kc = m_krow[:, None] & m_dc[None, :]
-    if WANT_DK:
-        tl.store(p_dk + o_dc[None, :], (b_dk * scale).to(p_dk.dtype.element_ty), mask=m_kc)
-    if WANT_DV:
-        tl.store(p_dv + o_dc[None, :], (b_dv * (1.0 / P_SCALE)).to(p_dv.dtype.element_ty),
-                 mask=m_kc)
+    if TMA:
+        # Stored through descriptors: the copy engine clips rows past the sequence end and
+        # columns past the head dim, so no per-row store offsets stay live across the loop
+        # (they spilled in the one-pass split-P program; perf-notes row 44).
+        if WANT_DK:
+            p_dk_seq = dk + bos_k * stride_dkt + i_hk.to(tl.int64) * stride_dkh
+            row_tiles(p_dk_seq, seqlen_k, stride_dkt, HEAD_DIM, BLOCK_N, BLOCK_DC).store(
+                [n_start, c_dc], (b_dk * scale).to(dk.dtype.element_ty))
+        if WANT_DV:
+            p_dv_seq = dv + bos_k * stride_dvt + i_hk.to(tl.int64) * stride_dvh
+            row_tiles(p_dv_seq, seqlen_k, stride_dvt, HEAD_DIM, BLOCK_N, BLOCK_DC).store(
+                [n_start, c_dc], (b_dv * (1.0 / P_SCALE)).to(dv.dtype.element_ty))
+    else:
+        if WANT_DK:
+            tl.store(p_dk + o_dc[None, :], (b_dk * scale).to(p_dk.dtype.element_ty), mask=m_kc)
+        if WANT_DV:
+            tl.store(p_dv + o_dc[None, :], (b_dv * (1.0 / P_SCALE)).to(p_dv.dtype.element_ty),
+                     mask=m_kc)
 
 
 @triton.jit
