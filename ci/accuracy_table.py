@@ -25,8 +25,13 @@ for dtype in dtypes:
             p = make_pack(lens, lens[::-1], 8, 2, d, dtype, seed=90 + d)
             t = accuracy_table(p, causal)
             for kernel in ("varlen", "fixed_order"):
-                cells = [f"{100 * t[(kernel, n)][0]:.2f}% / {t[(kernel, n)][1]:.3f}x"
-                         for n in ("out", "dq", "dk", "dv")]
-                print(f"| {str(dtype)[6:]} | {causal} | {d} | {kernel} | " + " | ".join(cells)
-                      + f" | {t[(kernel, 'lse')]:.2e} |")
+                cells = [
+                    f"{100 * t[(kernel, n)][0]:.2f}% / {t[(kernel, n)][1]:.3f}x"
+                    for n in ("out", "dq", "dk", "dv")
+                ]
+                print(
+                    f"| {str(dtype)[6:]} | {causal} | {d} | {kernel} | "
+                    + " | ".join(cells)
+                    + f" | {t[(kernel, 'lse')]:.2e} |"
+                )
 print("\ncells: correctly rounded share / relative Frobenius error over the rounding floor")

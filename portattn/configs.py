@@ -54,8 +54,9 @@ class KernelConfig:
     (None: those of ``bwd_dkdv``); with one accumulator and two products per tile, the dV
     launch fits wider query tiles than the dK launch. ``tma`` (Hopper): the kernels among
     ``TMA_KERNELS`` that read their row tiles through per-sequence tensor descriptors (the copy
-    engine) where the tensors' addresses allow it, else through masked pointer loads; both
-    read the same values, so the bits do not depend on it."""
+    engine) where the tensors' addresses allow it, else through masked pointer loads (the dK/dV
+    kernel then also stores dK and dV through descriptors); both read and write the same
+    values, so the bits do not depend on it."""
 
     fwd: Tiles
     bwd_pre: Tiles
