@@ -140,8 +140,17 @@ ROUNDS: dict[str, list[tuple[str, int, dict]]] = {
         ("varlen", 96, {}),
         ("varlen", 96, dict(bwd_dq=(128, 128, 8, 2))),
     ],
+    # fixed_order forwards with smaller tiles, three CTAs per SM (forward only).
+    "row48-forward": [
+        ("fixed_order", 128, {}),
+        ("fixed_order", 128, dict(fwd=(64, 32, 4, 3))),
+        ("fixed_order", 128, dict(fwd=(64, 32, 4, 2))),
+        ("fixed_order", 128, dict(fwd=(64, 64, 4, 2))),
+        ("fixed_order", 96, {}),
+        ("fixed_order", 96, dict(fwd=(64, 32, 4, 3))),
+    ],
 }
-FORWARD_ONLY = {"row35-forward", "row40-forward"}
+FORWARD_ONLY = {"row35-forward", "row40-forward", "row48-forward"}
 LATEST = "row46"
 
 TABLE = dict(configs.config_table())  # the committed table, before any override
