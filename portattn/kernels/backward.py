@@ -378,7 +378,9 @@ def attn_bwd(
     # are copied densely first, so the bits never depend on the inputs' memory layout.
     do, o_for_delta = dense_specialized(do), dense_specialized(o_for_delta)
     aligned = bool(cfg.tma) and rows_aligned(q, k, v, do)
-    tma_dkdv = aligned and "bwd_dkdv" in cfg.tma
+    # The dK/dV kernel also stores dK and dV through descriptors (dense buffers: always aligned
+    # for the supported head dims, checked so that the condition stays explicit).
+    tma_dkdv = aligned and "bwd_dkdv" in cfg.tma and rows_aligned(dk, dv)
     tma_dq = aligned and "bwd_dq" in cfg.tma
     # Written by the preprocess kernel, head-major: [Hq, stride_hm]. For dK/dV's descriptors
     # every sequence starts 16-byte aligned (``head_major_start``); the padding is never read.
