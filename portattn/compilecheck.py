@@ -50,6 +50,7 @@ from portattn.families import FAMILIES, Family
 STAGES = ("fwd", "bwd_pre", "bwd_dkdv", "bwd_dq")  # KernelConfig fields, one kernel each
 KERNEL_FUNCTIONS = {
     "attn_fwd_kernel": "fwd",
+    "attn_fwd_ws_kernel": "fwd",  # Gluon, where the entry sets fwd_ws
     "attn_bwd_preprocess_kernel": "bwd_pre",
     "attn_bwd_dkdv_kernel": "bwd_dkdv",
     "attn_bwd_dq_kernel": "bwd_dq",
@@ -289,8 +290,13 @@ def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
     else:
         tiles = getattr(cfg, launch.stage)
     problems = []
-    if launch.options != tiles.launch_kwargs():
-        problems.append(f"launch options {launch.options} != table {tiles.launch_kwargs()}")
+    expected = tiles.launch_kwargs()
+    if getattr(launch.fn, "__name__", None) == "attn_fwd_ws_kernel":
+        from portattn.kernels.forward_ws import ws_launch_options
+
+        expected = ws_launch_options(tiles)
+    if launch.options != expected:
+        problems.append(f"launch options {launch.options} != table {expected}")
     for param, value in (("BLOCK_M", tiles.block_m), ("BLOCK_N", tiles.block_n)):
         if param in launch.args and launch.args[param] != value:
             problems.append(f"{param}={launch.args[param]} != table {value}")
@@ -385,6 +391,8 @@ def compile_launch(launch: Launch, family: Family) -> Artifacts:
     if unknown:
         raise ValueError(f"launch options {sorted(unknown)} are not {target.backend} options")
     signature, constexprs, attrs = specialize(launch, backend)
+    if launch.fn.is_gluon():
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     src = ASTSource(launch.fn, signature, constexprs, attrs)
     options = dict(launch.options, debug=False, **PINNED_OPTIONS[target.backend])
     log = io.StringIO()

@@ -56,7 +56,12 @@ class KernelConfig:
     ``TMA_KERNELS`` that read their row tiles through per-sequence tensor descriptors (the copy
     engine) where the tensors' addresses allow it, else through masked pointer loads (the dK/dV
     kernel then also stores dK and dV through descriptors); both read and write the same
-    values, so the bits do not depend on it."""
+    values, so the bits do not depend on it. ``fwd_ws`` (Hopper, with ``fwd`` in ``tma``):
+    the forward runs as the warp-specialised Gluon kernel of ``kernels/forward_ws.py`` (a
+    producer warp and two consumer warp groups whose softmax overlaps the products) where the
+    descriptor path applies, else as the Triton kernel; the forward tiles mean the same
+    (BLOCK_M 128 = two groups of 64 rows, 8 consumer warps, ``num_stages`` K/V ring slots) and
+    so do the bits."""
 
     fwd: Tiles
     bwd_pre: Tiles
@@ -66,6 +71,7 @@ class KernelConfig:
     fwd_chunks: int = 1
     bwd_dv: Tiles | None = None
     tma: tuple[str, ...] = ()
+    fwd_ws: bool = False
 
     def dkdv_launch_tiles(self, want_dk: bool) -> Tiles:
         """Tiles of a dK/dV launch: the dV-only launch may have its own."""
@@ -75,7 +81,7 @@ class KernelConfig:
 
     def content_hash(self) -> str:
         """SHA-256 (first 16 hex digits) of the canonical JSON of this entry. ``dkdv_passes``,
-        ``fwd_chunks``, ``bwd_dv`` and ``tma`` (added later) enter only when they are not their
+        ``fwd_chunks``, ``bwd_dv``, ``tma`` and ``fwd_ws`` (added later) enter only when they are not their
         defaults, so the hashes of entries without them are the ones recorded before they
         existed."""
         fields = asdict(self)
@@ -84,6 +90,7 @@ class KernelConfig:
             ("fwd_chunks", 1),
             ("bwd_dv", None),
             ("tma", ()),
+            ("fwd_ws", False),
         ):
             if fields[later] == default:
                 del fields[later]
@@ -98,7 +105,9 @@ def _tiles(spec: tuple[int, ...], amd: dict[str, int]) -> Tiles:
     return Tiles(*spec[:4], **knobs)
 
 
-def _cfg(fwd, dkdv, dq, amd=None, dkdv_passes=1, fwd_chunks=1, dv=None, tma=()) -> KernelConfig:
+def _cfg(
+    fwd, dkdv, dq, amd=None, dkdv_passes=1, fwd_chunks=1, dv=None, tma=(), fwd_ws=False
+) -> KernelConfig:
     """Compact row: (block_m, block_n, warps, stages) per kernel; ``amd`` = AMD knobs;
     ``dv``: the dV launch's own tiles (with ``dkdv_passes`` > 1)."""
     amd = amd or {}
@@ -112,6 +121,7 @@ def _cfg(fwd, dkdv, dq, amd=None, dkdv_passes=1, fwd_chunks=1, dv=None, tma=()) 
         fwd_chunks,
         _tiles(dv, amd) if dv else None,
         tuple(tma),
+        fwd_ws,
     )
 
 
@@ -128,13 +138,15 @@ _AMD1 = dict(waves_per_eu=1, matrix_instr_nonkdim=16, kpack=1)
 # head_dim:        fwd (BM, BN, warps, stages)   dK/dV (BM, BN, w, s)   dQ (BM, BN, w, s)
 # (``tma``: the kernels that read through tensor descriptors, where that measured faster;
 # sm90 d96/d128 dK/dV: both gradients by one program of one warp group at (32, 64), two CTAs
-# per SM, perf-notes rows 42-45)
+# per SM, perf-notes rows 42-45; ``fwd_ws``: the varlen d128 forward warp-specialised, rows
+# 49-51)
 _FWD, _DKDV, _DQ = "fwd", "bwd_dkdv", "bwd_dq"
 _SM90 = {
     32:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2), tma=(_DKDV,)),
     64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
     96:  _cfg((128, 128, 8, 3),  (32, 64, 4, 3),   (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
-    128: _cfg((128, 128, 8, 3),  (32, 64, 4, 3),   (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
+    128: _cfg((128, 128, 8, 3),  (32, 64, 4, 3),   (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ),
+              fwd_ws=True),
     256: _cfg((64, 64, 8, 2),    (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=2),
 }
 _SM80 = {

@@ -308,6 +308,14 @@ def test_table_mismatch_is_reported():
     )
     assert cc.table_mismatches(good, cfg) == []
     assert isinstance(cfg.fwd, Tiles)
+    # The warp-specialised forward launches one consumer group's 4 warps (plus workers).
+    from portattn.kernels.forward_ws import attn_fwd_ws_kernel, ws_launch_options
+
+    args = {"BLOCK_M": cfg.fwd.block_m, "BLOCK_N": cfg.fwd.block_n}
+    ws = cc.Launch("fwd", attn_fwd_ws_kernel, args, ws_launch_options(cfg.fwd))
+    assert cc.table_mismatches(ws, cfg) == []
+    ws_as_triton = cc.Launch("fwd", attn_fwd_ws_kernel, args, cfg.fwd.launch_kwargs())
+    assert len(cc.table_mismatches(ws_as_triton, cfg)) == 1
 
 
 def test_sm90_varlen_wgmma_not_serialized():

@@ -1,6 +1,7 @@
 """The table's work-splitting fields: ``dkdv_passes`` (dK and dV, and halves of the head dim, in
 separate programs) and ``fwd_chunks`` (the forward's output columns in two programs); and
-``tma``, which changes how tiles are read, never what is computed.
+``tma``, which changes how tiles are read, never what is computed; and ``fwd_ws``, which runs
+the forward as another kernel with the same arithmetic.
 
 On the CPU the interpreter's table entry is replaced by one with the field set, the results
 must meet the accuracy rule and equal the unsplit entry's bitwise (the interpreter computes
@@ -20,6 +21,7 @@ from helpers import HAS_GPU, KERNELS, assert_accurate, assert_bitwise_equal, mak
 
 from portattn import configs
 from portattn.kernels.buffers import dense_specialized, descriptor_scratch, rows_aligned
+from portattn.kernels.forward_ws import ws_supports
 
 SPLITS = [dict(dkdv_passes=2), dict(dkdv_passes=4), dict(fwd_chunks=2)]
 
@@ -143,6 +145,76 @@ def test_tma_same_bits_as_pointers_gpu(kernel, causal, override_entry):
     override_entry(kernel, 128, torch.bfloat16, tma=configs.TMA_KERNELS)
     assert_accurate(p, kernel, causal=causal)
     assert_bitwise_equal(run_kernel(p, kernel, causal=causal), pointers)
+
+
+# ``fwd_ws``: the forward as the warp-specialised Gluon kernel (Hopper), with the same tiles.
+
+
+def _ws_tiles(cfg: configs.KernelConfig, head_dim: int) -> configs.Tiles:
+    """The entry's forward tiles, or with 128 rows and 8 warps where they have another shape
+    (the warp-specialised kernel's 128 rows are two groups of 64; rows are independent, so
+    BLOCK_M never changes a row's bits)."""
+    if ws_supports(cfg.fwd, head_dim):
+        return cfg.fwd
+    return dataclasses.replace(cfg.fwd, block_m=128, num_warps=8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(
+    "kernel, head_dim", [("varlen", 128), ("fixed_order", 128), ("varlen", 64)]
+)
+def test_fwd_ws_same_bits_as_triton_gpu(kernel, head_dim, causal, dtype, override_entry):
+    """The warp-specialised forward (producer warp, two consumer groups, K/V ring) and the
+    Triton forward give the same out and lse bits (and so the same gradients) for the same
+    tiles: odd lengths, an empty sequence, more queries than keys and the reverse, GQA 8/2,
+    sequences of many key tiles (the ring wraps), split-P for fixed_order."""
+    if _gpu_family() != "sm90":
+        pytest.skip("the warp-specialised forward is a Hopper kernel")
+    p = make_pack(
+        [300, 1, 0, 513, 1000, 17, 63, 113],
+        [280, 700, 5, 513, 1000, 17, 63, 2000],
+        8,
+        2,
+        head_dim,
+        dtype,
+        seed=99,
+    )
+    tiles = _ws_tiles(configs.get_config("sm90", kernel, head_dim, dtype), head_dim)
+    tma = configs.TMA_KERNELS
+    override_entry(kernel, head_dim, dtype, fwd=tiles, tma=tma, fwd_ws=False)
+    triton_bits = run_kernel(p, kernel, causal=causal)
+    override_entry(kernel, head_dim, dtype, fwd=tiles, tma=tma, fwd_ws=True)
+    assert_accurate(p, kernel, causal=causal)
+    assert_bitwise_equal(run_kernel(p, kernel, causal=causal), triton_bits)
+
+
+def test_fwd_ws_falls_back_under_interpreter_cpu(override_entry):
+    """Gluon has no CPU interpreter: an entry with ``fwd_ws`` (and tiles the kernel supports)
+    runs the Triton forward there, with the bits of the entry without it."""
+    if HAS_GPU:
+        pytest.skip("interpreter run; the GPU runs the test above")
+    p = make_pack([0, 17, 63, 130], [9, 40, 50, 130], 4, 2, 64, torch.float16, seed=93)
+    tiles = configs.Tiles(128, 64, 8, 2)
+    assert ws_supports(tiles, 64)
+    override_entry("varlen", 64, torch.float16, fwd=tiles, tma=configs.TMA_KERNELS)
+    plain = run_kernel(p, "varlen", causal=True)
+    override_entry("varlen", 64, torch.float16, fwd=tiles, tma=configs.TMA_KERNELS, fwd_ws=True)
+    assert_bitwise_equal(run_kernel(p, "varlen", causal=True), plain)
+
+
+def test_fwd_ws_entries_are_supported():
+    """Every entry that selects the warp-specialised forward is a Hopper entry that reads its
+    forward through descriptors, in one program per query tile, with tiles the kernel is
+    written for (else the launcher would quietly run the Triton forward)."""
+    selected = 0
+    for (family, kernel, head_dim, _), cfg in configs.config_table().items():
+        if cfg.fwd_ws:
+            selected += 1
+            assert family == "sm90" and "fwd" in cfg.tma and cfg.fwd_chunks == 1
+            assert ws_supports(cfg.fwd, head_dim), (family, kernel, head_dim)
+    assert selected
 
 
 def _strided(x: torch.Tensor) -> torch.Tensor:

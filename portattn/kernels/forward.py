@@ -13,8 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from portattn.configs import upcast_dot
+from portattn.configs import interpreter_active, upcast_dot
 from portattn.kernels.buffers import descriptor_scratch, new_buffer, rows_aligned
+from portattn.kernels.forward_ws import attn_fwd_ws_kernel, ws_launch_options, ws_supports
 from portattn.kernels.primitives import (
     head_dim_chunk,
     key_range,
@@ -184,6 +185,12 @@ def attn_fwd(
     tiles = cfg.fwd
     grid = (triton.cdiv(max_seqlen_q, tiles.block_m) * batch, n_heads_q, cfg.fwd_chunks)
     tma = "fwd" in cfg.tma and rows_aligned(q, k, v)
+    # The warp-specialised Gluon kernel computes the same bits; it reads through descriptors
+    # and has no interpreter.
+    warp_specialized = (
+        cfg.fwd_ws and tma and cfg.fwd_chunks == 1 and not interpreter_active()
+        and ws_supports(tiles, head_dim)
+    )
     if before_launch is not None:
         before_launch()
     out = new_buffer(q.shape, q.dtype, q.device)
@@ -192,13 +199,29 @@ def attn_fwd(
     if total_q == 0 or batch == 0:
         return out, lse, out32
     o32_arg = out32 if store_o32 else out
+    args = (
+        q, k, v, out, lse, o32_arg,
+        cu_seqlens_q, cu_seqlens_k,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), o32_arg.stride(0), o32_arg.stride(1),
+        batch, n_heads_q, n_heads_q // n_heads_k, softmax_scale * LOG2E,
+    )
     with descriptor_scratch(q.device, tma):
+        if warp_specialized:
+            attn_fwd_ws_kernel[grid](
+                *args,
+                HEAD_DIM=head_dim,
+                BLOCK_M=tiles.block_m,
+                BLOCK_N=tiles.block_n,
+                CAUSAL=causal,
+                SPLIT_P=split_p,
+                STORE_O32=store_o32,
+                STAGES=tiles.num_stages,
+                **ws_launch_options(tiles),
+            )
+            return out, lse, out32
         attn_fwd_kernel[grid](
-            q, k, v, out, lse, o32_arg,
-            cu_seqlens_q, cu_seqlens_k,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out.stride(0), out.stride(1), o32_arg.stride(0), o32_arg.stride(1),
-            batch, n_heads_q, n_heads_q // n_heads_k, softmax_scale * LOG2E,
+            *args,
             HEAD_DIM=head_dim,
             BLOCK_D=triton.next_power_of_2(head_dim),
             BLOCK_M=tiles.block_m,

@@ -1,0 +1,301 @@
+"""Hopper forward kernel in Gluon: warp-specialised, same arithmetic as ``forward.py``.
+
+Triton 3.6 cannot overlap the forward's softmax with its matrix products on Hopper: its
+automatic warp specialisation fails there (perf-notes row 26) and it waits for a ``wgmma``
+right after issuing it unless the result is the next product's accumulator (rows 21, 32).
+Gluon states the schedule by hand (FlashAttention-3's structure):
+
+* one producer warp copies Q, then K and V tiles into a ring of ``STAGES`` slots (TMA, per-
+  sequence descriptors that read 0 past the sequence end), each tile signalling an mbarrier;
+* two consumer warp groups of 4 warps each own 64 query rows of the program's 128. Each issues
+  the next key tile's ``Q K^T`` before this tile's rescale and ``P V``, and computes the next
+  softmax while ``P V`` runs; it releases a slot (an mbarrier both groups arrive on) once its
+  ``P V`` is done. The groups run unsynchronised, so one's softmax also runs under the other's
+  products.
+
+Bits. Every element is computed by the same expressions as in ``attn_fwd_kernel``: the shared
+``online_softmax_step``, ``visible_mask`` and ``mask_scores``, P rounded to the input dtype
+(split into hi and lo for ``SPLIT_P``), the same wgmma products over the same key tiles, in the
+same order, and the same epilogue. Both groups visit the key tiles of the whole 128-row tile,
+as the Triton kernel does; a tile no row of a group sees leaves its (m, l, acc) unchanged. So
+the two kernels give the same bits for the same table tiles (GPU tests compare them bitwise,
+``tests/test_table_variants.py``). The table selects this kernel (``KernelConfig.fwd_ws``);
+the launcher falls back to ``attn_fwd_kernel`` where descriptors cannot be used, and Gluon
+has no CPU interpreter.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from portattn.configs import Tiles
+from portattn.kernels.primitives import (
+    key_range,
+    mask_scores,
+    online_softmax_step,
+    seq_bounds,
+    tile_index,
+    visible_mask,
+)
+
+LN2 = gl.constexpr(0.6931471805599453)
+GROUP_ROWS = gl.constexpr(64)  # query rows per consumer warp group (one wgmma M)
+GROUP_WARPS = gl.constexpr(4)
+# Registers per thread: consumers get 240 and the producer warp group 24 (FlashAttention-3's
+# split); the kernel starts with MAXNREG over its 12 warps, which covers both.
+CONSUMER_REGS = gl.constexpr(240)
+PRODUCER_REGS = gl.constexpr(24)
+MAXNREG = 168
+
+
+def ws_launch_options(tiles: Tiles) -> dict[str, int]:
+    """Launch options of this kernel for the table's forward tiles (BLOCK_M 128, 8 warps):
+    ``num_warps`` counts the default partition, one consumer group; the other group and the
+    producer warp are added by ``gl.warp_specialize``."""
+    return {"num_warps": GROUP_WARPS.value, "num_stages": tiles.num_stages, "maxnreg": MAXNREG}
+
+
+def ws_supports(tiles: Tiles, head_dim: int) -> bool:
+    """Tiles and head dims this kernel is written for (the table test checks every entry that
+    selects it): two groups of 64 rows, 8 warps in all, a power-of-2 head dim whose rows fill
+    128-byte swizzled shared memory."""
+    return (
+        tiles.block_m == 2 * GROUP_ROWS.value
+        and tiles.num_warps == 2 * GROUP_WARPS.value
+        and head_dim in (64, 128)
+        and tiles.block_n in (64, 128)
+    )
+
+
+@gluon.jit
+def _softmax_p(b_s, b_m, b_l, i_tile, t_full, m_start, seqlen_k, diag, scale_log2,
+               BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+    """Mask key tile ``i_tile``'s raw scores where it needs it, then one online-softmax step."""
+    if i_tile >= t_full:
+        o_q = m_start + gl.arange(0, GROUP_ROWS, layout=gl.SliceLayout(1, s_layout))
+        o_k = i_tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, CAUSAL)
+        b_s = mask_scores(b_s, m_vis)
+    return online_softmax_step(b_s, b_m, b_l, scale_log2)
+
+
+@gluon.jit
+def _issue_pv(b_p, v_tile, b_acc, SPLIT_P: gl.constexpr, p_layout: gl.constexpr):
+    """``acc + round(P) @ V`` (then ``+ round(P - hi) @ V`` with ``SPLIT_P``), asynchronously:
+    ``mma_rounded`` of ``primitives.py`` with wgmma issued by hand."""
+    b_hi = b_p.to(v_tile.dtype)
+    b_acc = warpgroup_mma(gl.convert_layout(b_hi, p_layout), v_tile, b_acc, is_async=True)
+    if SPLIT_P:
+        b_lo = (b_p - b_hi.to(gl.float32)).to(v_tile.dtype)
+        b_acc = warpgroup_mma(gl.convert_layout(b_lo, p_layout), v_tile, b_acc, is_async=True)
+    return b_acc
+
+
+@gluon.jit
+def _wait_slot(bars, i_tile, STAGES: gl.constexpr):
+    """Wait until key tile ``i_tile`` has landed in its ring slot."""
+    mbarrier.wait(bars.index(i_tile % STAGES), (i_tile // STAGES) & 1)
+
+
+@gluon.jit
+def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constexpr,
+             BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_P: gl.constexpr,
+             STORE_O32: gl.constexpr, STAGES: gl.constexpr):
+    """Consumer warp group ``GROUP``: query rows [m_tile + 64 GROUP, + 64) of the program."""
+    q_smem, k_ring, v_ring, q_bars, k_bars, v_bars, free_bars = shared
+    o, lse, o32 = outputs
+    (bos_q, seqlen_q, seqlen_k, diag, t_full, n_tiles, m_tile, i_h, n_heads_q,
+     stride_ot, stride_oh, stride_o32t, stride_o32h, scale_log2) = scalars
+
+    # Scores [64, BLOCK_N] and output [64, HEAD_DIM] in wgmma accumulator layouts; P is the
+    # register A operand of P V.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[GROUP_WARPS, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[GROUP_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    m_start = m_tile + GROUP * GROUP_ROWS
+    q_tile = q_smem.index(GROUP)
+
+    b_zero = gl.zeros([GROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    b_acc = gl.zeros([GROUP_ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+    b_m = gl.full([GROUP_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    b_l = gl.zeros([GROUP_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    b_p = b_zero
+    b_alpha = b_l
+    mbarrier.wait(q_bars.index(GROUP), 0)
+    if n_tiles > 0:
+        _wait_slot(k_bars, 0, STAGES)
+        b_s = warpgroup_mma(q_tile, k_ring.index(0).permute((1, 0)), b_zero, use_acc=False,
+                            is_async=True)
+        b_s = warpgroup_mma_wait(0, deps=(b_s,))
+        b_p, b_alpha, b_m, b_l = _softmax_p(b_s, b_m, b_l, 0, t_full, m_start, seqlen_k, diag,
+                                            scale_log2, BLOCK_N, CAUSAL, s_layout)
+
+    # Iteration i: P of tile i is ready and acc holds tiles < i. Q K^T of tile i + 1 runs under
+    # the rescale of acc, P V of tile i under the softmax of tile i + 1.
+    PV_GROUPS: gl.constexpr = 2 if SPLIT_P else 1  # wgmma groups of one P V
+    for i_tile in range(0, n_tiles - 1):
+        i_next = i_tile + 1
+        _wait_slot(k_bars, i_next, STAGES)
+        b_s = warpgroup_mma(q_tile, k_ring.index(i_next % STAGES).permute((1, 0)), b_zero,
+                            use_acc=False, is_async=True)
+        b_acc = b_acc * gl.convert_layout(b_alpha, row_layout)[:, None]
+        _wait_slot(v_bars, i_tile, STAGES)
+        b_acc = _issue_pv(b_p, v_ring.index(i_tile % STAGES), b_acc, SPLIT_P, p_layout)
+        b_s = warpgroup_mma_wait(PV_GROUPS, deps=(b_s,))  # Q K^T done, P V may run on
+        b_p, b_alpha, b_m, b_l = _softmax_p(b_s, b_m, b_l, i_next, t_full, m_start, seqlen_k,
+                                            diag, scale_log2, BLOCK_N, CAUSAL, s_layout)
+        b_acc = warpgroup_mma_wait(0, deps=(b_acc,))
+        mbarrier.arrive(free_bars.index(i_tile % STAGES), count=1)  # done with K, V of tile i
+
+    if n_tiles > 0:  # the last tile's P V
+        i_tile = n_tiles - 1
+        b_acc = b_acc * gl.convert_layout(b_alpha, row_layout)[:, None]
+        _wait_slot(v_bars, i_tile, STAGES)
+        b_acc = _issue_pv(b_p, v_ring.index(i_tile % STAGES), b_acc, SPLIT_P, p_layout)
+        b_acc = warpgroup_mma_wait(0, deps=(b_acc,))
+
+    # Rows that saw no key: out 0, lse -inf (as attn_fwd_kernel).
+    b_l = gl.convert_layout(b_l, row_layout)
+    b_m = gl.convert_layout(b_m, row_layout)
+    m_empty = b_l == 0.0
+    b_out = b_acc / gl.where(m_empty, 1.0, b_l)[:, None]  # [64, HEAD_DIM]
+    b_lse = gl.where(m_empty, float("-inf"), (b_m + gl.log2(gl.where(m_empty, 1.0, b_l))) * LN2)
+
+    o_q = m_start + gl.arange(0, GROUP_ROWS, layout=row_layout)
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    m_o = (o_q < seqlen_q)[:, None] & (o_d < HEAD_DIM)[None, :]
+    o_rows = (bos_q + o_q.to(gl.int64))[:, None]
+    p_o = o + o_rows * stride_ot + i_h.to(gl.int64) * stride_oh + o_d[None, :]
+    gl.store(p_o, b_out.to(o.dtype.element_ty), mask=m_o)
+    gl.store(lse + (bos_q + o_q.to(gl.int64)) * n_heads_q + i_h, b_lse, mask=o_q < seqlen_q)
+    if STORE_O32:
+        p_o32 = o32 + o_rows * stride_o32t + i_h.to(gl.int64) * stride_o32h + o_d[None, :]
+        gl.store(p_o32, b_out, mask=m_o)
+
+
+# Partition entry points. Worker partitions must share one signature (``descs`` is unused by
+# the second consumer group).
+
+
+@gluon.jit
+def _first_group(shared, outputs, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                 CAUSAL: gl.constexpr, SPLIT_P: gl.constexpr, STORE_O32: gl.constexpr,
+                 STAGES: gl.constexpr):
+    _consume(0, shared, outputs, scalars, HEAD_DIM, BLOCK_N, CAUSAL, SPLIT_P, STORE_O32, STAGES)
+
+
+@gluon.jit
+def _second_group(shared, outputs, scalars, descs, HEAD_DIM: gl.constexpr,
+                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_P: gl.constexpr,
+                  STORE_O32: gl.constexpr, STAGES: gl.constexpr):
+    _consume(1, shared, outputs, scalars, HEAD_DIM, BLOCK_N, CAUSAL, SPLIT_P, STORE_O32, STAGES)
+
+
+@gluon.jit
+def _producer(shared, outputs, scalars, descs, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr, SPLIT_P: gl.constexpr, STORE_O32: gl.constexpr,
+              STAGES: gl.constexpr):
+    """One warp: both groups' Q tiles, then K and V tiles into the ring as slots free up."""
+    q_smem, k_ring, v_ring, q_bars, k_bars, v_bars, free_bars = shared
+    q_desc, k_desc, v_desc = descs
+    n_tiles = scalars[5]
+    m_tile = scalars[6]
+    for group in gl.static_range(2):
+        mbarrier.expect(q_bars.index(group), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [m_tile + group * GROUP_ROWS, 0],
+                                        q_bars.index(group), q_smem.index(group))
+    for i_tile in range(n_tiles):
+        slot = i_tile % STAGES
+        # Free once both groups released the slot's previous tile. An mbarrier starts as if
+        # the phase before its first had completed, so the first pass does not wait.
+        mbarrier.wait(free_bars.index(slot), ((i_tile // STAGES) & 1) ^ 1)
+        mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [i_tile * BLOCK_N, 0], k_bars.index(slot),
+                                        k_ring.index(slot))
+        mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [i_tile * BLOCK_N, 0], v_bars.index(slot),
+                                        v_ring.index(slot))
+
+
+@gluon.jit
+def attn_fwd_ws_kernel(
+    q, k, v, o, lse, o32,
+    cu_seqlens_q, cu_seqlens_k,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_ot, stride_oh, stride_o32t, stride_o32h,
+    batch, n_heads_q, group, scale_log2,
+    HEAD_DIM: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    SPLIT_P: gl.constexpr,
+    STORE_O32: gl.constexpr,
+    STAGES: gl.constexpr,
+):
+    """One program per (query tile of one sequence, query head), as ``attn_fwd_kernel``;
+    ``BLOCK_M`` = 128 (two consumer groups of 64 rows), ``STAGES`` K/V ring slots."""
+    gl.static_assert(BLOCK_M == 2 * GROUP_ROWS)
+    i_b, i_m = tile_index(batch, CAUSAL)
+    i_h = gl.program_id(1)
+    i_hk = i_h // group
+    bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
+    bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
+    m_start = i_m * BLOCK_M
+    if m_start >= seqlen_q:
+        return
+    diag = seqlen_k - seqlen_q
+    n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+    t_full = n_full // BLOCK_N  # key tiles from t_full on need the mask
+    n_tiles = (n_hi + BLOCK_N - 1) // BLOCK_N
+
+    dtype: gl.constexpr = q.dtype.element_ty
+    smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    q_desc = tma.make_tensor_descriptor(
+        q + bos_q * stride_qt + i_h.to(gl.int64) * stride_qh, [seqlen_q, HEAD_DIM],
+        [stride_qt, 1], [GROUP_ROWS, HEAD_DIM], smem)
+    k_desc = tma.make_tensor_descriptor(
+        k + bos_k * stride_kt + i_hk.to(gl.int64) * stride_kh, [seqlen_k, HEAD_DIM],
+        [stride_kt, 1], [BLOCK_N, HEAD_DIM], smem)
+    v_desc = tma.make_tensor_descriptor(
+        v + bos_k * stride_vt + i_hk.to(gl.int64) * stride_vh, [seqlen_k, HEAD_DIM],
+        [stride_vt, 1], [BLOCK_N, HEAD_DIM], smem)
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, GROUP_ROWS, HEAD_DIM], smem)
+    k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
+    v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    free_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(free_bars.index(i), count=2)  # one arrival per consumer group
+    fence_async_shared()
+
+    shared = (q_smem, k_ring, v_ring, q_bars, k_bars, v_bars, free_bars)
+    outputs = (o, lse, o32)
+    scalars = (bos_q, seqlen_q, seqlen_k, diag, t_full, n_tiles, m_start, i_h, n_heads_q,
+               stride_ot, stride_oh, stride_o32t, stride_o32h, scale_log2)
+    descs = (q_desc, k_desc, v_desc)
+    gl.warp_specialize([
+        (_first_group, (shared, outputs, scalars,
+                        HEAD_DIM, BLOCK_N, CAUSAL, SPLIT_P, STORE_O32, STAGES)),
+        (_second_group, (shared, outputs, scalars, descs,
+                         HEAD_DIM, BLOCK_N, CAUSAL, SPLIT_P, STORE_O32, STAGES)),
+        (_producer, (shared, outputs, scalars, descs,
+                     HEAD_DIM, BLOCK_N, CAUSAL, SPLIT_P, STORE_O32, STAGES)),
+    ], [GROUP_WARPS, 1], [CONSUMER_REGS, PRODUCER_REGS])
