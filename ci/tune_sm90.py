@@ -149,8 +149,21 @@ ROUNDS: dict[str, list[tuple[str, int, dict]]] = {
         ("fixed_order", 96, {}),
         ("fixed_order", 96, dict(fwd=(64, 32, 4, 3))),
     ],
+    # The warp-specialised Gluon forward (``fwd_ws``) against the Triton forward, same tiles
+    # (forward only; rows 49-52). fixed_order and d64 at 128 query rows: the Gluon kernel's
+    # shape (two groups of 64 rows), with BLOCK_N as in their table rows.
+    "row51-forward": [
+        ("varlen", 128, {}),
+        ("varlen", 128, dict(fwd_ws=False)),
+        ("varlen", 128, dict(fwd=(128, 128, 8, 2))),
+        ("fixed_order", 128, {}),
+        ("fixed_order", 128, dict(fwd=(128, 64, 8, 3))),
+        ("fixed_order", 128, dict(fwd=(128, 64, 8, 3), fwd_ws=True)),
+        ("varlen", 64, {}),
+        ("varlen", 64, dict(fwd=(128, 64, 8, 3), fwd_ws=True)),
+    ],
 }
-FORWARD_ONLY = {"row35-forward", "row40-forward", "row48-forward"}
+FORWARD_ONLY = {"row35-forward", "row40-forward", "row48-forward", "row51-forward"}
 LATEST = "row46"
 
 TABLE = dict(configs.config_table())  # the committed table, before any override
