@@ -24,9 +24,8 @@ from portattn.kernels.primitives import (
     mma,
     mma_rounded,
     online_softmax_step,
+    query_tile,
     row_tiles,
-    seq_bounds,
-    tile_index,
     visible_mask,
 )
 
@@ -95,12 +94,8 @@ def attn_fwd_kernel(
     the output for half of its columns (one [BLOCK_M, D / 2] accumulator), for head dims whose
     full accumulator does not fit beside the tiles; program 0 of the pair writes lse. ``TMA``:
     Q, K and V tiles are read through per-sequence tensor descriptors (``row_tiles``)."""
-    i_b, i_m = tile_index(batch, CAUSAL)
-    i_h = tl.program_id(1)
-    i_hk = i_h // group
-    bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
-    bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
-    m_start = i_m * BLOCK_M
+    i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
+        cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
     if m_start >= seqlen_q:
         return
     diag = seqlen_k - seqlen_q

@@ -41,8 +41,7 @@ from portattn.kernels.primitives import (
     key_range,
     mask_scores,
     online_softmax_step,
-    seq_bounds,
-    tile_index,
+    query_tile,
     visible_mask,
 )
 
@@ -246,12 +245,8 @@ def attn_fwd_ws_kernel(
     """One program per (query tile of one sequence, query head), as ``attn_fwd_kernel``;
     ``BLOCK_M`` = 128 (two consumer groups of 64 rows), ``STAGES`` K/V ring slots."""
     gl.static_assert(BLOCK_M == 2 * GROUP_ROWS)
-    i_b, i_m = tile_index(batch, CAUSAL)
-    i_h = gl.program_id(1)
-    i_hk = i_h // group
-    bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
-    bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
-    m_start = i_m * BLOCK_M
+    i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
+        cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
     if m_start >= seqlen_q:
         return
     diag = seqlen_k - seqlen_q

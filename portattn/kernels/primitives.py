@@ -239,6 +239,20 @@ def seq_bounds(cu_seqlens, i_b):
 
 
 @triton.jit
+def query_tile(cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M: tl.constexpr,
+               CAUSAL: tl.constexpr):
+    """Where a program of a query-tile grid works (the forward kernels, dQ): program id 0 is
+    (tile, sequence) as ``tile_index`` decodes it, id 1 the query head. Returns (sequence,
+    query head, its KV head, bos_q, seqlen_q, bos_k, seqlen_k, first query row of the tile).
+    Causal grids launch the heaviest tiles first."""
+    i_b, i_m = tile_index(batch, CAUSAL)
+    i_h = tl.program_id(1)
+    bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
+    bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
+    return i_b, i_h, i_h // group, bos_q, seqlen_q, bos_k, seqlen_k, i_m * BLOCK_M
+
+
+@triton.jit
 def tile_index(batch, REVERSE: tl.constexpr):
     """Decode program id 0 into (sequence, tile) with the sequence fastest.
 
