@@ -20,6 +20,7 @@ import torch
 from helpers import HAS_GPU, KERNELS, assert_accurate, assert_bitwise_equal, make_pack, run_kernel
 
 from portattn import configs
+from portattn.kernels import forward
 from portattn.kernels.buffers import dense_specialized, descriptor_scratch, rows_aligned
 from portattn.kernels.forward_ws import ws_supports
 
@@ -186,6 +187,8 @@ def test_fwd_ws_same_bits_as_triton_gpu(kernel, head_dim, causal, dtype, overrid
     override_entry(kernel, head_dim, dtype, fwd=tiles, tma=tma, fwd_ws=False)
     triton_bits = run_kernel(p, kernel, causal=causal)
     override_entry(kernel, head_dim, dtype, fwd=tiles, tma=tma, fwd_ws=True)
+    cfg = configs.get_config("sm90", kernel, head_dim, dtype)
+    assert forward.use_warp_specialized(cfg, head_dim, rows_aligned(p.q, p.k, p.v))
     assert_accurate(p, kernel, causal=causal)
     assert_bitwise_equal(run_kernel(p, kernel, causal=causal), triton_bits)
 
@@ -208,6 +211,7 @@ def test_fwd_ws_entries_are_supported():
     """Every entry that selects the warp-specialised forward is a Hopper entry that reads its
     forward through descriptors, in one program per query tile, with tiles the kernel is
     written for (else the launcher would quietly run the Triton forward)."""
+    assert forward.attn_fwd_ws_kernel is not None  # Triton >= 3.6 (CI pins 3.6): Gluon is there
     selected = 0
     for (family, kernel, head_dim, _), cfg in configs.config_table().items():
         if cfg.fwd_ws:

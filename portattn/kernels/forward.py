@@ -15,7 +15,11 @@ import triton.language as tl
 
 from portattn.configs import interpreter_active, upcast_dot
 from portattn.kernels.buffers import descriptor_scratch, new_buffer, rows_aligned
-from portattn.kernels.forward_ws import attn_fwd_ws_kernel, ws_launch_options, ws_supports
+
+try:  # Gluon's Hopper API as of Triton 3.6; with an older Triton the Triton forward runs always
+    from portattn.kernels.forward_ws import attn_fwd_ws_kernel, ws_launch_options, ws_supports
+except ImportError:
+    attn_fwd_ws_kernel = ws_launch_options = ws_supports = None
 from portattn.kernels.primitives import (
     head_dim_chunk,
     key_range,
@@ -152,6 +156,21 @@ def attn_fwd_kernel(
         tl.store(p_o32, b_out, mask=m_o)
 
 
+def use_warp_specialized(cfg, head_dim: int, tma: bool) -> bool:
+    """Whether the forward runs as the warp-specialised Gluon kernel (``forward_ws.py``): the
+    entry selects it, its inputs take the descriptor path (``tma``), Gluon is there and not the
+    CPU interpreter (it has none), and the tiles are ones it is written for. Either kernel
+    gives the same bits."""
+    return bool(
+        cfg.fwd_ws
+        and tma
+        and cfg.fwd_chunks == 1
+        and attn_fwd_ws_kernel is not None
+        and not interpreter_active()
+        and ws_supports(cfg.fwd, head_dim)
+    )
+
+
 def attn_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -182,10 +201,7 @@ def attn_fwd(
     tma = "fwd" in cfg.tma and rows_aligned(q, k, v)
     # The warp-specialised Gluon kernel computes the same bits; it reads through descriptors
     # and has no interpreter.
-    warp_specialized = (
-        cfg.fwd_ws and tma and cfg.fwd_chunks == 1 and not interpreter_active()
-        and ws_supports(tiles, head_dim)
-    )
+    warp_specialized = use_warp_specialized(cfg, head_dim, tma)
     if before_launch is not None:
         before_launch()
     out = new_buffer(q.shape, q.dtype, q.device)

@@ -26,7 +26,12 @@ has no CPU interpreter.
 
 from __future__ import annotations
 
-from triton.experimental import gluon
+import triton
+
+if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 6):
+    raise ImportError("the warp-specialised forward is written for Gluon as of Triton 3.6")
+
+from triton.experimental import gluon  # noqa: E402 - after the version gate
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
