@@ -219,6 +219,11 @@ def test_fwd_ws_entries_are_supported():
             assert family == "sm90" and "fwd" in cfg.tma and cfg.fwd_chunks == 1
             assert ws_supports(cfg.fwd, head_dim), (family, kernel, head_dim)
     assert selected
+    # What it is not written for: one ring slot (would hang), other row counts, head dims.
+    assert ws_supports(configs.Tiles(128, 128, 8, 2), 128)
+    assert not ws_supports(configs.Tiles(128, 128, 8, 1), 128)
+    assert not ws_supports(configs.Tiles(64, 64, 4, 3), 128)
+    assert not ws_supports(configs.Tiles(128, 128, 8, 3), 96)
 
 
 def _strided(x: torch.Tensor) -> torch.Tensor:

@@ -70,10 +70,12 @@ def ws_launch_options(tiles: Tiles) -> dict[str, int]:
 def ws_supports(tiles: Tiles, head_dim: int) -> bool:
     """Tiles and head dims this kernel is written for (the table test checks every entry that
     selects it): two groups of 64 rows, 8 warps in all, a power-of-2 head dim whose rows fill
-    128-byte swizzled shared memory."""
+    128-byte swizzled shared memory, and a ring of at least two slots (with one, a group would
+    wait for the next key tile before releasing the slot it needs: a hang)."""
     return (
         tiles.block_m == 2 * GROUP_ROWS.value
         and tiles.num_warps == 2 * GROUP_WARPS.value
+        and tiles.num_stages >= 2
         and head_dim in (64, 128)
         and tiles.block_n in (64, 128)
     )
