@@ -81,9 +81,9 @@ class KernelConfig:
 
     def content_hash(self) -> str:
         """SHA-256 (first 16 hex digits) of the canonical JSON of this entry. ``dkdv_passes``,
-        ``fwd_chunks``, ``bwd_dv``, ``tma`` and ``fwd_ws`` (added later) enter only when they are not their
-        defaults, so the hashes of entries without them are the ones recorded before they
-        existed."""
+        ``fwd_chunks``, ``bwd_dv``, ``tma`` and ``fwd_ws`` (added later) enter only when they
+        are not their defaults, so the hashes of entries without them are the ones recorded
+        before they existed."""
         fields = asdict(self)
         for later, default in (
             ("dkdv_passes", 1),

@@ -38,6 +38,7 @@ from portattn.kernels.primitives import (
     mma,
     mma_rounded,
     query_range,
+    query_tile,
     recompute_p,
     row_tiles,
     seq_bounds,
@@ -296,12 +297,8 @@ def attn_bwd_dq_kernel(
     """One program per (query tile of one sequence, query head). ``TMA``: K and V tiles are
     read through per-sequence tensor descriptors (``row_tiles``). ``PADDED``: lse2 and delta
     are in the preprocess kernel's padded layout (``head_major_start``)."""
-    i_b, i_m = tile_index(batch, CAUSAL)
-    i_h = tl.program_id(1)
-    i_hk = i_h // group
-    bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
-    bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
-    m_start = i_m * BLOCK_M
+    i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
+        cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
     if m_start >= seqlen_q:
         return
     diag = seqlen_k - seqlen_q

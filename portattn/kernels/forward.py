@@ -27,13 +27,13 @@ from portattn.kernels.primitives import (
     mask_scores,
     mma,
     mma_rounded,
+    normalize_rows,
     online_softmax_step,
     query_tile,
     row_tiles,
     visible_mask,
 )
 
-LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = 1.4426950408889634
 
 
@@ -139,9 +139,7 @@ def attn_fwd_kernel(
     )
 
     # Rows that saw no key: out 0, lse -inf.
-    m_empty = b_l == 0.0
-    b_out = b_acc / tl.where(m_empty, 1.0, b_l)[:, None]  # [BLOCK_M, BLOCK_DC]
-    b_lse = tl.where(m_empty, float("-inf"), (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * LN2)
+    b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
     p_o = o + o_rows * stride_ot + i_h.to(tl.int64) * stride_oh + o_dc[None, :]

@@ -14,9 +14,9 @@ Gluon states the schedule by hand (FlashAttention-3's structure):
   products.
 
 Bits. Every element is computed by the same expressions as in ``attn_fwd_kernel``: the shared
-``online_softmax_step``, ``visible_mask`` and ``mask_scores``, P rounded to the input dtype
-(split into hi and lo for ``SPLIT_P``), the same wgmma products over the same key tiles, in the
-same order, and the same epilogue. Both groups visit the key tiles of the whole 128-row tile,
+``online_softmax_step``, ``visible_mask``, ``mask_scores``, ``split_p_lo`` and
+``normalize_rows``, P rounded to the input dtype, the same wgmma products over the same key
+tiles, in the same order. Both groups visit the key tiles of the whole 128-row tile,
 as the Triton kernel does; a tile no row of a group sees leaves its (m, l, acc) unchanged. So
 the two kernels give the same bits for the same table tiles (GPU tests compare them bitwise,
 ``tests/test_table_variants.py``). The table selects this kernel (``KernelConfig.fwd_ws``);
@@ -45,12 +45,13 @@ from portattn.configs import Tiles
 from portattn.kernels.primitives import (
     key_range,
     mask_scores,
+    normalize_rows,
     online_softmax_step,
     query_tile,
+    split_p_lo,
     visible_mask,
 )
 
-LN2 = gl.constexpr(0.6931471805599453)
 GROUP_ROWS = gl.constexpr(64)  # query rows per consumer warp group (one wgmma M)
 GROUP_WARPS = gl.constexpr(4)
 # Registers per thread: consumers get 240 and the producer warp group 24 (FlashAttention-3's
@@ -100,7 +101,7 @@ def _issue_pv(b_p, v_tile, b_acc, SPLIT_P: gl.constexpr, p_layout: gl.constexpr)
     b_hi = b_p.to(v_tile.dtype)
     b_acc = warpgroup_mma(gl.convert_layout(b_hi, p_layout), v_tile, b_acc, is_async=True)
     if SPLIT_P:
-        b_lo = (b_p - b_hi.to(gl.float32)).to(v_tile.dtype)
+        b_lo = split_p_lo(b_p, b_hi)
         b_acc = warpgroup_mma(gl.convert_layout(b_lo, p_layout), v_tile, b_acc, is_async=True)
     return b_acc
 
@@ -174,9 +175,7 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
     # Rows that saw no key: out 0, lse -inf (as attn_fwd_kernel).
     b_l = gl.convert_layout(b_l, row_layout)
     b_m = gl.convert_layout(b_m, row_layout)
-    m_empty = b_l == 0.0
-    b_out = b_acc / gl.where(m_empty, 1.0, b_l)[:, None]  # [64, HEAD_DIM]
-    b_lse = gl.where(m_empty, float("-inf"), (b_m + gl.log2(gl.where(m_empty, 1.0, b_l))) * LN2)
+    b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [64, HEAD_DIM], [64]
 
     o_q = m_start + gl.arange(0, GROUP_ROWS, layout=row_layout)
     o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))

@@ -2,7 +2,8 @@
 
 Everything that decides the *bits* of a result lives here once, so the two kernels
 (``varlen`` and ``fixed_order``) cannot drift apart: they differ only by the constexpr
-``SPLIT_P`` (split-P second MMA) and by where the backward reads O from.
+``SPLIT_P`` (split-P second MMA) and by where the backward reads O from. The Gluon forward
+(``forward_ws.py``) calls the same primitives, so it computes the Triton forward's bits.
 
 Conventions: ``b_`` block values, ``p_`` pointers, ``o_`` offsets, ``m_`` masks.
 Scores are kept in log2 units: ``s2 = (q . k) * scale * log2(e)``, so ``exp2`` replaces ``exp``.
@@ -13,6 +14,7 @@ import triton.language as tl
 
 # 2**15: P <= 1 times this stays below float16's largest finite value (65504).
 P_SCALE = tl.constexpr(32768.0)
+LN2 = tl.constexpr(0.6931471805599453)  # lse leaves the kernels in natural-log units
 
 
 @triton.jit
@@ -43,9 +45,14 @@ def mma_rounded(b_x, b_b, b_acc, SPLIT_P: tl.constexpr, UPCAST: tl.constexpr):
     b_hi = b_x.to(b_b.dtype)
     b_acc = mma(b_hi, b_b, b_acc, UPCAST)
     if SPLIT_P:
-        b_lo = (b_x - b_hi.to(tl.float32)).to(b_b.dtype)
-        b_acc = mma(b_lo, b_b, b_acc, UPCAST)
+        b_acc = mma(split_p_lo(b_x, b_hi), b_b, b_acc, UPCAST)
     return b_acc
+
+
+@triton.jit
+def split_p_lo(b_x, b_hi):
+    """Split-P's second part: ``round(b_x - hi)`` in hi's dtype, where ``hi = round(b_x)``."""
+    return (b_x - b_hi.to(tl.float32)).to(b_hi.dtype)
 
 
 @triton.jit
@@ -115,6 +122,16 @@ def online_softmax_step(b_qk, b_m, b_l, scale_log2):
     b_alpha = tl.exp2(b_m - b_m_use)
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
     return b_p, b_alpha, b_m_new, b_l
+
+
+@triton.jit
+def normalize_rows(b_acc, b_m, b_l):
+    """The forward's last step: out = acc / l (b_acc [M, D]) and the natural-log lse
+    ``(m + log2 l) ln 2`` [M]. Rows that saw no visible key (l = 0): out 0, lse -inf."""
+    m_empty = b_l == 0.0
+    b_out = b_acc / tl.where(m_empty, 1.0, b_l)[:, None]
+    b_lse = tl.where(m_empty, float("-inf"), (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * LN2)
+    return b_out, b_lse
 
 
 @triton.jit
@@ -247,9 +264,11 @@ def query_tile(cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M: tl.constexpr,
     Causal grids launch the heaviest tiles first."""
     i_b, i_m = tile_index(batch, CAUSAL)
     i_h = tl.program_id(1)
+    i_hk = i_h // group
     bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
     bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
-    return i_b, i_h, i_h // group, bos_q, seqlen_q, bos_k, seqlen_k, i_m * BLOCK_M
+    m_start = i_m * BLOCK_M
+    return i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start
 
 
 @triton.jit
