@@ -53,6 +53,7 @@ KERNEL_FUNCTIONS = {
     "attn_fwd_ws_kernel": "fwd",  # Gluon, where the entry sets fwd_ws
     "attn_bwd_preprocess_kernel": "bwd_pre",
     "attn_bwd_dkdv_kernel": "bwd_dkdv",
+    "attn_bwd_dkdv_ws_kernel": "bwd_dkdv",  # Gluon, where the entry sets bwd_ws
     "attn_bwd_dq_kernel": "bwd_dq",
 }
 HAS_PRODUCT = {"fwd": True, "bwd_pre": False, "bwd_dkdv": True, "bwd_dq": True}
@@ -288,7 +289,7 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
 def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
     """Where a recorded launch differs from the table's tiles (empty when it reads the table)."""
     if launch.stage == "bwd_dkdv":
-        tiles = cfg.dkdv_launch_tiles(bool(launch.args["WANT_DK"]))
+        tiles = cfg.dkdv_launch_tiles(bool(launch.args.get("WANT_DK", True)))
     else:
         tiles = getattr(cfg, launch.stage)
     problems = []
@@ -297,6 +298,10 @@ def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
         from portattn.kernels.forward_ws import ws_launch_options
 
         expected = ws_launch_options(tiles)
+    if getattr(launch.fn, "__name__", None) == "attn_bwd_dkdv_ws_kernel":
+        from portattn.kernels.backward_ws import dkdv_ws_launch_options
+
+        expected = dkdv_ws_launch_options(tiles)
     if launch.options != expected:
         problems.append(f"launch options {launch.options} != table {expected}")
     for param, value in (("BLOCK_M", tiles.block_m), ("BLOCK_N", tiles.block_n)):

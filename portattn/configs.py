@@ -61,7 +61,11 @@ class KernelConfig:
     producer warp and two consumer warp groups whose softmax overlaps the products) where the
     descriptor path applies, else as the Triton kernel; the forward tiles mean the same
     (BLOCK_M 128 = two groups of 64 rows, 8 consumer warps, ``num_stages`` K/V ring slots) and
-    so do the bits."""
+    so do the bits. ``bwd_ws`` (Hopper, with ``bwd_dkdv`` in ``tma`` and one pass): the dK/dV
+    sums run as the warp-specialised Gluon kernel of ``kernels/backward_ws.py`` where the
+    descriptor path applies, else as the Triton kernel at the same tiles (BLOCK_N 128 = two
+    groups of 64 key rows, 8 consumer warps, ``num_stages`` ring slots of BLOCK_M query rows);
+    the bits are the same."""
 
     fwd: Tiles
     bwd_pre: Tiles
@@ -72,6 +76,7 @@ class KernelConfig:
     bwd_dv: Tiles | None = None
     tma: tuple[str, ...] = ()
     fwd_ws: bool = False
+    bwd_ws: bool = False
 
     def dkdv_launch_tiles(self, want_dk: bool) -> Tiles:
         """Tiles of a dK/dV launch: the dV-only launch may have its own."""
@@ -81,7 +86,7 @@ class KernelConfig:
 
     def content_hash(self) -> str:
         """SHA-256 (first 16 hex digits) of the canonical JSON of this entry. ``dkdv_passes``,
-        ``fwd_chunks``, ``bwd_dv``, ``tma`` and ``fwd_ws`` (added later) enter only when they
+        ``fwd_chunks``, ``bwd_dv``, ``tma``, ``fwd_ws`` and ``bwd_ws`` (added later) enter only when they
         are not their defaults, so the hashes of entries without them are the ones recorded
         before they existed."""
         fields = asdict(self)
@@ -91,6 +96,7 @@ class KernelConfig:
             ("bwd_dv", None),
             ("tma", ()),
             ("fwd_ws", False),
+            ("bwd_ws", False),
         ):
             if fields[later] == default:
                 del fields[later]
@@ -106,7 +112,16 @@ def _tiles(spec: tuple[int, ...], amd: dict[str, int]) -> Tiles:
 
 
 def _cfg(
-    fwd, dkdv, dq, amd=None, dkdv_passes=1, fwd_chunks=1, dv=None, tma=(), fwd_ws=False
+    fwd,
+    dkdv,
+    dq,
+    amd=None,
+    dkdv_passes=1,
+    fwd_chunks=1,
+    dv=None,
+    tma=(),
+    fwd_ws=False,
+    bwd_ws=False,
 ) -> KernelConfig:
     """Compact row: (block_m, block_n, warps, stages) per kernel; ``amd`` = AMD knobs;
     ``dv``: the dV launch's own tiles (with ``dkdv_passes`` > 1)."""
@@ -122,6 +137,7 @@ def _cfg(
         _tiles(dv, amd) if dv else None,
         tuple(tma),
         fwd_ws,
+        bwd_ws,
     )
 
 
@@ -137,16 +153,17 @@ _AMD1 = dict(waves_per_eu=1, matrix_instr_nonkdim=16, kpack=1)
 # fmt: off
 # head_dim:        fwd (BM, BN, warps, stages)   dK/dV (BM, BN, w, s)   dQ (BM, BN, w, s)
 # (``tma``: the kernels that read through tensor descriptors, where that measured faster;
-# sm90 d96/d128 dK/dV: both gradients by one program of one warp group at (32, 64), two CTAs
-# per SM, perf-notes rows 42-45; ``fwd_ws``: the varlen d128 forward warp-specialised, rows
-# 49-51)
+# sm90 d96 dK/dV: both gradients by one program of one warp group at (32, 64), two CTAs per
+# SM, perf-notes rows 42-45; ``fwd_ws``: the varlen d128 forward warp-specialised, rows 49-51;
+# ``bwd_ws``: the varlen d64/d128 dK/dV warp-specialised, 128 keys in two groups, row 53)
 _FWD, _DKDV, _DQ = "fwd", "bwd_dkdv", "bwd_dq"
 _SM90 = {
     32:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2), tma=(_DKDV,)),
-    64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
+    64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ),
+              bwd_ws=True),
     96:  _cfg((128, 128, 8, 3),  (32, 64, 4, 3),   (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
-    128: _cfg((128, 128, 8, 3),  (32, 64, 4, 3),   (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ),
-              fwd_ws=True),
+    128: _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ),
+              fwd_ws=True, bwd_ws=True),
     256: _cfg((64, 64, 8, 2),    (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=2),
 }
 _SM80 = {

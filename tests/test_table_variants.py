@@ -1,7 +1,7 @@
 """The table's work-splitting fields: ``dkdv_passes`` (dK and dV, and halves of the head dim, in
 separate programs) and ``fwd_chunks`` (the forward's output columns in two programs); and
-``tma``, which changes how tiles are read, never what is computed; and ``fwd_ws``, which runs
-the forward as another kernel with the same arithmetic.
+``tma``, which changes how tiles are read, never what is computed; and ``fwd_ws`` / ``bwd_ws``,
+which run the forward / the dK/dV sums as other kernels with the same arithmetic.
 
 On the CPU the interpreter's table entry is replaced by one with the field set, the results
 must meet the accuracy rule and equal the unsplit entry's bitwise (the interpreter computes
@@ -20,7 +20,8 @@ import torch
 from helpers import HAS_GPU, KERNELS, assert_accurate, assert_bitwise_equal, make_pack, run_kernel
 
 from portattn import configs
-from portattn.kernels import forward
+from portattn.kernels import backward, forward
+from portattn.kernels.backward_ws import dkdv_ws_supports
 from portattn.kernels.buffers import dense_specialized, descriptor_scratch, rows_aligned
 from portattn.kernels.forward_ws import ws_supports
 
@@ -224,6 +225,83 @@ def test_fwd_ws_entries_are_supported():
     assert not ws_supports(configs.Tiles(128, 128, 8, 1), 128)
     assert not ws_supports(configs.Tiles(64, 64, 4, 3), 128)
     assert not ws_supports(configs.Tiles(128, 128, 8, 3), 96)
+
+
+# ``bwd_ws``: dK/dV as the warp-specialised Gluon kernel (Hopper), with the same tiles.
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(
+    "kernel, head_dim, tiles",
+    [
+        ("varlen", 128, (64, 128, 8, 2)),
+        ("varlen", 64, (64, 128, 8, 3)),
+        ("fixed_order", 128, (32, 128, 8, 2)),  # split-P
+    ],
+)
+def test_bwd_ws_same_bits_as_triton_gpu(kernel, head_dim, tiles, causal, dtype, override_entry):
+    """The warp-specialised dK/dV kernel (producer warp, two consumer groups of 64 keys, a ring
+    of Q/dO tiles) and the Triton dK/dV kernel at the same tiles give the same dk and dv bits:
+    odd lengths, an empty query sequence and an empty key sequence, more queries than keys and
+    the reverse, GQA 8/2 (the ring runs over the group's heads), causal tiles that a group
+    skips or masks, split-P for fixed_order."""
+    if _gpu_family() != "sm90":
+        pytest.skip("the warp-specialised dK/dV kernel is a Hopper kernel")
+    p = make_pack(
+        [300, 1, 0, 513, 1000, 17, 63, 113, 40],
+        [280, 700, 5, 513, 1000, 17, 63, 2000, 0],
+        8,
+        2,
+        head_dim,
+        dtype,
+        seed=97,
+    )
+    fields = dict(
+        bwd_dkdv=configs.Tiles(*tiles), dkdv_passes=1, bwd_dv=None, tma=configs.TMA_KERNELS
+    )
+    override_entry(kernel, head_dim, dtype, bwd_ws=False, **fields)
+    triton_bits = run_kernel(p, kernel, causal=causal)
+    override_entry(kernel, head_dim, dtype, bwd_ws=True, **fields)
+    cfg = configs.get_config("sm90", kernel, head_dim, dtype)
+    assert backward.use_warp_specialized_dkdv(cfg, head_dim, rows_aligned(p.q, p.k, p.v, p.do))
+    assert_accurate(p, kernel, causal=causal)
+    assert_bitwise_equal(run_kernel(p, kernel, causal=causal), triton_bits)
+
+
+def test_bwd_ws_falls_back_under_interpreter_cpu(override_entry):
+    """Gluon has no CPU interpreter: an entry with ``bwd_ws`` runs the Triton dK/dV kernel
+    there, with the bits of the entry without it."""
+    if HAS_GPU:
+        pytest.skip("interpreter run; the GPU runs the test above")
+    p = make_pack([0, 17, 63, 130], [9, 40, 50, 130], 4, 2, 64, torch.float16, seed=91)
+    tiles = configs.Tiles(32, 128, 8, 2)
+    assert dkdv_ws_supports(tiles, 64)
+    fields = dict(bwd_dkdv=tiles, tma=configs.TMA_KERNELS)
+    override_entry("varlen", 64, torch.float16, **fields)
+    plain = run_kernel(p, "varlen", causal=True)
+    override_entry("varlen", 64, torch.float16, bwd_ws=True, **fields)
+    assert_bitwise_equal(run_kernel(p, "varlen", causal=True), plain)
+
+
+def test_bwd_ws_entries_are_supported():
+    """Every entry that selects the warp-specialised dK/dV kernel is a Hopper entry that reads
+    dK/dV's tiles through descriptors, in one pass, with tiles the kernel is written for (else
+    the launcher would quietly run the Triton kernel)."""
+    assert backward.attn_bwd_dkdv_ws_kernel is not None  # Triton >= 3.6 (CI pins 3.6)
+    selected = 0
+    for (family, kernel, head_dim, _), cfg in configs.config_table().items():
+        if cfg.bwd_ws:
+            selected += 1
+            assert family == "sm90" and "bwd_dkdv" in cfg.tma and cfg.dkdv_passes == 1
+            assert dkdv_ws_supports(cfg.bwd_dkdv, head_dim), (family, kernel, head_dim)
+    assert selected
+    # What it is not written for: one ring slot (would hang), other key counts, head dims.
+    assert dkdv_ws_supports(configs.Tiles(64, 128, 8, 2), 128)
+    assert not dkdv_ws_supports(configs.Tiles(64, 128, 8, 1), 128)
+    assert not dkdv_ws_supports(configs.Tiles(32, 64, 4, 3), 128)
+    assert not dkdv_ws_supports(configs.Tiles(64, 128, 8, 2), 96)
 
 
 def _strided(x: torch.Tensor) -> torch.Tensor:

@@ -16,13 +16,22 @@ import torch
 import triton
 import triton.language as tl
 
-from portattn.configs import upcast_dot
+from portattn.configs import interpreter_active, upcast_dot
 from portattn.kernels.buffers import (
     dense_specialized,
     descriptor_scratch,
     new_buffer,
     rows_aligned,
 )
+
+try:  # Gluon's Hopper API as of Triton 3.6; with an older Triton the Triton kernel runs always
+    from portattn.kernels.backward_ws import (
+        attn_bwd_dkdv_ws_kernel,
+        dkdv_ws_launch_options,
+        dkdv_ws_supports,
+    )
+except ImportError:
+    attn_bwd_dkdv_ws_kernel = dkdv_ws_launch_options = dkdv_ws_supports = None
 from portattn.kernels.primitives import (
     P_SCALE,
     head_dim_chunk,
@@ -337,6 +346,21 @@ def attn_bwd_dq_kernel(
              b_dq.to(dq.dtype.element_ty), mask=m_q)
 
 
+def use_warp_specialized_dkdv(cfg, head_dim: int, tma: bool) -> bool:
+    """Whether dK/dV run as the warp-specialised Gluon kernel (``backward_ws.py``): the entry
+    selects it with one pass, the inputs take the descriptor path (``tma``), Gluon is there
+    and not the CPU interpreter, and the tiles are ones it is written for. Either kernel gives
+    the same bits."""
+    return bool(
+        cfg.bwd_ws
+        and tma
+        and cfg.dkdv_passes == 1
+        and attn_bwd_dkdv_ws_kernel is not None
+        and not interpreter_active()
+        and dkdv_ws_supports(cfg.bwd_dkdv, head_dim)
+    )
+
+
 def attn_bwd(
     do: torch.Tensor,
     q: torch.Tensor,
@@ -414,16 +438,25 @@ def attn_bwd(
         else:
             chunks = cfg.dkdv_passes // 2
             launches = [(False, True, chunks), (True, False, chunks)]
+        args = (
+            q, k, v, do, lse2, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            batch, stride_hm, n_heads_q // n_heads_k, softmax_scale, scale_log2,
+        )
         for want_dk, want_dv, chunks in launches:
             t = cfg.dkdv_launch_tiles(want_dk)
             grid = (triton.cdiv(max_seqlen_k, t.block_n) * batch, n_heads_k, chunks)
             with descriptor_scratch(q.device, tma_dkdv):
+                if use_warp_specialized_dkdv(cfg, head_dim, tma_dkdv):
+                    attn_bwd_dkdv_ws_kernel[grid[:2]](
+                        *args, HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                        CAUSAL=causal, SPLIT_P=split_p, STAGES=t.num_stages,
+                        **dkdv_ws_launch_options(t),
+                    )
+                    continue
                 attn_bwd_dkdv_kernel[grid](
-                    q, k, v, do, lse2, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
-                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-                    v.stride(1), do.stride(0), do.stride(1), dk.stride(0), dk.stride(1),
-                    dv.stride(0), dv.stride(1), batch, stride_hm, n_heads_q // n_heads_k,
-                    softmax_scale, scale_log2,
+                    *args,
                     BLOCK_M=t.block_m, BLOCK_N=t.block_n, WANT_DK=want_dk, WANT_DV=want_dv,
                     D_CHUNKS=chunks, TMA=tma_dkdv, **common, **kernel_flags, **t.launch_kwargs(),
                 )

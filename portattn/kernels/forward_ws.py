@@ -95,7 +95,7 @@ def _softmax_p(b_s, b_m, b_l, i_tile, t_full, m_start, seqlen_k, diag, scale_log
 
 
 @gluon.jit
-def _issue_pv(b_p, v_tile, b_acc, SPLIT_P: gl.constexpr, p_layout: gl.constexpr):
+def issue_rounded_mma(b_p, v_tile, b_acc, SPLIT_P: gl.constexpr, p_layout: gl.constexpr):
     """``acc + round(P) @ V`` (then ``+ round(P - hi) @ V`` with ``SPLIT_P``), asynchronously:
     ``mma_rounded`` of ``primitives.py`` with wgmma issued by hand."""
     b_hi = b_p.to(v_tile.dtype)
@@ -158,7 +158,7 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
                             use_acc=False, is_async=True)
         b_acc = b_acc * gl.convert_layout(b_alpha, row_layout)[:, None]
         _wait_slot(v_bars, i_tile, STAGES)
-        b_acc = _issue_pv(b_p, v_ring.index(i_tile % STAGES), b_acc, SPLIT_P, p_layout)
+        b_acc = issue_rounded_mma(b_p, v_ring.index(i_tile % STAGES), b_acc, SPLIT_P, p_layout)
         b_s = warpgroup_mma_wait(PV_GROUPS, deps=(b_s,))  # Q K^T done, P V may run on
         b_p, b_alpha, b_m, b_l = _softmax_p(b_s, b_m, b_l, i_next, t_full, m_start, seqlen_k,
                                             diag, scale_log2, BLOCK_N, CAUSAL, s_layout)
@@ -169,7 +169,7 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
         i_tile = n_tiles - 1
         b_acc = b_acc * gl.convert_layout(b_alpha, row_layout)[:, None]
         _wait_slot(v_bars, i_tile, STAGES)
-        b_acc = _issue_pv(b_p, v_ring.index(i_tile % STAGES), b_acc, SPLIT_P, p_layout)
+        b_acc = issue_rounded_mma(b_p, v_ring.index(i_tile % STAGES), b_acc, SPLIT_P, p_layout)
         b_acc = warpgroup_mma_wait(0, deps=(b_acc,))
 
     # Rows that saw no key: out 0, lse -inf (as attn_fwd_kernel).
