@@ -162,9 +162,23 @@ ROUNDS: dict[str, list[tuple[str, int, dict]]] = {
         ("varlen", 64, {}),
         ("varlen", 64, dict(fwd=(128, 64, 8, 3), fwd_ws=True)),
     ],
+    # The warp-specialised dK/dV kernel (``bwd_ws``) against the Triton dK/dV kernel (row 53);
+    # fixed_order at its own 32-row query tiles (64 rows would change its split-P bits).
+    "row53-backward": [
+        ("varlen", 128, {}),
+        ("varlen", 128, dict(bwd_ws=False, bwd_dkdv=(32, 64, 4, 3))),
+        ("varlen", 128, dict(bwd_ws=False)),
+        ("varlen", 128, dict(bwd_dkdv=(64, 128, 8, 3))),
+        ("varlen", 128, dict(bwd_dkdv=(32, 128, 8, 2))),
+        ("varlen", 64, {}),
+        ("varlen", 64, dict(bwd_ws=False)),
+        ("fixed_order", 128, {}),
+        ("fixed_order", 128, dict(bwd_dkdv=(32, 128, 8, 2), bwd_ws=True)),
+        ("fixed_order", 128, dict(bwd_dkdv=(32, 128, 8, 3), bwd_ws=True)),
+    ],
 }
 FORWARD_ONLY = {"row35-forward", "row40-forward", "row48-forward", "row51-forward"}
-LATEST = "row46"
+LATEST = "row53-backward"
 
 TABLE = dict(configs.config_table())  # the committed table, before any override
 
