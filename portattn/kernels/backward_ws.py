@@ -274,7 +274,7 @@ def attn_bwd_dkdv_ws_kernel(
     if n_start >= seqlen_k:
         return
     diag = seqlen_k - seqlen_q
-    m_lo, m_full = query_range(n_start, seqlen_q, diag, BLOCK_M, BLOCK_N, CAUSAL)
+    m_lo, _ = query_range(n_start, seqlen_q, diag, BLOCK_M, BLOCK_N, CAUSAL)
     n_tiles = (seqlen_q - m_lo + BLOCK_M - 1) // BLOCK_M  # query tiles per head
     n_heads_q = gl.num_programs(1) * group
 
