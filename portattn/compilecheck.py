@@ -294,14 +294,10 @@ def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
         tiles = getattr(cfg, launch.stage)
     problems = []
     expected = tiles.launch_kwargs()
-    if getattr(launch.fn, "__name__", None) == "attn_fwd_ws_kernel":
-        from portattn.kernels.forward_ws import ws_launch_options
+    if getattr(launch.fn, "__name__", None) in ("attn_fwd_ws_kernel", "attn_bwd_dkdv_ws_kernel"):
+        from portattn.kernels.ws_common import ws_launch_options
 
         expected = ws_launch_options(tiles)
-    if getattr(launch.fn, "__name__", None) == "attn_bwd_dkdv_ws_kernel":
-        from portattn.kernels.backward_ws import dkdv_ws_launch_options
-
-        expected = dkdv_ws_launch_options(tiles)
     if launch.options != expected:
         problems.append(f"launch options {launch.options} != table {expected}")
     for param, value in (("BLOCK_M", tiles.block_m), ("BLOCK_N", tiles.block_n)):

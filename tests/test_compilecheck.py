@@ -309,7 +309,8 @@ def test_table_mismatch_is_reported():
     assert cc.table_mismatches(good, cfg) == []
     assert isinstance(cfg.fwd, Tiles)
     # The warp-specialised forward launches one consumer group's 4 warps (plus workers).
-    from portattn.kernels.forward_ws import attn_fwd_ws_kernel, ws_launch_options
+    from portattn.kernels.forward_ws import attn_fwd_ws_kernel
+    from portattn.kernels.ws_common import ws_launch_options
 
     args = {"BLOCK_M": cfg.fwd.block_m, "BLOCK_N": cfg.fwd.block_n}
     ws = cc.Launch("fwd", attn_fwd_ws_kernel, args, ws_launch_options(cfg.fwd))

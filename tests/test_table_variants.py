@@ -208,25 +208,6 @@ def test_fwd_ws_falls_back_under_interpreter_cpu(override_entry):
     assert_bitwise_equal(run_kernel(p, "varlen", causal=True), plain)
 
 
-def test_fwd_ws_entries_are_supported():
-    """Every entry that selects the warp-specialised forward is a Hopper entry that reads its
-    forward through descriptors, in one program per query tile, with tiles the kernel is
-    written for (else the launcher would quietly run the Triton forward)."""
-    assert forward.attn_fwd_ws_kernel is not None  # Triton >= 3.6 (CI pins 3.6): Gluon is there
-    selected = 0
-    for (family, kernel, head_dim, _), cfg in configs.config_table().items():
-        if cfg.fwd_ws:
-            selected += 1
-            assert family == "sm90" and "fwd" in cfg.tma and cfg.fwd_chunks == 1
-            assert ws_supports(cfg.fwd, head_dim), (family, kernel, head_dim)
-    assert selected
-    # What it is not written for: one ring slot (would hang), other row counts, head dims.
-    assert ws_supports(configs.Tiles(128, 128, 8, 2), 128)
-    assert not ws_supports(configs.Tiles(128, 128, 8, 1), 128)
-    assert not ws_supports(configs.Tiles(64, 64, 4, 3), 128)
-    assert not ws_supports(configs.Tiles(128, 128, 8, 3), 96)
-
-
 # ``bwd_ws``: dK/dV as the warp-specialised Gluon kernel (Hopper), with the same tiles.
 
 
@@ -285,23 +266,45 @@ def test_bwd_ws_falls_back_under_interpreter_cpu(override_entry):
     assert_bitwise_equal(run_kernel(p, "varlen", causal=True), plain)
 
 
-def test_bwd_ws_entries_are_supported():
-    """Every entry that selects the warp-specialised dK/dV kernel is a Hopper entry that reads
-    dK/dV's tiles through descriptors, in one pass, with tiles the kernel is written for (else
-    the launcher would quietly run the Triton kernel)."""
-    assert backward.attn_bwd_dkdv_ws_kernel is not None  # Triton >= 3.6 (CI pins 3.6)
+# Per field: the Gluon kernel, its ``supports``, the stage whose tiles it takes, what else the
+# entry must say, and tiles it must refuse (one ring slot would hang; other shapes, head dims).
+_WS_FIELDS = {
+    "fwd_ws": (
+        lambda: forward.attn_fwd_ws_kernel,
+        ws_supports,
+        "fwd",
+        lambda cfg: "fwd" in cfg.tma and cfg.fwd_chunks == 1,
+        (128, 128, 8, 2),
+        [((128, 128, 8, 1), 128), ((64, 64, 4, 3), 128), ((128, 128, 8, 3), 96)],
+    ),
+    "bwd_ws": (
+        lambda: backward.attn_bwd_dkdv_ws_kernel,
+        dkdv_ws_supports,
+        "bwd_dkdv",
+        lambda cfg: "bwd_dkdv" in cfg.tma and cfg.dkdv_passes == 1,
+        (64, 128, 8, 2),
+        [((64, 128, 8, 1), 128), ((32, 64, 4, 3), 128), ((64, 128, 8, 2), 96)],
+    ),
+}
+
+
+@pytest.mark.parametrize("field", sorted(_WS_FIELDS))
+def test_ws_entries_are_supported(field):
+    """Every entry that selects a warp-specialised kernel is a Hopper entry that reads that
+    kernel's tiles through descriptors (in one program per tile, one pass), with tiles the
+    kernel is written for: else the launcher would quietly run the Triton kernel."""
+    kernel_fn, supports, stage, entry_ok, accepted, refused = _WS_FIELDS[field]
+    assert kernel_fn() is not None  # Triton >= 3.6 (CI pins 3.6): Gluon is there
     selected = 0
     for (family, kernel, head_dim, _), cfg in configs.config_table().items():
-        if cfg.bwd_ws:
+        if getattr(cfg, field):
             selected += 1
-            assert family == "sm90" and "bwd_dkdv" in cfg.tma and cfg.dkdv_passes == 1
-            assert dkdv_ws_supports(cfg.bwd_dkdv, head_dim), (family, kernel, head_dim)
+            assert family == "sm90" and entry_ok(cfg), (family, kernel, head_dim)
+            assert supports(getattr(cfg, stage), head_dim), (family, kernel, head_dim)
     assert selected
-    # What it is not written for: one ring slot (would hang), other key counts, head dims.
-    assert dkdv_ws_supports(configs.Tiles(64, 128, 8, 2), 128)
-    assert not dkdv_ws_supports(configs.Tiles(64, 128, 8, 1), 128)
-    assert not dkdv_ws_supports(configs.Tiles(32, 64, 4, 3), 128)
-    assert not dkdv_ws_supports(configs.Tiles(64, 128, 8, 2), 96)
+    assert supports(configs.Tiles(*accepted), 128)
+    for tiles, head_dim in refused:
+        assert not supports(configs.Tiles(*tiles), head_dim), (tiles, head_dim)
 
 
 def _strided(x: torch.Tensor) -> torch.Tensor:

@@ -25,13 +25,10 @@ from portattn.kernels.buffers import (
 )
 
 try:  # Gluon's Hopper API as of Triton 3.6; with an older Triton the Triton kernel runs always
-    from portattn.kernels.backward_ws import (
-        attn_bwd_dkdv_ws_kernel,
-        dkdv_ws_launch_options,
-        dkdv_ws_supports,
-    )
+    from portattn.kernels.backward_ws import attn_bwd_dkdv_ws_kernel, dkdv_ws_supports
+    from portattn.kernels.ws_common import ws_launch_options
 except ImportError:
-    attn_bwd_dkdv_ws_kernel = dkdv_ws_launch_options = dkdv_ws_supports = None
+    attn_bwd_dkdv_ws_kernel = dkdv_ws_supports = ws_launch_options = None
 from portattn.kernels.primitives import (
     P_SCALE,
     head_dim_chunk,
@@ -452,7 +449,7 @@ def attn_bwd(
                     attn_bwd_dkdv_ws_kernel[grid[:2]](
                         *args, HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                         CAUSAL=causal, SPLIT_P=split_p, STAGES=t.num_stages,
-                        **dkdv_ws_launch_options(t),
+                        **ws_launch_options(t),
                     )
                     continue
                 attn_bwd_dkdv_kernel[grid](

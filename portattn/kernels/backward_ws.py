@@ -40,7 +40,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from portattn.configs import Tiles
-from portattn.kernels.forward_ws import issue_rounded_mma
 from portattn.kernels.primitives import (
     P_SCALE,
     head_major_start,
@@ -51,18 +50,14 @@ from portattn.kernels.primitives import (
     tile_index,
     visible_mask,
 )
+from portattn.kernels.ws_common import (
+    CONSUMER_REGS,
+    GROUP_WARPS,
+    PRODUCER_REGS,
+    issue_rounded_mma,
+)
 
 GROUP_KEYS = gl.constexpr(64)  # key rows per consumer warp group (one wgmma M)
-GROUP_WARPS = gl.constexpr(4)
-CONSUMER_REGS = gl.constexpr(240)
-PRODUCER_REGS = gl.constexpr(24)
-MAXNREG = 168
-
-
-def dkdv_ws_launch_options(tiles: Tiles) -> dict[str, int]:
-    """Launch options for the table's dK/dV tiles (BLOCK_N 128, 8 warps): ``num_warps`` counts
-    the default partition, one consumer group; ``gl.warp_specialize`` adds the rest."""
-    return {"num_warps": GROUP_WARPS.value, "num_stages": tiles.num_stages, "maxnreg": MAXNREG}
 
 
 def dkdv_ws_supports(tiles: Tiles, head_dim: int) -> bool:

@@ -17,7 +17,8 @@ from portattn.configs import interpreter_active, upcast_dot
 from portattn.kernels.buffers import descriptor_scratch, new_buffer, rows_aligned
 
 try:  # Gluon's Hopper API as of Triton 3.6; with an older Triton the Triton forward runs always
-    from portattn.kernels.forward_ws import attn_fwd_ws_kernel, ws_launch_options, ws_supports
+    from portattn.kernels.forward_ws import attn_fwd_ws_kernel, ws_supports
+    from portattn.kernels.ws_common import ws_launch_options
 except ImportError:
     attn_fwd_ws_kernel = ws_launch_options = ws_supports = None
 from portattn.kernels.primitives import (

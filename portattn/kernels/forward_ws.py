@@ -48,24 +48,16 @@ from portattn.kernels.primitives import (
     normalize_rows,
     online_softmax_step,
     query_tile,
-    split_p_lo,
     visible_mask,
+)
+from portattn.kernels.ws_common import (
+    CONSUMER_REGS,
+    GROUP_WARPS,
+    PRODUCER_REGS,
+    issue_rounded_mma,
 )
 
 GROUP_ROWS = gl.constexpr(64)  # query rows per consumer warp group (one wgmma M)
-GROUP_WARPS = gl.constexpr(4)
-# Registers per thread: consumers get 240 and the producer warp group 24 (FlashAttention-3's
-# split); the kernel starts with MAXNREG over its 12 warps, which covers both.
-CONSUMER_REGS = gl.constexpr(240)
-PRODUCER_REGS = gl.constexpr(24)
-MAXNREG = 168
-
-
-def ws_launch_options(tiles: Tiles) -> dict[str, int]:
-    """Launch options of this kernel for the table's forward tiles (BLOCK_M 128, 8 warps):
-    ``num_warps`` counts the default partition, one consumer group; the other group and the
-    producer warp are added by ``gl.warp_specialize``."""
-    return {"num_warps": GROUP_WARPS.value, "num_stages": tiles.num_stages, "maxnreg": MAXNREG}
 
 
 def ws_supports(tiles: Tiles, head_dim: int) -> bool:
@@ -92,18 +84,6 @@ def _softmax_p(b_s, b_m, b_l, i_tile, t_full, m_start, seqlen_k, diag, scale_log
         m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, CAUSAL)
         b_s = mask_scores(b_s, m_vis)
     return online_softmax_step(b_s, b_m, b_l, scale_log2)
-
-
-@gluon.jit
-def issue_rounded_mma(b_p, v_tile, b_acc, SPLIT_P: gl.constexpr, p_layout: gl.constexpr):
-    """``acc + round(P) @ V`` (then ``+ round(P - hi) @ V`` with ``SPLIT_P``), asynchronously:
-    ``mma_rounded`` of ``primitives.py`` with wgmma issued by hand."""
-    b_hi = b_p.to(v_tile.dtype)
-    b_acc = warpgroup_mma(gl.convert_layout(b_hi, p_layout), v_tile, b_acc, is_async=True)
-    if SPLIT_P:
-        b_lo = split_p_lo(b_p, b_hi)
-        b_acc = warpgroup_mma(gl.convert_layout(b_lo, p_layout), v_tile, b_acc, is_async=True)
-    return b_acc
 
 
 @gluon.jit

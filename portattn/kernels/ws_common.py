@@ -1,0 +1,43 @@
+"""What the warp-specialised Gluon kernels (``forward_ws.py``, ``backward_ws.py``) share: the
+register split between their partitions, their launch options and the rounded product."""
+
+from __future__ import annotations
+
+import triton
+
+if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 6):
+    raise ImportError("the warp-specialised kernels are written for Gluon as of Triton 3.6")
+
+from triton.experimental import gluon  # noqa: E402 - after the version gate
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma
+
+from portattn.configs import Tiles
+from portattn.kernels.primitives import split_p_lo
+
+GROUP_WARPS = gl.constexpr(4)  # warps per consumer warp group
+# Registers per thread: consumers get 240 and the producer warp group 24 (FlashAttention-3's
+# split); the kernel starts with MAXNREG over its 12 warps, which covers both.
+CONSUMER_REGS = gl.constexpr(240)
+PRODUCER_REGS = gl.constexpr(24)
+MAXNREG = 168
+
+
+def ws_launch_options(tiles: Tiles) -> dict[str, int]:
+    """Launch options of a warp-specialised kernel for the table's tiles (8 warps):
+    ``num_warps`` counts the default partition, one consumer group; the other group and the
+    producer warp are added by ``gl.warp_specialize``."""
+    return {"num_warps": GROUP_WARPS.value, "num_stages": tiles.num_stages, "maxnreg": MAXNREG}
+
+
+@gluon.jit
+def issue_rounded_mma(b_x, b_smem, b_acc, SPLIT_P: gl.constexpr, x_layout: gl.constexpr):
+    """``acc + round(x) @ B`` (then ``+ round(x - hi) @ B`` with ``SPLIT_P``), issued
+    asynchronously: ``mma_rounded`` of ``primitives.py`` with wgmma by hand; ``b_x`` float32
+    in registers (P or dS), ``b_smem`` in shared memory."""
+    b_hi = b_x.to(b_smem.dtype)
+    b_acc = warpgroup_mma(gl.convert_layout(b_hi, x_layout), b_smem, b_acc, is_async=True)
+    if SPLIT_P:
+        b_lo = split_p_lo(b_x, b_hi)
+        b_acc = warpgroup_mma(gl.convert_layout(b_lo, x_layout), b_smem, b_acc, is_async=True)
+    return b_acc
