@@ -55,7 +55,10 @@ KERNEL_FUNCTIONS = {
     "attn_bwd_dkdv_kernel": "bwd_dkdv",
     "attn_bwd_dkdv_ws_kernel": "bwd_dkdv",  # Gluon, where the entry sets bwd_ws
     "attn_bwd_dq_kernel": "bwd_dq",
+    "attn_bwd_dq_ws_kernel": "bwd_dq",  # Gluon, where the entry sets dq_ws
 }
+# The warp-specialised Gluon kernels: launched with ``ws_launch_options``, not the tiles' own.
+WS_KERNELS = ("attn_fwd_ws_kernel", "attn_bwd_dkdv_ws_kernel", "attn_bwd_dq_ws_kernel")
 HAS_PRODUCT = {"fwd": True, "bwd_pre": False, "bwd_dkdv": True, "bwd_dq": True}
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 DTYPE_ALIASES = {"fp16": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
@@ -294,7 +297,7 @@ def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
         tiles = getattr(cfg, launch.stage)
     problems = []
     expected = tiles.launch_kwargs()
-    if getattr(launch.fn, "__name__", None) in ("attn_fwd_ws_kernel", "attn_bwd_dkdv_ws_kernel"):
+    if getattr(launch.fn, "__name__", None) in WS_KERNELS:
         from portattn.kernels.ws_common import ws_launch_options
 
         expected = ws_launch_options(tiles)

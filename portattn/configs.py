@@ -65,7 +65,10 @@ class KernelConfig:
     sums run as the warp-specialised Gluon kernel of ``kernels/backward_ws.py`` where the
     descriptor path applies, else as the Triton kernel at the same tiles (BLOCK_N 128 = two
     groups of 64 key rows, 8 consumer warps, ``num_stages`` ring slots of BLOCK_M query rows);
-    the bits are the same."""
+    the bits are the same. ``dq_ws`` (Hopper, with ``bwd_dq`` in ``tma``): dQ runs as the
+    warp-specialised Gluon kernel of ``kernels/dq_ws.py`` where the descriptor path applies
+    (BLOCK_M 128 = two groups of 64 query rows, 8 consumer warps, ``num_stages`` K/V ring
+    slots of BLOCK_N 64 keys), else as the Triton kernel; the bits are the same."""
 
     fwd: Tiles
     bwd_pre: Tiles
@@ -77,6 +80,7 @@ class KernelConfig:
     tma: tuple[str, ...] = ()
     fwd_ws: bool = False
     bwd_ws: bool = False
+    dq_ws: bool = False
 
     def dkdv_launch_tiles(self, want_dk: bool) -> Tiles:
         """Tiles of a dK/dV launch: the dV-only launch may have its own."""
@@ -86,7 +90,7 @@ class KernelConfig:
 
     def content_hash(self) -> str:
         """SHA-256 (first 16 hex digits) of the canonical JSON of this entry. ``dkdv_passes``,
-        ``fwd_chunks``, ``bwd_dv``, ``tma``, ``fwd_ws`` and ``bwd_ws`` (added later) enter only when they
+        ``fwd_chunks``, ``bwd_dv``, ``tma``, ``fwd_ws``, ``bwd_ws`` and ``dq_ws`` (added later) enter only when they
         are not their defaults, so the hashes of entries without them are the ones recorded
         before they existed."""
         fields = asdict(self)
@@ -97,6 +101,7 @@ class KernelConfig:
             ("tma", ()),
             ("fwd_ws", False),
             ("bwd_ws", False),
+            ("dq_ws", False),
         ):
             if fields[later] == default:
                 del fields[later]
@@ -122,6 +127,7 @@ def _cfg(
     tma=(),
     fwd_ws=False,
     bwd_ws=False,
+    dq_ws=False,
 ) -> KernelConfig:
     """Compact row: (block_m, block_n, warps, stages) per kernel; ``amd`` = AMD knobs;
     ``dv``: the dV launch's own tiles (with ``dkdv_passes`` > 1)."""
@@ -138,6 +144,7 @@ def _cfg(
         tuple(tma),
         fwd_ws,
         bwd_ws,
+        dq_ws,
     )
 
 

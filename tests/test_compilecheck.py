@@ -319,6 +319,31 @@ def test_table_mismatch_is_reported():
     assert len(cc.table_mismatches(ws_as_triton, cfg)) == 1
 
 
+def test_sm90_dq_ws_compiles():
+    """The warp-specialised dQ kernel (``dq_ws``; no entry selects it yet) compiles for sm90
+    from the launcher's own launch at varlen d128 and fixed_order d128 (split-P) tiles: no
+    spills, shared memory within the limit, wgmma present."""
+    out = run_child(
+        """
+        import dataclasses, json
+        from portattn import compilecheck as cc
+        rows = []
+        for kernel in ("varlen", "fixed_order"):
+            entry = cc.Entry("sm90", kernel, 128, "bf16")
+            cfg = dataclasses.replace(entry.config(), dq_ws=True)
+            launch, = cc.record_launches(entry, cfg)["bwd_dq"]
+            for r in cc.check_entry(entry, cfg=cfg, stages=["bwd_dq"]):
+                rows.append([launch.fn.__name__, r.ok, r.failures, r.spills, r.mma])
+        print(json.dumps(rows))
+        """
+    )
+    assert len(out) == 2
+    for name, ok, failures, spills, mma in out:
+        assert name == "attn_bwd_dq_ws_kernel"
+        assert ok, failures
+        assert spills == 0 and mma
+
+
 def test_sm90_varlen_wgmma_not_serialized():
     """ptxas serializes every wgmma of a kernel (C7515) when non-wgmma code writes the
     accumulators of one in flight. It did so in dK/dV while dV and dK were two branches of one

@@ -253,10 +253,13 @@ def test_launchers_take_parameters_from_table(fam, kernel):
                     assert cfg.fwd_ws and d == triton_next_pow2(d), (entry, stage)
                 elif launch.fn.__name__ == "attn_bwd_dkdv_ws_kernel":
                     assert cfg.bwd_ws and d == triton_next_pow2(d), (entry, stage)
+                elif launch.fn.__name__ == "attn_bwd_dq_ws_kernel":
+                    assert cfg.dq_ws and d == triton_next_pow2(d), (entry, stage)
                 else:
                     assert launch.args["BLOCK_D"] == triton_next_pow2(d)
                     assert not (stage == "fwd" and cfg.fwd_ws), (entry, stage)
                     assert not (stage == "bwd_dkdv" and cfg.bwd_ws), (entry, stage)
+                    assert not (stage == "bwd_dq" and cfg.dq_ws), (entry, stage)
 
 
 def triton_next_pow2(n: int) -> int:

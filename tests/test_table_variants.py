@@ -1,7 +1,7 @@
 """The table's work-splitting fields: ``dkdv_passes`` (dK and dV, and halves of the head dim, in
 separate programs) and ``fwd_chunks`` (the forward's output columns in two programs); and
-``tma``, which changes how tiles are read, never what is computed; and ``fwd_ws`` / ``bwd_ws``,
-which run the forward / the dK/dV sums as other kernels with the same arithmetic.
+``tma``, which changes how tiles are read, never what is computed; and ``fwd_ws``, ``bwd_ws``
+and ``dq_ws``, which run the forward, dK/dV and dQ as other kernels with the same arithmetic.
 
 On the CPU the interpreter's table entry is replaced by one with the field set, the results
 must meet the accuracy rule and equal the unsplit entry's bitwise (the interpreter computes
@@ -23,6 +23,7 @@ from portattn import configs
 from portattn.kernels import backward, forward
 from portattn.kernels.backward_ws import dkdv_ws_supports
 from portattn.kernels.buffers import dense_specialized, descriptor_scratch, rows_aligned
+from portattn.kernels.dq_ws import dq_ws_supports
 from portattn.kernels.forward_ws import ws_supports
 
 SPLITS = [dict(dkdv_passes=2), dict(dkdv_passes=4), dict(fwd_chunks=2)]
@@ -251,18 +252,57 @@ def test_bwd_ws_same_bits_as_triton_gpu(kernel, head_dim, tiles, causal, dtype, 
     assert_bitwise_equal(run_kernel(p, kernel, causal=causal), triton_bits)
 
 
-def test_bwd_ws_falls_back_under_interpreter_cpu(override_entry):
-    """Gluon has no CPU interpreter: an entry with ``bwd_ws`` runs the Triton dK/dV kernel
-    there, with the bits of the entry without it."""
+# ``dq_ws``: dQ as the warp-specialised Gluon kernel (Hopper), with the same tiles.
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(
+    "kernel, head_dim", [("varlen", 128), ("varlen", 64), ("fixed_order", 128)]
+)
+def test_dq_ws_same_bits_as_triton_gpu(kernel, head_dim, causal, dtype, override_entry):
+    """The warp-specialised dQ kernel (producer warp, two consumer groups of 64 query rows, a
+    K/V ring) and the Triton dQ kernel at the same tiles give the same dq bits: odd lengths,
+    empty query and key sequences, more queries than keys and the reverse, GQA 8/2, sequences of
+    many key tiles (the ring wraps), split-P for fixed_order."""
+    if _gpu_family() != "sm90":
+        pytest.skip("the warp-specialised dQ kernel is a Hopper kernel")
+    p = make_pack(
+        [300, 1, 0, 513, 1000, 17, 63, 113, 40],
+        [280, 700, 5, 513, 1000, 17, 63, 2000, 0],
+        8,
+        2,
+        head_dim,
+        dtype,
+        seed=89,
+    )
+    fields = dict(bwd_dq=configs.Tiles(128, 64, 8, 3), tma=configs.TMA_KERNELS)
+    override_entry(kernel, head_dim, dtype, dq_ws=False, **fields)
+    triton_bits = run_kernel(p, kernel, causal=causal)
+    override_entry(kernel, head_dim, dtype, dq_ws=True, **fields)
+    cfg = configs.get_config("sm90", kernel, head_dim, dtype)
+    assert backward.use_warp_specialized_dq(cfg, head_dim, rows_aligned(p.q, p.k, p.v, p.do))
+    assert_accurate(p, kernel, causal=causal)
+    assert_bitwise_equal(run_kernel(p, kernel, causal=causal), triton_bits)
+
+
+@pytest.mark.parametrize("field", ["bwd_ws", "dq_ws"])
+def test_bwd_ws_falls_back_under_interpreter_cpu(field, override_entry):
+    """Gluon has no CPU interpreter: an entry with ``bwd_ws`` or ``dq_ws`` runs the Triton
+    kernel there, with the bits of the entry without it."""
     if HAS_GPU:
-        pytest.skip("interpreter run; the GPU runs the test above")
+        pytest.skip("interpreter run; the GPU runs the tests above")
     p = make_pack([0, 17, 63, 130], [9, 40, 50, 130], 4, 2, 64, torch.float16, seed=91)
-    tiles = configs.Tiles(32, 128, 8, 2)
-    assert dkdv_ws_supports(tiles, 64)
-    fields = dict(bwd_dkdv=tiles, tma=configs.TMA_KERNELS)
+    fields = dict(
+        bwd_dkdv=configs.Tiles(32, 128, 8, 2),
+        bwd_dq=configs.Tiles(128, 64, 8, 2),
+        tma=configs.TMA_KERNELS,
+    )
+    assert dkdv_ws_supports(fields["bwd_dkdv"], 64) and dq_ws_supports(fields["bwd_dq"], 64)
     override_entry("varlen", 64, torch.float16, **fields)
     plain = run_kernel(p, "varlen", causal=True)
-    override_entry("varlen", 64, torch.float16, bwd_ws=True, **fields)
+    override_entry("varlen", 64, torch.float16, **fields, **{field: True})
     assert_bitwise_equal(run_kernel(p, "varlen", causal=True), plain)
 
 
@@ -285,7 +325,17 @@ _WS_FIELDS = {
         (64, 128, 8, 2),
         [((64, 128, 8, 1), 128), ((32, 64, 4, 3), 128), ((64, 128, 8, 2), 96)],
     ),
+    "dq_ws": (
+        lambda: backward.attn_bwd_dq_ws_kernel,
+        dq_ws_supports,
+        "bwd_dq",
+        lambda cfg: "bwd_dq" in cfg.tma,
+        (128, 64, 8, 3),
+        [((128, 64, 8, 1), 128), ((128, 32, 8, 3), 128), ((128, 64, 8, 3), 96)],
+    ),
 }
+# Written and compile-checked, not yet selected by any entry (not yet run on a GPU).
+_WS_UNSELECTED = {"dq_ws"}
 
 
 @pytest.mark.parametrize("field", sorted(_WS_FIELDS))
@@ -301,7 +351,7 @@ def test_ws_entries_are_supported(field):
             selected += 1
             assert family == "sm90" and entry_ok(cfg), (family, kernel, head_dim)
             assert supports(getattr(cfg, stage), head_dim), (family, kernel, head_dim)
-    assert selected
+    assert selected or field in _WS_UNSELECTED
     assert supports(configs.Tiles(*accepted), 128)
     for tiles, head_dim in refused:
         assert not supports(configs.Tiles(*tiles), head_dim), (tiles, head_dim)

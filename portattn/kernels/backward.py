@@ -26,9 +26,11 @@ from portattn.kernels.buffers import (
 
 try:  # Gluon's Hopper API as of Triton 3.6; with an older Triton the Triton kernel runs always
     from portattn.kernels.backward_ws import attn_bwd_dkdv_ws_kernel, dkdv_ws_supports
+    from portattn.kernels.dq_ws import attn_bwd_dq_ws_kernel, dq_ws_supports
     from portattn.kernels.ws_common import ws_launch_options
 except ImportError:
     attn_bwd_dkdv_ws_kernel = dkdv_ws_supports = ws_launch_options = None
+    attn_bwd_dq_ws_kernel = dq_ws_supports = None
 from portattn.kernels.primitives import (
     P_SCALE,
     head_dim_chunk,
@@ -358,6 +360,18 @@ def use_warp_specialized_dkdv(cfg, head_dim: int, tma: bool) -> bool:
     )
 
 
+def use_warp_specialized_dq(cfg, head_dim: int, tma: bool) -> bool:
+    """Whether dQ runs as the warp-specialised Gluon kernel (``dq_ws.py``): as
+    ``use_warp_specialized_dkdv``, for the table's ``dq_ws`` and dQ tiles."""
+    return bool(
+        cfg.dq_ws
+        and tma
+        and attn_bwd_dq_ws_kernel is not None
+        and not interpreter_active()
+        and dq_ws_supports(cfg.bwd_dq, head_dim)
+    )
+
+
 def attn_bwd(
     do: torch.Tensor,
     q: torch.Tensor,
@@ -459,14 +473,25 @@ def attn_bwd(
                 )
     if total_q > 0:
         t = cfg.bwd_dq
+        grid = (triton.cdiv(max_seqlen_q, t.block_m) * batch, n_heads_q)
+        args = (
+            q, k, v, do, lse2, delta, dq, cu_seqlens_q, cu_seqlens_k,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
+            batch, stride_hm, n_heads_q // n_heads_k, softmax_scale, scale_log2,
+        )
         with descriptor_scratch(q.device, tma_dq):
-            attn_bwd_dq_kernel[(triton.cdiv(max_seqlen_q, t.block_m) * batch, n_heads_q)](
-                q, k, v, do, lse2, delta, dq, cu_seqlens_q, cu_seqlens_k,
-                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
-                batch, stride_hm, n_heads_q // n_heads_k, softmax_scale, scale_log2,
-                BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded, **common,
-                **kernel_flags,
-                **t.launch_kwargs(),
-            )
+            if use_warp_specialized_dq(cfg, head_dim, tma_dq):
+                attn_bwd_dq_ws_kernel[grid](
+                    *args, HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                    CAUSAL=causal, SPLIT_P=split_p, PADDED=padded, STAGES=t.num_stages,
+                    **ws_launch_options(t),
+                )
+            else:
+                attn_bwd_dq_kernel[grid](
+                    *args,
+                    BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded, **common,
+                    **kernel_flags,
+                    **t.launch_kwargs(),
+                )
     return dq, dk, dv
