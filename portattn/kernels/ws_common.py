@@ -10,7 +10,7 @@ if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 6):
 
 from triton.experimental import gluon  # noqa: E402 - after the version gate
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
 
 from portattn.configs import Tiles
 from portattn.kernels.primitives import split_p_lo
@@ -41,3 +41,26 @@ def issue_rounded_mma(b_x, b_smem, b_acc, SPLIT_P: gl.constexpr, x_layout: gl.co
         b_lo = split_p_lo(b_x, b_hi)
         b_acc = warpgroup_mma(gl.convert_layout(b_lo, x_layout), b_smem, b_acc, is_async=True)
     return b_acc
+
+
+@gluon.jit
+def row_ring(base, seqlen, stride_t, BLOCK_R: gl.constexpr, HEAD_DIM: gl.constexpr,
+             SLOTS: gl.constexpr):
+    """A TMA descriptor of one sequence's rows of one head (``base``: its first row), of shape
+    [seqlen, HEAD_DIM] in [BLOCK_R, HEAD_DIM] tiles (0 past the sequence end), and ``SLOTS``
+    such tiles of 128-byte swizzled shared memory to copy them into."""
+    layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                rank=2)
+    desc = tma.make_tensor_descriptor(base, [seqlen, HEAD_DIM], [stride_t, 1],
+                                      [BLOCK_R, HEAD_DIM], layout)
+    tiles = gl.allocate_shared_memory(base.dtype.element_ty, [SLOTS, BLOCK_R, HEAD_DIM], layout)
+    return desc, tiles
+
+
+@gluon.jit
+def barriers(SLOTS: gl.constexpr, COUNT: gl.constexpr):
+    """``SLOTS`` mbarriers, each completing a phase after ``COUNT`` arrivals."""
+    bars = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(SLOTS):
+        mbarrier.init(bars.index(i), count=COUNT)
+    return bars
