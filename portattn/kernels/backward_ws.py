@@ -55,6 +55,8 @@ from portattn.kernels.ws_common import (
     GROUP_WARPS,
     PRODUCER_REGS,
     issue_rounded_mma,
+    wait_filled,
+    wait_free,
 )
 
 GROUP_KEYS = gl.constexpr(64)  # key rows per consumer warp group (one wgmma M)
@@ -82,7 +84,7 @@ def _tile(i_it, m_start, b_dk, b_dv, k_tile, v_tile, shared, o_k, seqlen_k, diag
     q_ring, do_ring, lse2_ring, delta_ring, ready_bars, free_bars = shared
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     slot = i_it % STAGES
-    mbarrier.wait(ready_bars.index(slot), (i_it // STAGES) & 1)
+    wait_filled(ready_bars, i_it, STAGES)
     q_tile = q_ring.index(slot).reshape([BLOCK_M, HEAD_DIM])
     do_tile = do_ring.index(slot).reshape([BLOCK_M, HEAD_DIM])
     b_zero = gl.zeros([GROUP_KEYS, BLOCK_M], gl.float32, layout=s_layout)
@@ -141,12 +143,10 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
     i_it = 0  # ring iteration: (head, query tile) in the producer's order
     for _head in range(group):
         for _tile_skipped in range(n_skip):
-            # Every group waits for every fill, also of a tile it skips: a group that did not
-            # could run a ring pass ahead, where the phase parity no longer tells the fills
-            # of one slot apart.
-            slot = i_it % STAGES
-            mbarrier.wait(ready_bars.index(slot), (i_it // STAGES) & 1)
-            mbarrier.arrive(free_bars.index(slot), count=1)
+            # Waited for all the same (ring protocol, ws_common.py): a group that did not
+            # could run a ring pass ahead.
+            wait_filled(ready_bars, i_it, STAGES)
+            mbarrier.arrive(free_bars.index(i_it % STAGES), count=1)
             i_it += 1
         m_start = m_lo_g
         for _tile_masked in range(n_masked):
@@ -224,9 +224,7 @@ def _producer(shared, outputs, scalars, descs, HEAD_DIM: gl.constexpr, BLOCK_M: 
     i_h = i_hk * group
     for i_it in range(group * n_tiles):
         slot = i_it % STAGES
-        # Free once both groups released the slot's previous tile (the first pass does not
-        # wait: an mbarrier starts as if the phase before its first had completed).
-        mbarrier.wait(free_bars.index(slot), ((i_it // STAGES) & 1) ^ 1)
+        wait_free(free_bars, i_it, STAGES)
         bar = ready_bars.index(slot)
         mbarrier.expect(bar, n_bytes)
         tma.async_copy_global_to_shared(q_desc, [m_start, i_h, 0], bar, q_ring.index(slot))

@@ -54,6 +54,8 @@ from portattn.kernels.ws_common import (
     barriers,
     issue_rounded_mma,
     row_ring,
+    wait_filled,
+    wait_free,
 )
 
 GROUP_ROWS = gl.constexpr(64)  # query rows per consumer warp group (one wgmma M)
@@ -81,7 +83,7 @@ def _key_tile(i_tile, b_dq, q_tile, do_tile, rows, ring, seqlen_k, diag, scale_l
     k_ring, v_ring, kv_bars, free_bars = ring
     o_q, b_lse2, b_delta = rows
     slot = i_tile % STAGES
-    mbarrier.wait(kv_bars.index(slot), (i_tile // STAGES) & 1)
+    wait_filled(kv_bars, i_tile, STAGES)
     k_tile = k_ring.index(slot)  # [BLOCK_N, HEAD_DIM]
     v_tile = v_ring.index(slot)
     b_zero = gl.zeros([GROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
@@ -187,9 +189,7 @@ def _producer(shared, outputs, scalars, descs, HEAD_DIM: gl.constexpr, BLOCK_N: 
                                         do_smem.index(group))
     for i_tile in range(n_tiles):
         slot = i_tile % STAGES
-        # Free once both groups released the slot's previous tile (the first pass does not
-        # wait: an mbarrier starts as if the phase before its first had completed).
-        mbarrier.wait(free_bars.index(slot), ((i_tile // STAGES) & 1) ^ 1)
+        wait_free(free_bars, i_tile, STAGES)
         bar = kv_bars.index(slot)
         mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [i_tile * BLOCK_N, 0], bar, k_ring.index(slot))

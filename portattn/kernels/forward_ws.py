@@ -55,6 +55,8 @@ from portattn.kernels.ws_common import (
     GROUP_WARPS,
     PRODUCER_REGS,
     issue_rounded_mma,
+    wait_filled,
+    wait_free,
 )
 
 GROUP_ROWS = gl.constexpr(64)  # query rows per consumer warp group (one wgmma M)
@@ -87,12 +89,6 @@ def _softmax_p(b_s, b_m, b_l, i_tile, t_full, m_start, seqlen_k, diag, scale_log
 
 
 @gluon.jit
-def _wait_slot(bars, i_tile, STAGES: gl.constexpr):
-    """Wait until key tile ``i_tile`` has landed in its ring slot."""
-    mbarrier.wait(bars.index(i_tile % STAGES), (i_tile // STAGES) & 1)
-
-
-@gluon.jit
 def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constexpr,
              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_P: gl.constexpr,
              STORE_O32: gl.constexpr, STAGES: gl.constexpr):
@@ -121,7 +117,7 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
     b_alpha = b_l
     mbarrier.wait(q_bars.index(GROUP), 0)
     if n_tiles > 0:
-        _wait_slot(k_bars, 0, STAGES)
+        wait_filled(k_bars, 0, STAGES)
         b_s = warpgroup_mma(q_tile, k_ring.index(0).permute((1, 0)), b_zero, use_acc=False,
                             is_async=True)
         b_s = warpgroup_mma_wait(0, deps=(b_s,))
@@ -133,11 +129,11 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
     PV_GROUPS: gl.constexpr = 2 if SPLIT_P else 1  # wgmma groups of one P V
     for i_tile in range(0, n_tiles - 1):
         i_next = i_tile + 1
-        _wait_slot(k_bars, i_next, STAGES)
+        wait_filled(k_bars, i_next, STAGES)
         b_s = warpgroup_mma(q_tile, k_ring.index(i_next % STAGES).permute((1, 0)), b_zero,
                             use_acc=False, is_async=True)
         b_acc = b_acc * gl.convert_layout(b_alpha, row_layout)[:, None]
-        _wait_slot(v_bars, i_tile, STAGES)
+        wait_filled(v_bars, i_tile, STAGES)
         b_acc = issue_rounded_mma(b_p, v_ring.index(i_tile % STAGES), b_acc, SPLIT_P, p_layout)
         b_s = warpgroup_mma_wait(PV_GROUPS, deps=(b_s,))  # Q K^T done, P V may run on
         b_p, b_alpha, b_m, b_l = _softmax_p(b_s, b_m, b_l, i_next, t_full, m_start, seqlen_k,
@@ -148,7 +144,7 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
     if n_tiles > 0:  # the last tile's P V
         i_tile = n_tiles - 1
         b_acc = b_acc * gl.convert_layout(b_alpha, row_layout)[:, None]
-        _wait_slot(v_bars, i_tile, STAGES)
+        wait_filled(v_bars, i_tile, STAGES)
         b_acc = issue_rounded_mma(b_p, v_ring.index(i_tile % STAGES), b_acc, SPLIT_P, p_layout)
         b_acc = warpgroup_mma_wait(0, deps=(b_acc,))
 
@@ -202,9 +198,7 @@ def _producer(shared, outputs, scalars, descs, HEAD_DIM: gl.constexpr, BLOCK_N: 
                                         q_bars.index(group), q_smem.index(group))
     for i_tile in range(n_tiles):
         slot = i_tile % STAGES
-        # Free once both groups released the slot's previous tile. An mbarrier starts as if
-        # the phase before its first had completed, so the first pass does not wait.
-        mbarrier.wait(free_bars.index(slot), ((i_tile // STAGES) & 1) ^ 1)
+        wait_free(free_bars, i_tile, STAGES)
         mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [i_tile * BLOCK_N, 0], k_bars.index(slot),
                                         k_ring.index(slot))

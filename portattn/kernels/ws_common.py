@@ -1,5 +1,12 @@
-"""What the warp-specialised Gluon kernels (``forward_ws.py``, ``backward_ws.py``) share: the
-register split between their partitions, their launch options and the rounded product."""
+"""What the warp-specialised Gluon kernels (``forward_ws.py``, ``backward_ws.py``,
+``dq_ws.py``) share: the register split between their partitions, their launch options, the
+rounded product, and the ring protocol.
+
+Ring protocol. Tile ``i`` of a stream goes to slot ``i % STAGES``; each slot has a "filled"
+mbarrier (the producer's copies complete it) and a "free" one (every consumer group arrives
+once it is done with the slot). Pass ``i // STAGES`` over the ring waits for phase parity
+``(i // STAGES) & 1``; the parity tells two fills of one slot apart only while no party runs a
+whole pass ahead, so every consumer group waits for every fill, also of a tile it skips."""
 
 from __future__ import annotations
 
@@ -64,3 +71,17 @@ def barriers(SLOTS: gl.constexpr, COUNT: gl.constexpr):
     for i in gl.static_range(SLOTS):
         mbarrier.init(bars.index(i), count=COUNT)
     return bars
+
+
+@gluon.jit
+def wait_filled(bars, i, STAGES: gl.constexpr):
+    """Consumer side: wait until tile ``i`` has landed in its ring slot."""
+    mbarrier.wait(bars.index(i % STAGES), (i // STAGES) & 1)
+
+
+@gluon.jit
+def wait_free(free_bars, i, STAGES: gl.constexpr):
+    """Producer side: wait until every consumer group released the slot of tile ``i`` from
+    its previous tile. An mbarrier starts as if the phase before its first had completed, so
+    the first pass over the ring does not wait."""
+    mbarrier.wait(free_bars.index(i % STAGES), ((i // STAGES) & 1) ^ 1)
