@@ -16,13 +16,14 @@ import torch
 import triton
 import triton.language as tl
 
-from portattn.configs import interpreter_active, upcast_dot
+from portattn.configs import upcast_dot
 from portattn.kernels.buffers import (
     dense_specialized,
     descriptor_scratch,
     new_buffer,
     rows_aligned,
 )
+from portattn.kernels.forward import warp_specialized_applies
 
 try:  # Gluon's Hopper API as of Triton 3.6; with an older Triton the Triton kernel runs always
     from portattn.kernels.backward_ws import attn_bwd_dkdv_ws_kernel, dkdv_ws_supports
@@ -346,29 +347,18 @@ def attn_bwd_dq_kernel(
 
 
 def use_warp_specialized_dkdv(cfg, head_dim: int, tma: bool) -> bool:
-    """Whether dK/dV run as the warp-specialised Gluon kernel (``backward_ws.py``): the entry
-    selects it with one pass, the inputs take the descriptor path (``tma``), Gluon is there
-    and not the CPU interpreter, and the tiles are ones it is written for. Either kernel gives
-    the same bits."""
-    return bool(
-        cfg.bwd_ws
-        and tma
-        and cfg.dkdv_passes == 1
-        and attn_bwd_dkdv_ws_kernel is not None
-        and not interpreter_active()
-        and dkdv_ws_supports(cfg.bwd_dkdv, head_dim)
+    """Whether dK/dV run as the warp-specialised Gluon kernel (``backward_ws.py``), in one
+    pass (``warp_specialized_applies``)."""
+    return cfg.dkdv_passes == 1 and warp_specialized_applies(
+        cfg.bwd_ws, attn_bwd_dkdv_ws_kernel, dkdv_ws_supports, cfg.bwd_dkdv, head_dim, tma
     )
 
 
 def use_warp_specialized_dq(cfg, head_dim: int, tma: bool) -> bool:
-    """Whether dQ runs as the warp-specialised Gluon kernel (``dq_ws.py``): as
-    ``use_warp_specialized_dkdv``, for the table's ``dq_ws`` and dQ tiles."""
-    return bool(
-        cfg.dq_ws
-        and tma
-        and attn_bwd_dq_ws_kernel is not None
-        and not interpreter_active()
-        and dq_ws_supports(cfg.bwd_dq, head_dim)
+    """Whether dQ runs as the warp-specialised Gluon kernel (``dq_ws.py``;
+    ``warp_specialized_applies``)."""
+    return warp_specialized_applies(
+        cfg.dq_ws, attn_bwd_dq_ws_kernel, dq_ws_supports, cfg.bwd_dq, head_dim, tma
     )
 
 

@@ -155,18 +155,27 @@ def attn_fwd_kernel(
         tl.store(p_o32, b_out, mask=m_o)
 
 
-def use_warp_specialized(cfg, head_dim: int, tma: bool) -> bool:
-    """Whether the forward runs as the warp-specialised Gluon kernel (``forward_ws.py``): the
-    entry selects it, its inputs take the descriptor path (``tma``), Gluon is there and not the
-    CPU interpreter (it has none), and the tiles are ones it is written for. Either kernel
-    gives the same bits."""
+def warp_specialized_applies(selected: bool, kernel, supports, tiles, head_dim: int,
+                             tma: bool) -> bool:
+    """Whether a table field that selects a warp-specialised Gluon kernel (``fwd_ws``,
+    ``bwd_ws``, ``dq_ws``) applies to a launch: the entry selects it, the inputs take the
+    descriptor path (``tma``), Gluon is there (``kernel`` is not None) and not the CPU
+    interpreter (it has none), and ``supports(tiles, head_dim)``: the tiles are ones the
+    kernel is written for. Either kernel gives the same bits."""
     return bool(
-        cfg.fwd_ws
+        selected
         and tma
-        and cfg.fwd_chunks == 1
-        and attn_fwd_ws_kernel is not None
+        and kernel is not None
         and not interpreter_active()
-        and ws_supports(cfg.fwd, head_dim)
+        and supports(tiles, head_dim)
+    )
+
+
+def use_warp_specialized(cfg, head_dim: int, tma: bool) -> bool:
+    """Whether the forward runs as the warp-specialised Gluon kernel (``forward_ws.py``), in
+    one program per query tile."""
+    return cfg.fwd_chunks == 1 and warp_specialized_applies(
+        cfg.fwd_ws, attn_fwd_ws_kernel, ws_supports, cfg.fwd, head_dim, tma
     )
 
 
