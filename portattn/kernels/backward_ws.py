@@ -143,8 +143,8 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
     i_it = 0  # ring iteration: (head, query tile) in the producer's order
     for _head in range(group):
         for _tile_skipped in range(n_skip):
-            # Waited for all the same (ring protocol, ws_common.py): a group that did not
-            # could run a ring pass ahead.
+            # A skipped tile's fill is waited for too (ring protocol, ws_common.py): else the
+            # group could run a ring pass ahead of the producer.
             wait_filled(ready_bars, i_it, STAGES)
             mbarrier.arrive(free_bars.index(i_it % STAGES), count=1)
             i_it += 1
