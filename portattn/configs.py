@@ -162,7 +162,8 @@ _AMD1 = dict(waves_per_eu=1, matrix_instr_nonkdim=16, kpack=1)
 # (``tma``: the kernels that read through tensor descriptors, where that measured faster;
 # sm90 d96 dK/dV: both gradients by one program of one warp group at (32, 64), two CTAs per
 # SM, perf-notes rows 42-45; ``fwd_ws``: the varlen d128 forward warp-specialised, rows 49-51;
-# ``bwd_ws``: the varlen d64/d128 dK/dV warp-specialised, 128 keys in two groups, row 53)
+# ``bwd_ws``: the varlen d64/d128 dK/dV warp-specialised, 128 keys in two groups, row 53;
+# ``dq_ws``: the d128 dQ warp-specialised, 128 query rows in two groups, row 54)
 _FWD, _DKDV, _DQ = "fwd", "bwd_dkdv", "bwd_dq"
 _SM90 = {
     32:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2), tma=(_DKDV,)),
@@ -170,7 +171,7 @@ _SM90 = {
               bwd_ws=True),
     96:  _cfg((128, 128, 8, 3),  (32, 64, 4, 3),   (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
     128: _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ),
-              fwd_ws=True, bwd_ws=True),
+              fwd_ws=True, bwd_ws=True, dq_ws=True),
     256: _cfg((64, 64, 8, 2),    (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=2),
 }
 _SM80 = {
@@ -201,7 +202,8 @@ _FIXED_ORDER = {
     "sm90": {
         64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
         96:  _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 2), tma=(_FWD, _DKDV)),
-        128: _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
+        128: _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ),
+                  dq_ws=True),
         256: _cfg((128, 64, 8, 2),   (32, 64, 8, 2),   (128, 32, 8, 2), dkdv_passes=4,
                   fwd_chunks=2),
     },

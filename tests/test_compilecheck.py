@@ -320,17 +320,18 @@ def test_table_mismatch_is_reported():
 
 
 def test_sm90_dq_ws_compiles():
-    """The warp-specialised dQ kernel (``dq_ws``; no entry selects it yet) compiles for sm90
-    from the launcher's own launch at varlen d128 and fixed_order d128 (split-P) tiles: no
-    spills, shared memory within the limit, wgmma present."""
+    """The warp-specialised dQ kernel (``dq_ws``, selected by the sm90 d128 entries) compiles
+    for sm90 from the launcher's own launch at varlen d128 and fixed_order d128 (split-P)
+    tiles: no spills, shared memory within the limit, wgmma present."""
     out = run_child(
         """
-        import dataclasses, json
+        import json
         from portattn import compilecheck as cc
         rows = []
         for kernel in ("varlen", "fixed_order"):
             entry = cc.Entry("sm90", kernel, 128, "bf16")
-            cfg = dataclasses.replace(entry.config(), dq_ws=True)
+            cfg = entry.config()
+            assert cfg.dq_ws, entry
             launch, = cc.record_launches(entry, cfg)["bwd_dq"]
             for r in cc.check_entry(entry, cfg=cfg, stages=["bwd_dq"]):
                 rows.append([launch.fn.__name__, r.ok, r.failures, r.spills, r.mma])

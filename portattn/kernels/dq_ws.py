@@ -76,10 +76,11 @@ def dq_ws_supports(tiles: Tiles, head_dim: int) -> bool:
 @gluon.jit
 def _key_tile(i_tile, b_dq, q_tile, do_tile, rows, ring, seqlen_k, diag, scale_log2,
               HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, MASKED: gl.constexpr,
-              SPLIT_P: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-              op_layout: gl.constexpr):
+              CAUSAL: gl.constexpr, SPLIT_P: gl.constexpr, STAGES: gl.constexpr,
+              s_layout: gl.constexpr, op_layout: gl.constexpr):
     """Key tile ``i_tile`` (ring slot ``i_tile % STAGES``) into the group's dQ; ``MASKED``:
-    the tile needs the mask (past the causal bound or the sequence end)."""
+    the tile needs the mask (past the causal bound or the sequence end; without ``CAUSAL``
+    only the sequence end)."""
     k_ring, v_ring, kv_bars, free_bars = ring
     o_q, b_lse2, b_delta = rows
     slot = i_tile % STAGES
@@ -94,7 +95,7 @@ def _key_tile(i_tile, b_dq, q_tile, do_tile, rows, ring, seqlen_k, diag, scale_l
     b_s = warpgroup_mma_wait(1, deps=(b_s,))  # Q K^T done, dO V^T may run on
     if MASKED:
         o_k = i_tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        b_s = mask_scores(b_s, visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, True))
+        b_s = mask_scores(b_s, visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, CAUSAL))
     b_p = recompute_p(b_s, b_lse2[:, None], scale_log2)  # [64, BLOCK_N]
     b_dp = warpgroup_mma_wait(0, deps=(b_dp,))
     b_ds = b_p * (b_dp - b_delta[:, None])  # [64, BLOCK_N]
@@ -139,10 +140,12 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
     mbarrier.wait(q_bars.index(GROUP), 0)
     for i_tile in range(0, t_full):
         b_dq = _key_tile(i_tile, b_dq, q_tile, do_tile, rows, ring, seqlen_k, diag, scale_log2,
-                         HEAD_DIM, BLOCK_N, False, SPLIT_P, STAGES, s_layout, op_layout)
+                         HEAD_DIM, BLOCK_N, False, CAUSAL, SPLIT_P, STAGES, s_layout,
+                         op_layout)
     for i_tile in range(t_full, n_tiles):
         b_dq = _key_tile(i_tile, b_dq, q_tile, do_tile, rows, ring, seqlen_k, diag, scale_log2,
-                         HEAD_DIM, BLOCK_N, True, SPLIT_P, STAGES, s_layout, op_layout)
+                         HEAD_DIM, BLOCK_N, True, CAUSAL, SPLIT_P, STAGES, s_layout,
+                         op_layout)
 
     o_qa = m_start + gl.arange(0, GROUP_ROWS, layout=gl.SliceLayout(1, acc_layout))
     o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
