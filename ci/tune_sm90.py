@@ -176,9 +176,20 @@ ROUNDS: dict[str, list[tuple[str, int, dict]]] = {
         ("fixed_order", 128, dict(bwd_dkdv=(32, 128, 8, 2), bwd_ws=True)),
         ("fixed_order", 128, dict(bwd_dkdv=(32, 128, 8, 3), bwd_ws=True)),
     ],
+    # Warp-specialised dQ (dq_ws) against the Triton dQ at the same tiles, and its ring depth.
+    "row54-dq": [
+        ("varlen", 128, {}),
+        ("varlen", 128, dict(dq_ws=False)),
+        ("varlen", 128, dict(bwd_dq=(128, 64, 8, 2))),
+        ("varlen", 128, dict(bwd_dq=(128, 64, 8, 4))),
+        ("varlen", 64, {}),
+        ("varlen", 64, dict(dq_ws=True)),
+        ("fixed_order", 128, {}),
+        ("fixed_order", 128, dict(dq_ws=False)),
+    ],
 }
 FORWARD_ONLY = {"row35-forward", "row40-forward", "row48-forward", "row51-forward"}
-LATEST = "row53-backward"
+LATEST = "row54-dq"
 
 TABLE = dict(configs.config_table())  # the committed table, before any override
 
