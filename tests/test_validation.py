@@ -156,16 +156,38 @@ def test_dense_checks():
         portattn.attention(q[0], k[0], k[0])
 
 
-def test_no_launch_on_bad_input(good, monkeypatch):
-    """Errors come before any kernel launch, also those of the value checks that the forward op
-    runs itself (both max_seqlen given) right before its launch."""
+@pytest.fixture
+def launches(monkeypatch):
+    """Kernel launches during the test. On a GPU, those the driver made (Triton's launch-exit
+    hook: the value checks run from the launch-enter hook and abort the launch, so a call that
+    raises must leave this empty); under the CPU interpreter (no hooks; the checks run before
+    the launch call), calls of the forward kernels' launchers."""
+    made: list[str] = []
+    if DEVICE == "cuda":
+        from triton import knobs
+
+        def count(metadata) -> None:
+            made.append(str(metadata))
+
+        knobs.runtime.launch_exit_hook.add(count)
+        yield made
+        knobs.runtime.launch_exit_hook.remove(count)
+        return
     import portattn.kernels.forward as forward_module
 
-    class NoLaunch:
+    class Recorded:
         def __getitem__(self, grid):
+            made.append(str(grid))
             raise AssertionError("launched")
 
-    monkeypatch.setattr(forward_module, "attn_fwd_kernel", NoLaunch())
+    monkeypatch.setattr(forward_module, "attn_fwd_kernel", Recorded())
+    monkeypatch.setattr(forward_module, "attn_fwd_ws_kernel", Recorded())
+    yield made
+
+
+def test_no_launch_on_bad_input(good, launches):
+    """Errors come before any kernel launch, also those of the value checks that the forward op
+    runs itself (both max_seqlen given) right before its launch."""
     given = dict(max_seqlen_q=7, max_seqlen_k=8)  # both given: the op checks the values
     _raises(ValueError, "smaller than the longest", good, **{**given, "max_seqlen_q": 1})
     _raises(ValueError, "smaller than the longest", good, max_seqlen_q=1)  # checked in the API
@@ -178,7 +200,24 @@ def test_no_launch_on_bad_input(good, monkeypatch):
     _raises(
         ValueError, "cu_seqlens_k\\[-1\\] must equal", {**good, "cu_seqlens_k": short_cu}, **given
     )
+    assert launches == []
     assert cu_seqlens([1]).dtype == torch.int32
+
+
+@pytest.mark.gpu
+def test_value_checks_leave_launch_hooks_as_they_were(good, launches):
+    """The value checks run from Triton's launch-enter hook and take themselves out again,
+    after a good call and after a bad one; a good call launches (the counter sees launches)."""
+    from triton import knobs
+
+    before = list(knobs.runtime.launch_enter_hook.calls)
+    given = dict(max_seqlen_q=7, max_seqlen_k=8)
+    _call(good, **given)
+    assert launches, "the launch-exit hook saw no launch"
+    n_good = len(launches)
+    _raises(ValueError, "smaller than the longest", good, **{**given, "max_seqlen_q": 1})
+    assert len(launches) == n_good
+    assert knobs.runtime.launch_enter_hook.calls == before
 
 
 def test_value_checks_run_in_the_op_when_max_seqlen_given(good, monkeypatch):
@@ -203,3 +242,61 @@ def test_value_checks_run_in_the_op_when_max_seqlen_given(good, monkeypatch):
     )
     _raises(TypeError, "max_seqlen_k must be an int", good, max_seqlen_q=7, max_seqlen_k=8.0)
     _raises(ValueError, "max_seqlen_q must be >= 0", good, max_seqlen_q=-1, max_seqlen_k=8)
+
+
+def test_checks_at_launch_runs_the_check_in_the_launch(monkeypatch):
+    """``checks_at_launch`` (host_checks.py) outside the interpreter: the check runs when the
+    driver's launcher calls Triton's launch-enter hook (simulated here by calling the chain),
+    once, not before; an error there propagates (the launcher then launches nothing) and the
+    hook is gone afterwards; without a launch in the block the check runs at its end; another
+    thread's launch does not run it."""
+    import threading
+
+    from triton import knobs
+
+    from portattn.kernels import host_checks
+
+    monkeypatch.setattr(host_checks, "interpreter_active", lambda: False)
+    chain = knobs.runtime.launch_enter_hook
+    before = list(chain.calls)
+    calls: list[str] = []
+
+    def check() -> None:
+        calls.append("check")
+
+    with host_checks.checks_at_launch(check):
+        assert calls == []
+        other = threading.Thread(target=chain, args=(None,))  # another thread's launch
+        other.start()
+        other.join()
+        assert calls == []
+        chain(None)  # this thread's launch
+        assert calls == ["check"]
+        chain(None)  # a second launch in the block: checked once
+    assert calls == ["check"] and chain.calls == before
+
+    def bad() -> None:
+        raise ValueError("bad cu_seqlens")
+
+    with pytest.raises(ValueError, match="bad cu_seqlens"), host_checks.checks_at_launch(bad):
+        chain(None)
+        raise AssertionError("launched after a failed check")
+    assert chain.calls == before
+
+    with pytest.raises(ValueError, match="bad cu_seqlens"), host_checks.checks_at_launch(bad):
+        pass  # nothing launched: the check runs at the end
+    assert chain.calls == before
+
+
+def test_checks_at_launch_under_the_interpreter_checks_first(monkeypatch):
+    """Under the CPU interpreter (no launch hooks), or with ``CHECK_IN_LAUNCH_HOOK`` off, the
+    check runs before the block's body."""
+    from portattn.kernels import host_checks
+
+    calls: list[str] = []
+    for interpreted, in_hook in ((True, True), (False, False)):
+        monkeypatch.setattr(host_checks, "interpreter_active", lambda i=interpreted: i)
+        monkeypatch.setattr(host_checks, "CHECK_IN_LAUNCH_HOOK", in_hook)
+        with host_checks.checks_at_launch(lambda: calls.append("check")):
+            calls.append("body")
+    assert calls == ["check", "body", "check", "body"]

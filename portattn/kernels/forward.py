@@ -15,6 +15,7 @@ import triton.language as tl
 
 from portattn.configs import interpreter_active, upcast_dot
 from portattn.kernels.buffers import descriptor_scratch, new_buffer, rows_aligned
+from portattn.kernels.host_checks import checks_at_launch
 
 try:  # Gluon's Hopper API as of Triton 3.6; with an older Triton the Triton forward runs always
     from portattn.kernels.forward_ws import attn_fwd_ws_kernel, ws_supports
@@ -199,7 +200,8 @@ def attn_fwd(
     Returns out [total_q, Hq, D] (q.dtype), lse float32 [total_q, Hq] (natural log) and,
     when ``store_o32``, a float32 copy of out [total_q, Hq, D] (else None).
     ``before_launch``: the caller's checks that need a host sync (they may raise), run after
-    the host-side set-up and before anything is launched.
+    the host-side set-up, from the launch itself, before anything is launched
+    (``checks_at_launch``).
     """
     total_q, n_heads_q, head_dim = q.shape
     n_heads_k = k.shape[1]
@@ -210,12 +212,12 @@ def attn_fwd(
     # The warp-specialised Gluon kernel computes the same bits; it reads through descriptors
     # and has no interpreter.
     warp_specialized = use_warp_specialized(cfg, head_dim, tma)
-    if before_launch is not None:
-        before_launch()
     out = new_buffer(q.shape, q.dtype, q.device)
     lse = new_buffer((total_q, n_heads_q), torch.float32, q.device)
     out32 = new_buffer(q.shape, torch.float32, q.device) if store_o32 else None
     if total_q == 0 or batch == 0:
+        if before_launch is not None:
+            before_launch()
         return out, lse, out32
     o32_arg = out32 if store_o32 else out
     args = (
@@ -225,7 +227,9 @@ def attn_fwd(
         out.stride(0), out.stride(1), o32_arg.stride(0), o32_arg.stride(1),
         batch, n_heads_q, n_heads_q // n_heads_k, softmax_scale * LOG2E,
     )
-    with descriptor_scratch(q.device, tma):
+    # before_launch reads host values (a sync): run it from the launch itself, so the GPU does
+    # not idle through Triton's launch work in Python (host_checks.py).
+    with descriptor_scratch(q.device, tma), checks_at_launch(before_launch):
         if warp_specialized:
             attn_fwd_ws_kernel[grid](
                 *args,
