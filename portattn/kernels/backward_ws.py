@@ -94,6 +94,9 @@ def _tile(i_it, m_start, b_dk, b_dv, k_tile, v_tile, shared, o_k, seqlen_k, diag
                           is_async=True)  # [64, BLOCK_M]
     b_sT = warpgroup_mma_wait(1, deps=(b_sT,))  # K Q^T done, V dO^T may run on
     if MASKED:
+        # Causal, always: only causal programs have masked tiles (``query_range`` gives none
+        # without CAUSAL; keys past the sequence end are never stored). dq_ws.py, whose masked
+        # tiles include the sequence end's, passes its CAUSAL instead.
         o_q = m_start + gl.arange(0, BLOCK_M, layout=col_layout)
         b_sT = mask_scores(b_sT, visible_mask(o_q[None, :], o_k[:, None], seqlen_k, diag, True))
     b_lse2 = lse2_ring.index(slot).reshape([BLOCK_M]).load(col_layout)
