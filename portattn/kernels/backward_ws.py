@@ -54,7 +54,9 @@ from portattn.kernels.ws_common import (
     CONSUMER_REGS,
     GROUP_WARPS,
     PRODUCER_REGS,
+    barriers,
     issue_rounded_mma,
+    row_ring,
     wait_filled,
     wait_free,
 )
@@ -275,18 +277,15 @@ def attn_bwd_dkdv_ws_kernel(
     n_heads_q = gl.num_programs(1) * group
 
     dtype: gl.constexpr = q.dtype.element_ty
-    smem2: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
-                                               rank=2)
     smem3: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                                rank=3)
     smem_row: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32,
                                                   rank=2)
-    k_desc = tma.make_tensor_descriptor(
-        k + bos_k * stride_kt + i_hk.to(gl.int64) * stride_kh, [seqlen_k, HEAD_DIM],
-        [stride_kt, 1], [GROUP_KEYS, HEAD_DIM], smem2)
-    v_desc = tma.make_tensor_descriptor(
-        v + bos_k * stride_vt + i_hk.to(gl.int64) * stride_vh, [seqlen_k, HEAD_DIM],
-        [stride_vt, 1], [GROUP_KEYS, HEAD_DIM], smem2)
+    # The program's keys, two tiles of GROUP_KEYS rows (one per consumer group), copied once.
+    k_desc, k_smem = row_ring(k + bos_k * stride_kt + i_hk.to(gl.int64) * stride_kh, seqlen_k,
+                              stride_kt, GROUP_KEYS, HEAD_DIM, 2)
+    v_desc, v_smem = row_ring(v + bos_k * stride_vt + i_hk.to(gl.int64) * stride_vh, seqlen_k,
+                              stride_vt, GROUP_KEYS, HEAD_DIM, 2)
     # Q and dO rows of the sequence, any head of the group: [seqlen_q, Hq, HEAD_DIM].
     q_desc = tma.make_tensor_descriptor(
         q + bos_q * stride_qt, [seqlen_q, n_heads_q, HEAD_DIM], [stride_qt, stride_qh, 1],
@@ -303,19 +302,13 @@ def attn_bwd_dkdv_ws_kernel(
     delta_desc = tma.make_tensor_descriptor(delta, hm_shape, [stride_hm, 1], [1, BLOCK_M],
                                             smem_row)
 
-    k_smem = gl.allocate_shared_memory(dtype, [2, GROUP_KEYS, HEAD_DIM], smem2)
-    v_smem = gl.allocate_shared_memory(dtype, [2, GROUP_KEYS, HEAD_DIM], smem2)
     q_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, HEAD_DIM], smem3)
     do_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, 1, HEAD_DIM], smem3)
     lse2_ring = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], smem_row)
     delta_ring = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], smem_row)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    free_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready_bars.index(i), count=1)
-        mbarrier.init(free_bars.index(i), count=2)  # one arrival per consumer group
+    kv_bar = barriers(1, 1).index(0)
+    ready_bars = barriers(STAGES, 1)
+    free_bars = barriers(STAGES, 2)  # one arrival per consumer group
     fence_async_shared()
 
     shared = (k_smem, v_smem, q_ring, do_ring, lse2_ring, delta_ring, kv_bar, ready_bars,

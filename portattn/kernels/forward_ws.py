@@ -54,7 +54,9 @@ from portattn.kernels.ws_common import (
     CONSUMER_REGS,
     GROUP_WARPS,
     PRODUCER_REGS,
+    barriers,
     issue_rounded_mma,
+    row_ring,
     wait_filled,
     wait_free,
 )
@@ -234,31 +236,16 @@ def attn_fwd_ws_kernel(
     t_full = n_full // BLOCK_N  # key tiles from t_full on need the mask
     n_tiles = (n_hi + BLOCK_N - 1) // BLOCK_N
 
-    dtype: gl.constexpr = q.dtype.element_ty
-    smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    q_desc = tma.make_tensor_descriptor(
-        q + bos_q * stride_qt + i_h.to(gl.int64) * stride_qh, [seqlen_q, HEAD_DIM],
-        [stride_qt, 1], [GROUP_ROWS, HEAD_DIM], smem)
-    k_desc = tma.make_tensor_descriptor(
-        k + bos_k * stride_kt + i_hk.to(gl.int64) * stride_kh, [seqlen_k, HEAD_DIM],
-        [stride_kt, 1], [BLOCK_N, HEAD_DIM], smem)
-    v_desc = tma.make_tensor_descriptor(
-        v + bos_k * stride_vt + i_hk.to(gl.int64) * stride_vh, [seqlen_k, HEAD_DIM],
-        [stride_vt, 1], [BLOCK_N, HEAD_DIM], smem)
-
-    q_smem = gl.allocate_shared_memory(dtype, [2, GROUP_ROWS, HEAD_DIM], smem)
-    k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
-    v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    free_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(free_bars.index(i), count=2)  # one arrival per consumer group
+    q_desc, q_smem = row_ring(q + bos_q * stride_qt + i_h.to(gl.int64) * stride_qh, seqlen_q,
+                              stride_qt, GROUP_ROWS, HEAD_DIM, 2)
+    k_desc, k_ring = row_ring(k + bos_k * stride_kt + i_hk.to(gl.int64) * stride_kh, seqlen_k,
+                              stride_kt, BLOCK_N, HEAD_DIM, STAGES)
+    v_desc, v_ring = row_ring(v + bos_k * stride_vt + i_hk.to(gl.int64) * stride_vh, seqlen_k,
+                              stride_vt, BLOCK_N, HEAD_DIM, STAGES)
+    q_bars = barriers(2, 1)
+    k_bars = barriers(STAGES, 1)
+    v_bars = barriers(STAGES, 1)
+    free_bars = barriers(STAGES, 2)  # one arrival per consumer group
     fence_async_shared()
 
     shared = (q_smem, k_ring, v_ring, q_bars, k_bars, v_bars, free_bars)
