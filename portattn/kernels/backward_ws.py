@@ -56,7 +56,7 @@ from portattn.kernels.ws_common import (
     PRODUCER_REGS,
     barriers,
     issue_rounded_mma,
-    row_ring,
+    kv_rings,
     wait_filled,
     wait_free,
 )
@@ -282,10 +282,8 @@ def attn_bwd_dkdv_ws_kernel(
     smem_row: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32,
                                                   rank=2)
     # The program's keys, two tiles of GROUP_KEYS rows (one per consumer group), copied once.
-    k_desc, k_smem = row_ring(k + bos_k * stride_kt + i_hk.to(gl.int64) * stride_kh, seqlen_k,
-                              stride_kt, GROUP_KEYS, HEAD_DIM, 2)
-    v_desc, v_smem = row_ring(v + bos_k * stride_vt + i_hk.to(gl.int64) * stride_vh, seqlen_k,
-                              stride_vt, GROUP_KEYS, HEAD_DIM, 2)
+    k_desc, k_smem, v_desc, v_smem = kv_rings(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh,
+                                              stride_vt, stride_vh, GROUP_KEYS, HEAD_DIM, 2)
     # Q and dO rows of the sequence, any head of the group: [seqlen_q, Hq, HEAD_DIM].
     q_desc = tma.make_tensor_descriptor(
         q + bos_q * stride_qt, [seqlen_q, n_heads_q, HEAD_DIM], [stride_qt, stride_qh, 1],

@@ -53,6 +53,7 @@ from portattn.kernels.ws_common import (
     PRODUCER_REGS,
     barriers,
     issue_rounded_mma,
+    kv_rings,
     row_ring,
     wait_filled,
     wait_free,
@@ -230,10 +231,8 @@ def attn_bwd_dq_ws_kernel(
                               stride_qt, GROUP_ROWS, HEAD_DIM, 2)  # a tile per group
     do_desc, do_smem = row_ring(do + bos_q * stride_dot + i_h.to(gl.int64) * stride_doh,
                                 seqlen_q, stride_dot, GROUP_ROWS, HEAD_DIM, 2)
-    k_desc, k_ring = row_ring(k + bos_k * stride_kt + i_hk.to(gl.int64) * stride_kh, seqlen_k,
-                              stride_kt, BLOCK_N, HEAD_DIM, STAGES)
-    v_desc, v_ring = row_ring(v + bos_k * stride_vt + i_hk.to(gl.int64) * stride_vh, seqlen_k,
-                              stride_vt, BLOCK_N, HEAD_DIM, STAGES)
+    k_desc, k_ring, v_desc, v_ring = kv_rings(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh,
+                                              stride_vt, stride_vh, BLOCK_N, HEAD_DIM, STAGES)
     q_bars = barriers(2, 1)
     kv_bars = barriers(STAGES, 1)
     free_bars = barriers(STAGES, 2)  # one arrival per consumer group

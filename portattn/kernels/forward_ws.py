@@ -56,6 +56,7 @@ from portattn.kernels.ws_common import (
     PRODUCER_REGS,
     barriers,
     issue_rounded_mma,
+    kv_rings,
     row_ring,
     wait_filled,
     wait_free,
@@ -238,10 +239,8 @@ def attn_fwd_ws_kernel(
 
     q_desc, q_smem = row_ring(q + bos_q * stride_qt + i_h.to(gl.int64) * stride_qh, seqlen_q,
                               stride_qt, GROUP_ROWS, HEAD_DIM, 2)
-    k_desc, k_ring = row_ring(k + bos_k * stride_kt + i_hk.to(gl.int64) * stride_kh, seqlen_k,
-                              stride_kt, BLOCK_N, HEAD_DIM, STAGES)
-    v_desc, v_ring = row_ring(v + bos_k * stride_vt + i_hk.to(gl.int64) * stride_vh, seqlen_k,
-                              stride_vt, BLOCK_N, HEAD_DIM, STAGES)
+    k_desc, k_ring, v_desc, v_ring = kv_rings(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh,
+                                              stride_vt, stride_vh, BLOCK_N, HEAD_DIM, STAGES)
     q_bars = barriers(2, 1)
     k_bars = barriers(STAGES, 1)
     v_bars = barriers(STAGES, 1)

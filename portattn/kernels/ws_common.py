@@ -65,6 +65,18 @@ def row_ring(base, seqlen, stride_t, BLOCK_R: gl.constexpr, HEAD_DIM: gl.constex
 
 
 @gluon.jit
+def kv_rings(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt, stride_vh,
+             BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SLOTS: gl.constexpr):
+    """``row_ring`` of K and of V for kv head ``i_hk`` of one sequence (``bos_k``: its first
+    key row): (k_desc, k_tiles, v_desc, v_tiles), ``SLOTS`` tiles of [BLOCK_N, HEAD_DIM]."""
+    k_desc, k_tiles = row_ring(k + bos_k * stride_kt + i_hk.to(gl.int64) * stride_kh, seqlen_k,
+                               stride_kt, BLOCK_N, HEAD_DIM, SLOTS)
+    v_desc, v_tiles = row_ring(v + bos_k * stride_vt + i_hk.to(gl.int64) * stride_vh, seqlen_k,
+                               stride_vt, BLOCK_N, HEAD_DIM, SLOTS)
+    return k_desc, k_tiles, v_desc, v_tiles
+
+
+@gluon.jit
 def barriers(SLOTS: gl.constexpr, COUNT: gl.constexpr):
     """``SLOTS`` mbarriers, each completing a phase after ``COUNT`` arrivals."""
     bars = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
