@@ -232,6 +232,14 @@ def test_launch_kwargs_per_family(fam):
                 assert not AMD_KNOBS & set(kwargs)
 
 
+# Per stage: the warp-specialised Gluon kernel and the table field that selects it.
+WS_BY_STAGE = {
+    "fwd": ("attn_fwd_ws_kernel", "fwd_ws"),
+    "bwd_dkdv": ("attn_bwd_dkdv_ws_kernel", "bwd_ws"),
+    "bwd_dq": ("attn_bwd_dq_ws_kernel", "dq_ws"),
+}
+
+
 @pytest.mark.parametrize("fam", list(FAMILIES))
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_launchers_take_parameters_from_table(fam, kernel):
@@ -249,17 +257,12 @@ def test_launchers_take_parameters_from_table(fam, kernel):
                 has_amd = bool(AMD_KNOBS & set(launch.options))
                 assert has_amd == (fam in HIP_FAMILIES), (entry, stage)
                 assert launch.args["HEAD_DIM"] == d
-                if launch.fn.__name__ == "attn_fwd_ws_kernel":  # Gluon: power-of-2 head dims
-                    assert cfg.fwd_ws and d == triton_next_pow2(d), (entry, stage)
-                elif launch.fn.__name__ == "attn_bwd_dkdv_ws_kernel":
-                    assert cfg.bwd_ws and d == triton_next_pow2(d), (entry, stage)
-                elif launch.fn.__name__ == "attn_bwd_dq_ws_kernel":
-                    assert cfg.dq_ws and d == triton_next_pow2(d), (entry, stage)
+                ws_kernel, ws_field = WS_BY_STAGE.get(stage, (None, None))
+                if launch.fn.__name__ == ws_kernel:  # Gluon: power-of-2 head dims
+                    assert getattr(cfg, ws_field) and d == triton_next_pow2(d), (entry, stage)
                 else:
                     assert launch.args["BLOCK_D"] == triton_next_pow2(d)
-                    assert not (stage == "fwd" and cfg.fwd_ws), (entry, stage)
-                    assert not (stage == "bwd_dkdv" and cfg.bwd_ws), (entry, stage)
-                    assert not (stage == "bwd_dq" and cfg.dq_ws), (entry, stage)
+                    assert not (ws_field and getattr(cfg, ws_field)), (entry, stage)
 
 
 def triton_next_pow2(n: int) -> int:

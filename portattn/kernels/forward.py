@@ -215,10 +215,6 @@ def attn_fwd(
     out = new_buffer(q.shape, q.dtype, q.device)
     lse = new_buffer((total_q, n_heads_q), torch.float32, q.device)
     out32 = new_buffer(q.shape, torch.float32, q.device) if store_o32 else None
-    if total_q == 0 or batch == 0:
-        if before_launch is not None:
-            before_launch()
-        return out, lse, out32
     o32_arg = out32 if store_o32 else out
     args = (
         q, k, v, out, lse, o32_arg,
@@ -228,8 +224,11 @@ def attn_fwd(
         batch, n_heads_q, n_heads_q // n_heads_k, softmax_scale * LOG2E,
     )
     # before_launch reads host values (a sync): run it from the launch itself, so the GPU does
-    # not idle through Triton's launch work in Python (host_checks.py).
+    # not idle through Triton's launch work in Python (host_checks.py). With nothing to
+    # launch it runs as the block ends.
     with descriptor_scratch(q.device, tma), checks_at_launch(before_launch):
+        if total_q == 0 or batch == 0:
+            return out, lse, out32
         if warp_specialized:
             attn_fwd_ws_kernel[grid](
                 *args,
