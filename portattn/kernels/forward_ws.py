@@ -110,6 +110,16 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     m_start = m_tile + GROUP * GROUP_ROWS
+    if m_start >= seqlen_q:
+        # Every row of this group lies past the sequence end (the last tile of a sequence of
+        # 1-64 rows mod 128): nothing to compute or store. Keep the ring protocol: wait for
+        # each fill, release each slot the other group releases.
+        for i_tile in range(0, n_tiles):
+            wait_filled(k_bars, i_tile, STAGES)
+            wait_filled(v_bars, i_tile, STAGES)
+            if i_tile < n_tiles - 1:
+                mbarrier.arrive(free_bars.index(i_tile % STAGES), count=1)
+        return
     q_tile = q_smem.index(GROUP)
 
     b_zero = gl.zeros([GROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
