@@ -58,6 +58,7 @@ from portattn.kernels.ws_common import (
     issue_rounded_mma,
     kv_rings,
     row_ring,
+    skip_ring,
     wait_filled,
     wait_free,
 )
@@ -112,13 +113,8 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
     m_start = m_tile + GROUP * GROUP_ROWS
     if m_start >= seqlen_q:
         # Every row of this group lies past the sequence end (the last tile of a sequence of
-        # 1-64 rows mod 128): nothing to compute or store. Keep the ring protocol: wait for
-        # each fill, release each slot the other group releases.
-        for i_tile in range(0, n_tiles):
-            wait_filled(k_bars, i_tile, STAGES)
-            wait_filled(v_bars, i_tile, STAGES)
-            if i_tile < n_tiles - 1:
-                mbarrier.arrive(free_bars.index(i_tile % STAGES), count=1)
+        # 1-64 rows mod 128): nothing to compute or store. (V lands after K in each fill.)
+        skip_ring(v_bars, free_bars, n_tiles, STAGES)
         return
     q_tile = q_smem.index(GROUP)
 
