@@ -137,6 +137,9 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
     m_lo_g, m_full_g = query_range(n_group, seqlen_q, diag, BLOCK_M, GROUP_KEYS, CAUSAL)
     n_skip = (m_lo_g - m_lo) // BLOCK_M
     n_masked = (m_full_g - m_lo_g + BLOCK_M - 1) // BLOCK_M
+    if n_group >= seqlen_k:  # every key of this group past the sequence end: skip every tile
+        n_skip = n_tiles
+        n_masked = 0
     o_k = n_group + gl.arange(0, GROUP_KEYS, layout=gl.SliceLayout(1, s_layout))
     k_tile = k_smem.index(GROUP)  # [64, HEAD_DIM]
     v_tile = v_smem.index(GROUP)

@@ -55,6 +55,7 @@ from portattn.kernels.ws_common import (
     issue_rounded_mma,
     kv_rings,
     row_ring,
+    skip_ring,
     wait_filled,
     wait_free,
 )
@@ -125,6 +126,9 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     m_start = m_tile + GROUP * GROUP_ROWS
+    if m_start >= seqlen_q:  # every row of this group past the sequence end: nothing to do
+        skip_ring(kv_bars, free_bars, n_tiles, STAGES)
+        return
     o_q = m_start + gl.arange(0, GROUP_ROWS, layout=row_layout)
     m_row = o_q < seqlen_q
     # lse2 and delta of the group's rows, as the Triton kernel reads them: rows past the

@@ -58,6 +58,7 @@ from portattn.kernels.ws_common import (
     issue_rounded_mma,
     kv_rings,
     row_ring,
+    skip_ring,
     wait_filled,
     wait_free,
 )
@@ -110,6 +111,11 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     m_start = m_tile + GROUP * GROUP_ROWS
+    if m_start >= seqlen_q:
+        # Every row of this group lies past the sequence end (the last tile of a sequence of
+        # 1-64 rows mod 128): nothing to compute or store. (V lands after K in each fill.)
+        skip_ring(v_bars, free_bars, n_tiles, STAGES)
+        return
     q_tile = q_smem.index(GROUP)
 
     b_zero = gl.zeros([GROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
