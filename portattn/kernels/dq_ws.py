@@ -126,7 +126,11 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     m_start = m_tile + GROUP * GROUP_ROWS
-    if m_start >= seqlen_q:  # every row of this group past the sequence end: nothing to do
+    if m_start >= seqlen_q:
+        # Every row of this group past the sequence end: nothing to do. It still waits for the
+        # copy of its Q and dO tiles (no copy into the CTA's shared memory may be in flight
+        # when it exits) and takes part in the ring.
+        mbarrier.wait(q_bars.index(GROUP), 0)
         skip_ring(kv_bars, free_bars, n_tiles, STAGES)
         return
     o_q = m_start + gl.arange(0, GROUP_ROWS, layout=row_layout)

@@ -113,7 +113,10 @@ def _consume(GROUP: gl.constexpr, shared, outputs, scalars, HEAD_DIM: gl.constex
     m_start = m_tile + GROUP * GROUP_ROWS
     if m_start >= seqlen_q:
         # Every row of this group lies past the sequence end (the last tile of a sequence of
-        # 1-64 rows mod 128): nothing to compute or store. (V lands after K in each fill.)
+        # 1-64 rows mod 128): nothing to compute or store. It still waits for the copy of its
+        # Q tile, so that no copy into the CTA's shared memory is in flight when it exits,
+        # and takes part in the ring. (V lands after K in each fill.)
+        mbarrier.wait(q_bars.index(GROUP), 0)
         skip_ring(v_bars, free_bars, n_tiles, STAGES)
         return
     q_tile = q_smem.index(GROUP)
