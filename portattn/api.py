@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from portattn.autocast import autocast_inputs
 from portattn.ops import varlen_fwd
 from portattn.validation import (
     check_common,
-    check_heads_and_dims,
     check_varlen,
     check_varlen_without_values,
 )
@@ -85,15 +85,18 @@ def varlen_attention(
         k: [total_k, Hkv, D], same dtype and device; ``Hq % Hkv == 0`` (GQA/MQA: query head
             ``h`` reads kv head ``h // (Hq // Hkv)``).
         v: [total_k, Hkv, D].
-        cu_seqlens_q: int32 [B + 1], ``cu[0] == 0``, non-decreasing, ``cu[-1] == total_q``.
-            Sequence ``b`` owns query rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``.
+        cu_seqlens_q: int32 [B + 1], contiguous, ``cu[0] == 0``, non-decreasing,
+            ``cu[-1] == total_q``. Sequence ``b`` owns query rows
+            ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``.
         cu_seqlens_k: int32 [B + 1], likewise for keys/values (same B).
         max_seqlen_q, max_seqlen_k: optional ints, at least the longest sequence; derived from
-            cu_seqlens when None.
-        causal: bottom-right aligned mask. In a sequence with ``Sq`` queries and ``Sk`` keys,
-            query row ``i`` sees keys ``j <= i + Sk - Sq``.
-        softmax_scale: finite float > 0; default ``1 / sqrt(D)``.
-        return_lse: also return ``lse``.
+            cu_seqlens when None. At most ``2**31 - 1``, and the launch grid they imply,
+            ``ceil(max_seqlen / 16) * B`` programs, at most ``2**31 - 1`` too.
+        causal: bottom-right aligned mask (a bool; numpy bools are accepted). In a sequence
+            with ``Sq`` queries and ``Sk`` keys, query row ``i`` sees keys ``j <= i + Sk - Sq``.
+        softmax_scale: finite float > 0 that stays a normal float32 number, as does
+            ``softmax_scale * log2(e)`` (about 1.18e-38 to 2.36e38); default ``1 / sqrt(D)``.
+        return_lse: also return ``lse`` (a bool; numpy bools are accepted).
         kernel: ``"varlen"`` (fast: P and dS rounded to the input dtype for their products) or
             ``"fixed_order"`` (strict: split-P second product, float32 O for the backward).
 
@@ -113,7 +116,9 @@ def varlen_attention(
     The caller then guarantees them, as with flash-attn; shape, dtype, device and stride
     checks still run.
     """
-    softmax_scale = check_common(q, k, v, causal, softmax_scale, return_lse, kernel)
+    q, k, v = autocast_inputs(q, k, v)  # float32 under autocast -> its dtype, as SDPA
+    softmax_scale = check_common(q, k, v, causal, softmax_scale, return_lse, kernel, token_dims=1)
+    causal, return_lse = bool(causal), bool(return_lse)  # checked: bools or numpy bools
     compiling = torch.compiler.is_compiling()
     if compiling or (max_seqlen_q is not None and max_seqlen_k is not None):
         max_seqlen_q, max_seqlen_k = check_varlen_without_values(
@@ -170,8 +175,9 @@ def attention(
     dim) is viewed, never copied; other layouts are copied once into that shape. Needs no host
     values: under ``torch.compile`` every check runs and nothing is required beyond eager.
     """
-    softmax_scale = check_common(q, k, v, causal, softmax_scale, return_lse, kernel)
-    check_heads_and_dims(q, k, v, token_dims=2)
+    q, k, v = autocast_inputs(q, k, v)  # float32 under autocast -> its dtype, as SDPA
+    softmax_scale = check_common(q, k, v, causal, softmax_scale, return_lse, kernel, token_dims=2)
+    causal, return_lse = bool(causal), bool(return_lse)  # checked: bools or numpy bools
     if k.shape[0] != q.shape[0]:
         raise ValueError(
             f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}"

@@ -33,6 +33,7 @@ import functools
 
 import torch
 
+from portattn.autocast import register_autocast_kernel
 from portattn.configs import resolve_config
 from portattn.kernels.backward import attn_bwd
 from portattn.kernels.forward import attn_fwd
@@ -259,3 +260,6 @@ def _fwd_backward(ctx, dout, dlse, _dout32):
 
 
 varlen_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+# Under torch.autocast, float q/k/v go to the autocast dtype before the op runs (portattn.autocast).
+register_autocast_kernel(varlen_fwd, n_cast=3)

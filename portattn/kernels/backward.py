@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from portattn.configs import upcast_dot
+from portattn.configs import interpreter_active
 from portattn.kernels.buffers import (
     dense_specialized,
     descriptor_scratch,
@@ -109,7 +109,7 @@ def attn_bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     SPLIT_P: tl.constexpr,
-    UPCAST: tl.constexpr,
+    INTERPRET: tl.constexpr,
     WANT_DK: tl.constexpr,
     WANT_DV: tl.constexpr,
     D_CHUNKS: tl.constexpr,
@@ -201,7 +201,7 @@ def attn_bwd_dkdv_kernel(
         else:
             o_hm = i_h * stride_hm + o_rows  # [BLOCK_M] head-major lse2 / delta offsets
             b_lse2 = load_row_lse2(lse2 + o_hm, m_row)  # [BLOCK_M]
-        b_qkT = mma(b_k, tl.trans(b_q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
+        b_qkT = mma(b_k, tl.trans(b_q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
         if CAUSAL:  # noqa: SIM102 - a constexpr branch around a runtime one
             if m_start < m_full:
                 b_qkT = mask_scores(b_qkT, visible_mask(o_q[None, :], o_k[:, None], seqlen_k,
@@ -219,20 +219,20 @@ def attn_bwd_dkdv_kernel(
             # P <= 1 is scaled by an exact power of two before it is rounded for the product,
             # so small probabilities keep their bits in float16 (whose exponent range is
             # narrow); the scale is undone exactly on the float32 dV at the end.
-            b_dv = mma_rounded(b_pT * P_SCALE, b_doc, b_dv, SPLIT_P, UPCAST)
+            b_dv = mma_rounded(b_pT * P_SCALE, b_doc, b_dv, SPLIT_P, INTERPRET)
         if WANT_DK:
             if TMA:
                 b_delta = desc_delta.load([i_h32, hm_start + m_start]).reshape(BLOCK_M)
             else:
                 b_delta = tl.load(delta + o_hm, mask=m_row, other=0.0)
-            b_dpT = mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), UPCAST)
+            b_dpT = mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
             b_dsT = b_pT * (b_dpT - b_delta[None, :])  # [BLOCK_N, BLOCK_M]
             if BLOCK_DC == BLOCK_D:
                 b_qc = b_q
             else:
                 b_qc = load_head_rows(desc_qc, p_q, m_start, i_h32, c_dc, o_dc, m_row, m_dc,
                                       BLOCK_M, BLOCK_DC, TMA)  # [BLOCK_M, BLOCK_DC]
-            b_dk = mma_rounded(b_dsT, b_qc, b_dk, SPLIT_P, UPCAST)
+            b_dk = mma_rounded(b_dsT, b_qc, b_dk, SPLIT_P, INTERPRET)
     m_kc = m_krow[:, None] & m_dc[None, :]
     if TMA:
         # Stored through descriptors: the copy engine clips rows past the sequence end and
@@ -265,7 +265,7 @@ def _dq_key_tiles(
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     SPLIT_P: tl.constexpr,
-    UPCAST: tl.constexpr,
+    INTERPRET: tl.constexpr,
     TMA: tl.constexpr,
 ):
     """Accumulate key tiles [n_lo, n_hi) (ascending) into dQ."""
@@ -275,14 +275,14 @@ def _dq_key_tiles(
                             TMA)  # [BLOCK_N, BLOCK_D]
         b_v = load_key_tile(src_v, n_start, 0, o_k, seqlen_k, stride_vt, o_d, m_d,
                             TMA)  # [BLOCK_N, BLOCK_D]
-        b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
+        b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
         if MASKED:
             b_qk = mask_scores(b_qk, visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag,
                                                   CAUSAL))
         b_p = recompute_p(b_qk, b_lse2[:, None], scale_log2)  # [BLOCK_M, BLOCK_N]
-        b_dp = mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
+        b_dp = mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
         b_ds = b_p * (b_dp - b_delta[:, None])  # [BLOCK_M, BLOCK_N]
-        b_dq = mma_rounded(b_ds, b_k, b_dq, SPLIT_P, UPCAST)  # [BLOCK_M, BLOCK_D]
+        b_dq = mma_rounded(b_ds, b_k, b_dq, SPLIT_P, INTERPRET)  # [BLOCK_M, BLOCK_D]
     return b_dq
 
 
@@ -299,7 +299,7 @@ def attn_bwd_dq_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     SPLIT_P: tl.constexpr,
-    UPCAST: tl.constexpr,
+    INTERPRET: tl.constexpr,
     TMA: tl.constexpr,
     PADDED: tl.constexpr,
 ):
@@ -334,12 +334,12 @@ def attn_bwd_dq_kernel(
     b_dq = _dq_key_tiles(
         b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, seqlen_k, diag, scale_log2, 0, n_full,
-        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, UPCAST, TMA,
+        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, TMA,
     )
     b_dq = _dq_key_tiles(
         b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_full, n_hi,
-        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, UPCAST, TMA,
+        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA,
     )
     b_dq = b_dq * scale
     tl.store(dq + o_rows * stride_dqt + i_h.to(tl.int64) * stride_dqh + o_d[None, :],
@@ -417,7 +417,7 @@ def attn_bwd(
     kernel_flags = dict(
         CAUSAL=causal,
         SPLIT_P=split_p,
-        UPCAST=upcast_dot(q),
+        INTERPRET=interpreter_active(),
     )
     scale_log2 = softmax_scale * 1.4426950408889634
     if total_q > 0:

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from portattn.configs import interpreter_active, upcast_dot
+from portattn.configs import interpreter_active
 from portattn.kernels.buffers import descriptor_scratch, new_buffer, rows_aligned
 from portattn.kernels.host_checks import checks_at_launch
 
@@ -50,7 +50,7 @@ def _fwd_key_tiles(
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     SPLIT_P: tl.constexpr,
-    UPCAST: tl.constexpr,
+    INTERPRET: tl.constexpr,
     TMA: tl.constexpr,
 ):
     """Accumulate key tiles [n_lo, n_hi) (ascending) into (acc, m, l); the scores use all
@@ -67,13 +67,13 @@ def _fwd_key_tiles(
             p_v = src_v + o_k.to(tl.int64)[:, None] * stride_vt + o_dc[None, :]
             b_k = tl.load(p_k, mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
             b_v = tl.load(p_v, mask=m_v, other=0.0)  # [BLOCK_N, BLOCK_DC]
-        b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
+        b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
         if MASKED:
             m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, CAUSAL)
             b_qk = mask_scores(b_qk, m_vis)
         b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, scale_log2)
         b_acc = b_acc * b_alpha[:, None]
-        b_acc = mma_rounded(b_p, b_v, b_acc, SPLIT_P, UPCAST)  # [BLOCK_M, BLOCK_DC]
+        b_acc = mma_rounded(b_p, b_v, b_acc, SPLIT_P, INTERPRET)  # [BLOCK_M, BLOCK_DC]
     return b_acc, b_m, b_l
 
 
@@ -91,7 +91,7 @@ def attn_fwd_kernel(
     CAUSAL: tl.constexpr,
     SPLIT_P: tl.constexpr,
     STORE_O32: tl.constexpr,
-    UPCAST: tl.constexpr,
+    INTERPRET: tl.constexpr,
     D_CHUNKS: tl.constexpr,
     TMA: tl.constexpr,
 ):
@@ -132,12 +132,12 @@ def attn_fwd_kernel(
     b_acc, b_m, b_l = _fwd_key_tiles(
         b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, 0, n_full,
-        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, UPCAST, TMA,
+        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, TMA,
     )
     b_acc, b_m, b_l = _fwd_key_tiles(
         b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi,
-        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, UPCAST, TMA,
+        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA,
     )
 
     # Rows that saw no key: out 0, lse -inf.
@@ -251,7 +251,7 @@ def attn_fwd(
             CAUSAL=causal,
             SPLIT_P=split_p,
             STORE_O32=store_o32,
-            UPCAST=upcast_dot(q),
+            INTERPRET=interpreter_active(),
             D_CHUNKS=cfg.fwd_chunks,
             TMA=tma,
             **tiles.launch_kwargs(),

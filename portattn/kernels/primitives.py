@@ -18,22 +18,27 @@ LN2 = tl.constexpr(0.6931471805599453)  # lse leaves the kernels in natural-log 
 
 
 @triton.jit
-def mma(b_a, b_b, b_acc, UPCAST: tl.constexpr):
+def mma(b_a, b_b, b_acc, INTERPRET: tl.constexpr):
     """``b_acc + b_a @ b_b`` in float32 with operands in the input dtype.
 
-    ``UPCAST`` is set only under Triton's interpreter for bfloat16 (the interpreter multiplies
-    raw bfloat16 bits, triton-lang/triton#11584); the operands are exact in float32, so the
-    result is the same product.
+    ``INTERPRET`` is set only under Triton's interpreter, whose ``tl.dot`` is numpy's matmul:
+    BLAS gives a row different bits depending on its position and the operand's size (OpenBLAS'
+    Haswell kernels do), which would break the bitwise invariances on the CPU, and bfloat16
+    operands are multiplied as raw bits (triton-lang/triton#11584). There the product is the
+    float32 products (exact for float16 / bfloat16 operands) summed over K by ``tl.sum``, so each
+    output element depends on its own row and column only. GPUs never take this branch.
     """
-    if UPCAST:
-        b_acc = tl.dot(b_a.to(tl.float32), b_b.to(tl.float32), b_acc, input_precision="ieee")
+    if INTERPRET:
+        # [M, K, 1] * [1, K, N] -> [M, K, N], summed over K -> [M, N]
+        b_prod = b_a.to(tl.float32)[:, :, None] * b_b.to(tl.float32)[None, :, :]
+        b_acc = b_acc + tl.sum(b_prod, 1)
     else:
         b_acc = tl.dot(b_a, b_b, b_acc)
     return b_acc
 
 
 @triton.jit
-def mma_rounded(b_x, b_b, b_acc, SPLIT_P: tl.constexpr, UPCAST: tl.constexpr):
+def mma_rounded(b_x, b_b, b_acc, SPLIT_P: tl.constexpr, INTERPRET: tl.constexpr):
     """``b_acc + b_x @ b_b`` where ``b_x`` is float32 (P or dS) and must be rounded to the
     input dtype of ``b_b`` for the matrix unit.
 
@@ -43,9 +48,9 @@ def mma_rounded(b_x, b_b, b_acc, SPLIT_P: tl.constexpr, UPCAST: tl.constexpr):
     the mantissa of the input dtype.
     """
     b_hi = b_x.to(b_b.dtype)
-    b_acc = mma(b_hi, b_b, b_acc, UPCAST)
+    b_acc = mma(b_hi, b_b, b_acc, INTERPRET)
     if SPLIT_P:
-        b_acc = mma(split_p_lo(b_x, b_hi), b_b, b_acc, UPCAST)
+        b_acc = mma(split_p_lo(b_x, b_hi), b_b, b_acc, INTERPRET)
     return b_acc
 
 
