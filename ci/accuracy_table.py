@@ -1,4 +1,4 @@
-"""Accuracy of both kernels against float64 (DESIGN §2, fixed_order issue): share of correctly
+"""Accuracy of both kernels against float64 (design §2 in docs/design.md): share of correctly
 rounded elements and Frobenius error over the rounding floor, printed as a markdown table.
 
 Run on a GPU (bfloat16 and float16) or under TRITON_INTERPRET=1 on the CPU (float16)."""

@@ -1,11 +1,12 @@
 """How much of portattn's measured forward time is the eager API's host work (H200 notes).
 
 The eager ``varlen_attention`` reads ``cu_seqlens`` on the host before each launch (the value
-checks, DESIGN §1), so the GPU waits for that host work on every call; under ``torch.compile``
-those checks are skipped (docs/api.md) and launches queue up like the peers'. This script times,
-in one run and on the benchmark's own workloads and timer (``portattn.bench``): the eager API,
-the same call compiled with ``fullgraph=True``, FlexAttention and (equal packs) SDPA cuDNN, plus
-the forward kernel's own CUDA time from ``torch.profiler``.
+checks, design §1 in docs/design.md), so the GPU waits for that host work on every call; under
+``torch.compile`` those checks are skipped (docs/api.md) and launches queue up like the peers'.
+This script times, in one run and on the benchmark's own workloads and timer
+(``portattn.bench``): the eager API, the same call compiled with ``fullgraph=True``,
+FlexAttention and (equal packs) SDPA cuDNN, plus the forward kernel's own CUDA time from
+``torch.profiler``.
 
 Usage (GPU): python ci/api_overhead.py [--json PATH]
 """

@@ -1,5 +1,6 @@
-"""The invariance checks of DESIGN §3, shared by the CPU (interpreter, small shapes) and GPU
-(larger shapes, both dtypes) test modules. Every comparison is ``torch.equal``."""
+"""The invariance checks of design §3 (docs/design.md), shared by the CPU (interpreter, small
+shapes) and GPU (larger shapes, both dtypes) test modules. Every comparison is
+``torch.equal``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The invariance contract (DESIGN §3), bitwise, for both kernels: small shapes, so the CPU
-interpreter runs them in CI (float16). The GPU module test_invariance_gpu.py runs the same
-checks at realistic sizes in both dtypes."""
+"""The invariance contract (design §3 in docs/design.md), bitwise, for both kernels: small
+shapes, so the CPU interpreter runs them in CI (float16). The GPU module test_invariance_gpu.py
+runs the same checks at realistic sizes in both dtypes."""
 
 from __future__ import annotations
 

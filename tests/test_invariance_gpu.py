@@ -1,6 +1,6 @@
-"""DESIGN §3 on real hardware: both kernels, both dtypes, causal and not, GQA and not,
-d = 64 and 128, forward and backward, all bitwise. ``PORTATTN_STRESS=1`` runs 1000 repeats
-instead of 200 in the run-to-run check."""
+"""Design §3 (docs/design.md) on real hardware: both kernels, both dtypes, causal and not, GQA
+and not, d = 64 and 128, forward and backward, all bitwise. ``PORTATTN_STRESS=1`` runs 1000
+repeats instead of 200 in the run-to-run check."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Golden output hashes per GPU family: canonical cases, a counter-based input generator,
-hashing, the golden files and the verify / refresh / fingerprints commands (DESIGN §5).
+hashing, the golden files and the verify / refresh / fingerprints commands (design §5 in
+docs/design.md).
 
 ``import portattn.golden`` does no GPU work; see ``docs/golden.md`` for the workflow.
 """
