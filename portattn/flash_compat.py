@@ -18,6 +18,7 @@ import numbers
 import torch
 
 from portattn.api import attention, varlen_attention
+from portattn.validation import check_bool, type_name
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]
 
@@ -30,13 +31,21 @@ def _unsupported(feature: str, arg: str, value) -> ValueError:
 
 
 def _resolve_features(
-    dropout_p, causal, window_size, softcap, alibi_slopes, block_table=None
-) -> bool:
-    """Reject what portattn does not implement; returns the effective ``causal``.
+    dropout_p,
+    causal,
+    window_size,
+    softcap,
+    alibi_slopes,
+    deterministic,
+    return_attn_probs,
+    block_table=None,
+) -> tuple[bool, bool]:
+    """Reject what portattn does not implement and check the flags (bools or numpy bools);
+    returns the effective ``causal`` and ``return_attn_probs`` as Python bools.
 
     ``window_size == (-1, 0)`` is accepted as causal, which is what flash-attn makes of it."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
-        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+        raise TypeError(f"dropout_p must be a float, got {type_name(dropout_p)}")
     if dropout_p != 0:
         raise _unsupported("attention dropout (dropout_p > 0)", "dropout_p", dropout_p)
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
@@ -47,18 +56,16 @@ def _resolve_features(
             "sliding window attention (window_size != (-1, -1))", "window_size", window
         )
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+        raise TypeError(f"softcap must be a float, got {type_name(softcap)}")
     if softcap != 0:
         raise _unsupported("softcapping (softcap != 0)", "softcap", softcap)
     if alibi_slopes is not None:
-        raise _unsupported("ALiBi (alibi_slopes)", "alibi_slopes", type(alibi_slopes).__name__)
+        raise _unsupported("ALiBi (alibi_slopes)", "alibi_slopes", type_name(alibi_slopes))
     if block_table is not None:
-        raise _unsupported(
-            "paged KV cache (block_table)", "block_table", type(block_table).__name__
-        )
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    return causal or window == (-1, 0)
+        raise _unsupported("paged KV cache (block_table)", "block_table", type_name(block_table))
+    causal = check_bool("causal", causal)
+    check_bool("deterministic", deterministic)  # ignored, but a flag all the same
+    return causal or window == (-1, 0), check_bool("return_attn_probs", return_attn_probs)
 
 
 def _no_attn_probs(q: torch.Tensor) -> torch.Tensor:
@@ -102,7 +109,8 @@ def flash_attn_varlen_func(
         alibi_slopes: must be None (ValueError otherwise).
         deterministic: accepted and ignored: portattn's forward and backward are always
             deterministic (atomic-free, fixed order).
-        return_attn_probs: also return ``softmax_lse`` and ``S_dmask``.
+        return_attn_probs: also return ``softmax_lse`` and ``S_dmask`` (a bool, as
+            ``causal`` and ``deterministic``; numpy bools are accepted).
         block_table: must be None (paged KV: ValueError otherwise).
         kernel: portattn's kernel, ``"varlen"`` or ``"fixed_order"`` (keyword only; not in
             flash-attn).
@@ -117,7 +125,16 @@ def flash_attn_varlen_func(
     differentiable (flash-attn drops its gradient); the features above raise instead of
     running. Validation errors are portattn's (ValueError / TypeError naming the argument).
     """
-    causal = _resolve_features(dropout_p, causal, window_size, softcap, alibi_slopes, block_table)
+    causal, return_attn_probs = _resolve_features(
+        dropout_p,
+        causal,
+        window_size,
+        softcap,
+        alibi_slopes,
+        deterministic,
+        return_attn_probs,
+        block_table,
+    )
     out, lse = varlen_attention(
         q,
         k,
@@ -163,7 +180,9 @@ def flash_attn_func(
         ``softmax_lse`` float32 [B, Hq, Sq] (contiguous) and ``S_dmask`` an empty tensor.
         Same differences from flash-attn as :func:`flash_attn_varlen_func`.
     """
-    causal = _resolve_features(dropout_p, causal, window_size, softcap, alibi_slopes)
+    causal, return_attn_probs = _resolve_features(
+        dropout_p, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
+    )
     out, lse = attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, kernel=kernel
     )

@@ -5,11 +5,23 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
+import sys
 from dataclasses import dataclass
 
 import torch
 
 from portattn.configs import HEAD_DIMS, KERNELS, interpreter_active
+
+INT32_MAX = 2**31 - 1
+# No kernel of the configuration table has a smaller block (rows or keys) than this (checked by
+# tests/test_validation.py): axis 0 of a launch grid holds at most
+# ``ceil(max_seqlen / SMALLEST_TILE) * batch`` programs.
+SMALLEST_TILE = 16
+# The kernels' log2(e) (kernels/forward.py LOG2E): they compute in float32 with
+# ``softmax_scale`` and ``softmax_scale * LOG2E`` (scores in log2 units).
+LOG2E = 1.4426950408889634
+FLOAT32_TINY = 2.0**-126  # the smallest normal float32 (GPUs may flush smaller ones to 0)
 
 
 class DTypeError(TypeError, ValueError):
@@ -24,9 +36,29 @@ class VarlenShape:
     max_seqlen_k: int
 
 
+def type_name(value: object) -> str:
+    """The qualified name of ``value``'s type for error messages: ``numpy.bool``,
+    ``torch.Tensor``; builtins unqualified (``str``, ``NoneType``)."""
+    cls = type(value)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def check_bool(name: str, value: object) -> bool:
+    """A flag: a Python bool, or a numpy bool (converted to the Python bool it holds); any
+    other type (ints included) is a TypeError."""
+    if isinstance(value, bool):
+        return value
+    numpy = sys.modules.get("numpy")  # not imported: the value cannot be a numpy bool
+    if numpy is not None and isinstance(value, numpy.bool_):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type_name(value)}")
+
+
 def _check_tensor(name: str, x) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {type_name(x)}")
     return x
 
 
@@ -39,6 +71,13 @@ def check_cu_seqlens_meta(name: str, cu, device: torch.device) -> None:
         raise ValueError(f"{name} must be 1-D with B + 1 >= 1 entries, got shape {tuple(cu.shape)}")
     if cu.device != device:
         raise ValueError(f"{name} must be on {device} like q, got {cu.device}")
+    if cu.stride(0) != 1 and cu.numel() > 1:
+        # The kernels read cu_seqlens as dense int32 memory; the value checks read through the
+        # stride: a strided view would be checked as one tensor and read as another.
+        raise ValueError(
+            f"{name} must be contiguous (stride 1), got stride {cu.stride(0)}; pass "
+            f"{name}.contiguous()"
+        )
 
 
 def _check_cu_seqlens_values(name: str, cu: torch.Tensor, total: int) -> list[int]:
@@ -57,21 +96,84 @@ def _check_cu_seqlens_values(name: str, cu: torch.Tensor, total: int) -> list[in
     return values
 
 
-def _check_max_seqlen(name: str, given, real: int) -> int:
-    if given is None:
-        return real
-    # Any integer type (int, numpy integers, torch.SymInt under torch.compile), never a bool.
+def _check_max_seqlen_int(name: str, given, batch: int, expected: str = "an int"):
+    """A given max_seqlen: an integer (int, numpy integers, torch.SymInt under torch.compile,
+    never a bool), >= 0, and within what the kernels index: sequence rows and program ids are
+    int32, and axis 0 of a launch grid holds ``ceil(max_seqlen / SMALLEST_TILE) * batch``
+    programs, at most ``2**31 - 1``. Plain integers come back as int; a SymInt is returned
+    unchecked (bounding it would guard the compiled graph on it)."""
     if isinstance(given, bool) or not isinstance(given, (numbers.Integral, torch.SymInt)):
-        raise TypeError(f"{name} must be an int or None, got {type(given).__name__}")
+        raise TypeError(f"{name} must be {expected}, got {type_name(given)}")
+    if isinstance(given, torch.SymInt):
+        return given
+    given = int(given)
+    if given < 0:
+        raise ValueError(f"{name} must be >= 0, got {given}")
+    if given > INT32_MAX:
+        raise ValueError(
+            f"{name} must be at most 2**31 - 1 (the kernels index sequence rows in int32), "
+            f"got {given}"
+        )
+    programs = -(-given // SMALLEST_TILE) * batch
+    if programs > INT32_MAX:
+        raise ValueError(
+            f"{name}={given} with {batch} sequences needs up to {programs} programs on axis 0 "
+            f"of a launch grid (ceil({name} / {SMALLEST_TILE}) * batch), more than 2**31 - 1"
+        )
+    return given
+
+
+def _check_max_seqlen(name: str, given, real: int, batch: int) -> int:
+    """A max_seqlen against the longest sequence ``real`` (derived from it when None)."""
+    if given is None:
+        return _check_max_seqlen_int(name, real, batch)
+    given = _check_max_seqlen_int(name, given, batch, "an int or None")
     if given < real:
         raise ValueError(f"{name}={given} is smaller than the longest sequence ({real})")
-    return given if isinstance(given, torch.SymInt) else int(given)
+    return given
 
 
-def check_common(q, k, v, causal, softmax_scale, return_lse, kernel) -> float:
-    """Checks shared by the varlen and dense entry points; returns the softmax scale."""
+def check_softmax_scale(softmax_scale, head_dim: int) -> float:
+    """The softmax scale (None: ``1 / sqrt(head_dim)``): a real number > 0 that stays a finite
+    normal number in float32, as do the kernels' ``softmax_scale * log2(e)``."""
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"softmax_scale must be a float or None, got {type_name(softmax_scale)}")
+    try:
+        scale = float(softmax_scale)
+    except OverflowError:  # an int beyond float64
+        scale = math.inf
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale}")
+    # The launchers compute scale * log2(e) in float64 and pass it as float32; in float32
+    # arithmetic it would be the second product. Both must stay finite.
+    log2_scale = max(_float32(scale * LOG2E), _float32(_float32(scale) * _float32(LOG2E)))
+    if _float32(scale) < FLOAT32_TINY or math.isinf(log2_scale):
+        raise ValueError(
+            f"softmax_scale must be within float32 range for the kernels, which compute with "
+            f"softmax_scale and softmax_scale * log2(e) as float32 normal numbers "
+            f"(about 1.18e-38 to 2.36e38), got {softmax_scale}"
+        )
+    return scale
+
+
+def _float32(x: float) -> float:
+    """``x`` rounded to float32 (inf beyond its range), as a kernel's float argument."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def check_common(q, k, v, causal, softmax_scale, return_lse, kernel, token_dims: int = 1) -> float:
+    """Checks shared by the varlen (``token_dims`` 1) and dense (2) entry points: tensors,
+    their ranks and dims (:func:`check_heads_and_dims`) first, dtypes, devices, the flags and
+    the kernel; returns the softmax scale. ``causal`` and ``return_lse`` may be numpy bools:
+    the caller passes ``bool(causal)`` on (:func:`check_bool`)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, x)
+    check_heads_and_dims(q, k, v, token_dims)
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise DTypeError(f"q must be torch.float16 or torch.bfloat16, got {q.dtype}")
     for name, x in (("k", k), ("v", v)):
@@ -86,24 +188,13 @@ def check_common(q, k, v, causal, softmax_scale, return_lse, kernel) -> float:
         )
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"q must be on a CUDA/ROCm device, got {q.device}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    check_bool("causal", causal)
+    check_bool("return_lse", return_lse)
     if not isinstance(kernel, str):
-        raise TypeError(f"kernel must be a str, got {type(kernel).__name__}")
+        raise TypeError(f"kernel must be a str, got {type_name(kernel)}")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    head_dim = q.shape[-1]
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(
-            f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}"
-        )
-    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
-        raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale}")
-    return float(softmax_scale)
+    return check_softmax_scale(softmax_scale, q.shape[-1])
 
 
 def check_heads_and_dims(q, k, v, token_dims: int) -> None:
@@ -143,27 +234,22 @@ def _check_same_batch(n_q: int, n_k: int) -> None:
         )
 
 
-def _check_max_seqlen_given(name: str, given):
+def _check_max_seqlen_given(name: str, given, batch: int):
     """A max_seqlen checked without the values of cu_seqlens: it must be given (an int, or a
-    symbolic int while torch.compile traces) and >= 0. Plain integers come back as int."""
+    symbolic int while torch.compile traces), >= 0 and within the kernels' bounds
+    (:func:`_check_max_seqlen_int`). Plain integers come back as int."""
     if given is None:
         raise ValueError(
             f"{name} must be given (an int) when varlen_attention runs under torch.compile: "
             "deriving it from cu_seqlens needs their host values, a graph break"
         )
-    if isinstance(given, bool) or not isinstance(given, (numbers.Integral, torch.SymInt)):
-        raise TypeError(f"{name} must be an int, got {type(given).__name__}")
-    if isinstance(given, torch.SymInt):
-        return given
-    if given < 0:
-        raise ValueError(f"{name} must be >= 0, got {given}")
-    return int(given)
+    return _check_max_seqlen_int(name, given, batch)
 
 
-def _check_varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
-    """The varlen checks of both paths that read no values: q/k/v heads and dims, the
-    cu_seqlens tensors' type, dtype, rank and device, one batch size for both."""
-    check_heads_and_dims(q, k, v, token_dims=1)
+def _check_varlen_shapes(q, cu_seqlens_q, cu_seqlens_k) -> None:
+    """The varlen checks of both paths that read no values, after :func:`check_common` (which
+    checks q/k/v, their ranks, heads and dims): the cu_seqlens tensors' type, dtype, rank,
+    device and stride, one batch size for both."""
     check_cu_seqlens_meta("cu_seqlens_q", cu_seqlens_q, q.device)
     check_cu_seqlens_meta("cu_seqlens_k", cu_seqlens_k, q.device)
     _check_same_batch(cu_seqlens_q.shape[0], cu_seqlens_k.shape[0])
@@ -172,16 +258,18 @@ def _check_varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
 def check_varlen_without_values(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 ) -> tuple:
-    """The varlen checks that need no host value of ``cu_seqlens``: shapes, dtypes, devices,
-    strides, batch sizes, and both max_seqlen given. They are all the checks while
-    ``torch.compile`` traces (the value checks would need a device-to-host copy, a graph
-    break). In eager mode with both max_seqlen given, the value checks
-    (:func:`check_varlen_values`) follow inside the forward op, right before its launch.
+    """The varlen checks that need no host value of ``cu_seqlens`` (after
+    :func:`check_common`): shapes, dtypes, devices, strides, batch sizes, and both max_seqlen
+    given. They are all the checks while ``torch.compile`` traces (the value checks would need
+    a device-to-host copy, a graph break). In eager mode with both max_seqlen given, the
+    value checks (:func:`check_varlen_values`) follow inside the forward op, right before its
+    launch.
     Returns (max_seqlen_q, max_seqlen_k)."""
-    _check_varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    _check_varlen_shapes(q, cu_seqlens_q, cu_seqlens_k)
+    batch = cu_seqlens_q.shape[0] - 1
     return (
-        _check_max_seqlen_given("max_seqlen_q", max_seqlen_q),
-        _check_max_seqlen_given("max_seqlen_k", max_seqlen_k),
+        _check_max_seqlen_given("max_seqlen_q", max_seqlen_q, batch),
+        _check_max_seqlen_given("max_seqlen_k", max_seqlen_k, batch),
     )
 
 
@@ -191,7 +279,7 @@ def check_varlen_values(
     """The checks of the values of ``cu_seqlens`` (one host copy per distinct tensor), after
     the shape checks (:func:`check_varlen_without_values` or :func:`check_varlen`): first
     entry 0, non-decreasing, last entry the token count, and each max_seqlen (None: derived)
-    at least the longest sequence."""
+    at least the longest sequence and within the kernels' bounds."""
     values_q = _check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, total_q)
     if cu_seqlens_k is cu_seqlens_q and total_k == total_q:
         values_k = values_q  # one tensor for both: its values are checked, no second host sync
@@ -199,17 +287,19 @@ def check_varlen_values(
         values_k = _check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, total_k)
     real_q = max((b - a for a, b in zip(values_q, values_q[1:])), default=0)
     real_k = max((b - a for a, b in zip(values_k, values_k[1:])), default=0)
+    batch = len(values_q) - 1
     return VarlenShape(
-        batch=len(values_q) - 1,
-        max_seqlen_q=_check_max_seqlen("max_seqlen_q", max_seqlen_q, real_q),
-        max_seqlen_k=_check_max_seqlen("max_seqlen_k", max_seqlen_k, real_k),
+        batch=batch,
+        max_seqlen_q=_check_max_seqlen("max_seqlen_q", max_seqlen_q, real_q, batch),
+        max_seqlen_k=_check_max_seqlen("max_seqlen_k", max_seqlen_k, real_k, batch),
     )
 
 
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> VarlenShape:
-    """q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: int32 [B + 1]. Every check,
-    the value checks included (they derive a max_seqlen that is None)."""
-    _check_varlen_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    """q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: int32 [B + 1]. After
+    :func:`check_common` (q, k, v), every varlen check, the value checks included (they
+    derive a max_seqlen that is None)."""
+    _check_varlen_shapes(q, cu_seqlens_q, cu_seqlens_k)
     return check_varlen_values(
         cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k
     )

@@ -212,3 +212,48 @@ def test_compile_fullgraph():
     for a, b in zip(fn(*args)[:2], compiled(*args)[:2]):
         assert torch.equal(a, b)
     assert counter.frame_count == 1
+
+
+def test_flags_must_be_bools():
+    """return_attn_probs, causal and deterministic: Python or numpy bools, nothing else
+    (TypeError naming the flag and the qualified type)."""
+    import numpy as np
+
+    p = make_pack([3], [3], 2, 1, 32, seed=97)
+    args = (p.q, p.k, p.v, p.cu_q, p.cu_k, 3, 3)
+    dense = p.q.view(1, 3, 2, 32)
+    dense_kv = p.k.view(1, 3, 1, 32)
+    calls = (
+        lambda **kw: portattn.flash_attn_varlen_func(*args, **kw),
+        lambda **kw: portattn.flash_attn_func(dense, dense_kv, dense_kv, **kw),
+    )
+    for call in calls:
+        for flag in ("return_attn_probs", "causal", "deterministic"):
+            with pytest.raises(TypeError, match=f"{flag} must be a bool, got str"):
+                call(**{flag: "no"})
+            with pytest.raises(TypeError, match=f"{flag} must be a bool, got numpy.int64"):
+                call(**{flag: np.int64(0)})
+        got = call(return_attn_probs=np.True_, causal=np.bool_(True), deterministic=np.False_)
+        assert isinstance(got, tuple) and len(got) == 3
+        ref = call(return_attn_probs=True, causal=True)
+        assert all(torch.equal(a, b) for a, b in zip(got, ref))
+        assert isinstance(call(return_attn_probs=np.False_), torch.Tensor)
+    with pytest.raises(TypeError, match="dropout_p must be a float, got numpy.str_"):
+        portattn.flash_attn_varlen_func(*args, dropout_p=np.str_("0"))
+
+
+def test_rank_and_head_dim_checked_first():
+    """A 0-D q or head dim 0 through the flash-attn entry points: portattn's ValueError."""
+    p = make_pack([3], [3], 2, 1, 32, seed=98)
+    scalar = torch.tensor(1.0, dtype=p.q.dtype, device=DEVICE)
+    with pytest.raises(ValueError, match=r"q must be 3-D, got shape \(\)"):
+        portattn.flash_attn_varlen_func(scalar, p.k, p.v, p.cu_q, p.cu_k, 3, 3)
+    with pytest.raises(ValueError, match="head dim must be one of .*, got 0"):
+        portattn.flash_attn_varlen_func(
+            p.q[..., :0], p.k[..., :0], p.v[..., :0], p.cu_q, p.cu_k, 3, 3
+        )
+    dense = p.q.view(1, 3, 2, 32)
+    with pytest.raises(ValueError, match=r"q must be 4-D, got shape \(\)"):
+        portattn.flash_attn_func(scalar, dense, dense)
+    with pytest.raises(ValueError, match="head dim must be one of .*, got 0"):
+        portattn.flash_attn_func(dense[..., :0], dense[..., :0], dense[..., :0])

@@ -300,3 +300,135 @@ def test_checks_at_launch_under_the_interpreter_checks_first(monkeypatch):
         with host_checks.checks_at_launch(lambda: calls.append("check")):
             calls.append("body")
     assert calls == ["check", "body", "check", "body"]
+
+
+# ----------------------------------------------------------------------------- defects
+
+
+def test_cu_seqlens_must_be_contiguous(good):
+    """A strided cu_seqlens view: the value checks read it through its stride, the kernels read
+    dense memory. Refused (ValueError naming it) on both paths; a stride-1 view is fine."""
+    dev = good["q"].device
+    t = lambda xs: torch.tensor(xs, dtype=torch.int32, device=dev)  # noqa: E731
+    strided_q = t([0, 2, 5, 2, 12])[::2]  # values [0, 5, 12]; memory [0, 2, 5]
+    strided_k = t([0, 3, 6, 3, 14])[::2]  # values [0, 6, 14]
+    assert strided_q.tolist() == good["cu_seqlens_q"].tolist()
+    given = dict(max_seqlen_q=7, max_seqlen_k=8)
+    for kw in ({}, given):
+        _raises(
+            ValueError,
+            r"cu_seqlens_q must be contiguous \(stride 1\), got stride 2",
+            {**good, "cu_seqlens_q": strided_q},
+            **kw,
+        )
+        _raises(
+            ValueError,
+            r"cu_seqlens_k must be contiguous \(stride 1\), got stride 2",
+            {**good, "cu_seqlens_k": strided_k},
+            **kw,
+        )
+    offset = t([9, 0, 5, 12])[1:]  # stride 1, storage offset 1: what the kernels read
+    assert torch.equal(_call({**good, "cu_seqlens_q": offset}), _call(good))
+
+
+@pytest.mark.parametrize(
+    "scale",
+    [1e-46, 1e-300, 2.0**-127, 3e38, 1e39, 10**400],
+    ids=["1e-46", "1e-300", "subnormal", "3e38", "1e39", "10**400"],
+)
+def test_softmax_scale_outside_float32_rejected(good, scale):
+    """Finite in float64 but 0, subnormal or inf in float32 (or its scale * log2(e) overflows
+    float32): the kernels would compute NaN. ValueError, before any launch."""
+    _raises(ValueError, "softmax_scale must be", good, softmax_scale=scale)
+
+
+def test_softmax_scale_float32_bounds():
+    from portattn.validation import check_softmax_scale
+
+    assert check_softmax_scale(2.0**-126, 64) == 2.0**-126  # the smallest normal float32
+    assert check_softmax_scale(2.3e38, 64) == 2.3e38  # * log2(e) still below float32 max
+    assert check_softmax_scale(None, 64) == 0.125
+    for scale in (2.0**-126 * 0.99, 2.4e38):
+        with pytest.raises(ValueError, match="float32"):
+            check_softmax_scale(scale, 64)
+
+
+@pytest.fixture
+def many():
+    """40 one-token sequences: ceil((2**31 - 1) / 16) * 40 grid programs exceed 2**31 - 1."""
+    p = make_pack([1] * 40, [1] * 40, 2, 1, 32, seed=51)
+    return dict(q=p.q, k=p.k, v=p.v, cu_seqlens_q=p.cu_q, cu_seqlens_k=p.cu_k)
+
+
+def test_max_seqlen_bounds(good, many):
+    """max_seqlen above what the kernels index (int32 rows, 2**31 - 1 programs on a grid's
+    axis 0) raises ValueError before any launch, given alone or with the other, for q and for k
+    (the forward does not use max_seqlen_k: without the check only the backward failed)."""
+    for name, other in (("max_seqlen_q", "max_seqlen_k"), ("max_seqlen_k", "max_seqlen_q")):
+        for value in (2**40, 2**31):
+            _raises(ValueError, rf"{name} must be at most 2\*\*31 - 1", good, **{name: value})
+            _raises(
+                ValueError, rf"{name} must be at most 2\*\*31 - 1", good, **{name: value, other: 8}
+            )
+        for kw in ({name: 2**31 - 1}, {name: 2**31 - 1, other: 1}):
+            _raises(ValueError, rf"{name}=2147483647 with 40 sequences needs", many, **kw)
+    # within the bounds: accepted (the forward's grid follows max_seqlen_q), same bits
+    assert torch.equal(_call(good, max_seqlen_q=7, max_seqlen_k=2**31 - 1), _call(good))
+
+
+def test_smallest_tile_bounds_every_configuration():
+    """The grid bound of max_seqlen assumes no kernel tile is smaller than SMALLEST_TILE."""
+    from portattn.configs import config_table
+    from portattn.validation import SMALLEST_TILE
+
+    for key, cfg in config_table().items():
+        for tiles in (cfg.fwd, cfg.bwd_pre, cfg.bwd_dkdv, cfg.bwd_dq, cfg.bwd_dv):
+            if tiles is not None:
+                assert min(tiles.block_m, tiles.block_n) >= SMALLEST_TILE, key
+
+
+def test_rank_and_head_dim_checked_first(good):
+    """A 0-D tensor or head dim 0: ValueError naming the tensor / the head dim (not an
+    IndexError or ZeroDivisionError from the default scale)."""
+    q, k, v = good["q"], good["k"], good["v"]
+    scalar = torch.tensor(1.0, dtype=q.dtype, device=q.device)
+    _raises(ValueError, r"q must be 3-D, got shape \(\)", {**good, "q": scalar})
+    _raises(ValueError, r"k must be 3-D, got shape \(\)", {**good, "k": scalar})
+    no_dim = {**good, "q": q[..., :0], "k": k[..., :0], "v": v[..., :0]}
+    _raises(ValueError, "head dim must be one of .*, got 0", no_dim)
+    _raises(ValueError, "head dim must be one of .*, got 0", no_dim, softmax_scale=0.5)
+    dense = q[None]
+    with pytest.raises(ValueError, match=r"q must be 4-D, got shape \(\)"):
+        portattn.attention(scalar, dense, dense)
+    with pytest.raises(ValueError, match="head dim must be one of .*, got 0"):
+        portattn.attention(dense[..., :0], dense[..., :0], dense[..., :0])
+
+
+def test_numpy_bools_accepted_other_types_named(good):
+    """causal / return_lse: Python or numpy bools (the same result), nothing else; every type
+    error names the qualified type (numpy.int64, numpy.ndarray), not a bare 'bool'."""
+    import numpy as np
+
+    ref_out, ref_lse = _call(good, causal=True, return_lse=True)
+    out, lse = _call(good, causal=np.True_, return_lse=np.bool_(True))
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    assert torch.equal(_call(good, causal=np.False_, return_lse=np.False_), _call(good))
+    _raises(TypeError, "causal must be a bool, got int$", good, causal=1)
+    _raises(TypeError, "causal must be a bool, got numpy.int64", good, causal=np.int64(1))
+    _raises(TypeError, "return_lse must be a bool, got str", good, return_lse="yes")
+    _raises(TypeError, "return_lse must be a bool, got NoneType", good, return_lse=None)
+    _raises(TypeError, "q must be a torch.Tensor, got numpy.ndarray", {**good, "q": np.ones(3)})
+    _raises(TypeError, "max_seqlen_q must be an int or None, got float", good, max_seqlen_q=7.0)
+    _raises(
+        TypeError,
+        "max_seqlen_k must be an int, got numpy.float64",
+        good,
+        max_seqlen_q=7,
+        max_seqlen_k=np.float64(8),
+    )
+    _raises(TypeError, "softmax_scale must be a float or None, got str", good, softmax_scale="1")
+    dense = good["q"][None]
+    ref = portattn.attention(dense, dense, dense, causal=True)
+    assert torch.equal(portattn.attention(dense, dense, dense, causal=np.True_), ref)
+    with pytest.raises(TypeError, match="causal must be a bool, got numpy.int32"):
+        portattn.attention(dense, dense, dense, causal=np.int32(1))

@@ -45,6 +45,8 @@ class Case:
             raise ValueError(f"{self.name}: lens_q and lens_k differ in length")
         if self.dtype not in DTYPES:
             raise ValueError(f"{self.name}: dtype must be one of {sorted(DTYPES)}")
+        if self.heads_kv < 1:
+            raise ValueError(f"{self.name}: heads_kv must be >= 1")
         if self.heads_q % self.heads_kv:
             raise ValueError(f"{self.name}: heads_q must be a multiple of heads_kv")
 

@@ -6,7 +6,8 @@ interpreter with a made-up family; the command-line layer (:func:`main`) adds th
 detection and refuses to run anywhere but on a GPU of the family.
 
 Exit codes: 0 match / written; 1 mismatch / refused conflict / fingerprints differ; 2 nothing to
-compare (no GPU, wrong hardware, no golden for this family or toolchain, stale hashes).
+compare (no GPU, wrong hardware, no golden for this family or toolchain, stale hashes) or a
+golden file that cannot be used (malformed, unreadable, not writable): one line naming it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from portattn.golden.store import (
     GoldenConflict,
     GoldenError,
     build_record,
+    check_writable,
     empty_doc,
     golden_path,
     load,
@@ -201,6 +203,32 @@ def run_verify(
 # ----------------------------------------------------------------------------- refresh
 
 
+def device_problem(family: str, device: torch.device) -> str | None:
+    """Why hashes of ``family`` cannot be recorded from ``device``: for a family of the table
+    the device must be one of its GPUs (another device runs another configuration, and its
+    hashes would replace the family's as "stale"). A family outside the table (the tests'
+    made-up one) has no hardware to match."""
+    from portattn.families import FAMILIES
+    from portattn.families import family as family_of
+
+    if family not in FAMILIES:
+        return None
+    found = family_of(device) if device.type == "cuda" else None
+    if found == family:
+        return None
+    return (
+        f"{device} ({device_name(device)}, family {found or 'none'}) is not a {family} GPU: "
+        f"{family} hashes are recorded on {family} hardware only; nothing computed or written"
+    )
+
+
+def _check_target(path: Path) -> None:
+    """Before any work: the golden file can be written, and what it holds now (if anything)
+    is a well-formed golden file (GoldenError otherwise)."""
+    check_writable(path)
+    load(path)
+
+
 def run_refresh(
     family: str,
     device: torch.device | str,
@@ -216,16 +244,27 @@ def run_refresh(
 ) -> int:
     """Run the canonical cases (or those named in ``case_names``, or ``cases`` given outright)
     ``repeat`` times on ``device``, then merge their hashes into ``golden/<family>.json`` under
-    the file lock."""
+    the file lock. Refuses (exit 2, before computing anything) a device outside ``family``
+    (:func:`device_problem`; ``force`` does not override it) and a golden file that is
+    malformed or not writable."""
     device = torch.device(device)
     toolchain = toolchain or toolchain_key()
     path = golden_path(golden_dir, family)
+    problem = device_problem(family, device)
+    if problem:
+        out(f"error: {problem}")
+        return 2
     if cases is None:
         try:
             cases = cases_by_name(case_names)
         except ValueError as exc:
             out(f"error: {exc}")
             return 2
+    try:
+        _check_target(path)
+    except GoldenError as exc:
+        out(f"error: {exc}")
+        return 2
     out(f"refreshing {path} [{toolchain}]: {len(cases)} case(s) x {repeat} run(s) on {device}")
     results = []
     for i, case in enumerate(cases, 1):
@@ -288,6 +327,9 @@ def _write(path: Path, record: dict, force: bool, out: Printer) -> int:
     except (GoldenError, Timeout) as exc:
         out(f"error: {exc}")
         return 2
+    except OSError as exc:  # the checks before passed, the write did not (a race, a full disk)
+        out(f"error: cannot write {path}: {exc.strerror or exc}; nothing written")
+        return 2
     for line in changes:
         out(f"  {line}")
     out(f"wrote {path} ({len(changes)} change(s))" if changes else f"{path}: no change")
@@ -314,6 +356,8 @@ def run_fingerprints(
         path = golden_path(golden_dir, family)
         try:
             doc = load(path)
+            if update:
+                check_writable(path)  # before the compile, which takes minutes
         except GoldenError as exc:
             out(f"{family}: error: {exc}")
             worst = max(worst, 2)
@@ -336,6 +380,8 @@ def run_fingerprints(
             record["toolchains"][toolchain] = {"fingerprints": current}
             code = _write(path, record, False, lambda line, f=family: out(f"{f}: {line.strip()}"))
             worst = max(worst, code)
+            if code:
+                continue
             written = load(path) or {}
             stale = stale_outputs(written, toolchain, config_hash)
             if stale:

@@ -29,10 +29,13 @@ import copy
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from portattn.golden.cases import Case
 
 SCHEMA = 1
 LOCK_TIMEOUT_S = 300.0
@@ -49,7 +52,155 @@ class GoldenConflict(Exception):
 
 
 class GoldenError(Exception):
-    """A golden file that cannot be used (wrong family or schema, unreadable)."""
+    """A golden file that cannot be used (wrong family or schema, unreadable, malformed, not
+    writable). Its message is one line naming the file."""
+
+
+# ----------------------------------------------------------------------------- structure
+
+# A check of one JSON value: ``check(value, where)`` raises ``_Malformed``.
+_Check = Callable[[Any, str], None]
+
+
+class _Malformed(Exception):
+    """Where a document departs from the golden layout, and how (``load`` names the file)."""
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def _scalar(expected: str, *types: type) -> _Check:
+    def check(value: Any, where: str) -> None:
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            raise _Malformed(f"{where} must be {expected}, got {_json_kind(value)}")
+
+    return check
+
+
+def _list_of(item: _Check, expected: str) -> _Check:
+    def check(value: Any, where: str) -> None:
+        if not isinstance(value, list):
+            raise _Malformed(f"{where} must be an array of {expected}, got {_json_kind(value)}")
+        for i, x in enumerate(value):
+            item(x, f"{where}[{i}]")
+
+    return check
+
+
+def _map_of(item: _Check, expected: str) -> _Check:
+    """An object whose every value passes ``item`` (JSON keys are always strings)."""
+
+    def check(value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            raise _Malformed(f"{where} must be an object of {expected}, got {_json_kind(value)}")
+        for key, x in value.items():
+            item(x, f"{where}[{json.dumps(key)}]")
+
+    return check
+
+
+def _record(expected: str, required: dict[str, _Check], optional: dict[str, _Check]) -> _Check:
+    """An object with the ``required`` keys and maybe the ``optional`` ones (others ignored)."""
+
+    def check(value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            raise _Malformed(f"{where} must be {expected}, got {_json_kind(value)}")
+        for key in required:
+            if key not in value:
+                raise _Malformed(f"{where or 'the document'} has no {key!r}")
+        for key, item in (required | optional).items():
+            if key in value:
+                item(value[key], f"{where}.{key}" if where else key)
+
+    return check
+
+
+_STR = _scalar("a string", str)
+_STR_OR_NULL = _scalar("a string or null", str, type(None))
+_INT = _scalar("an integer", int)
+_BOOL = _scalar("a boolean", bool)
+_INTS = _list_of(_INT, "integers")
+_STRS = _list_of(_STR, "strings")
+_CASE = _record(
+    "a case definition (an object)",
+    {
+        "kernel": _STR,
+        "lens_q": _INTS,
+        "lens_k": _INTS,
+        "heads_q": _INT,
+        "heads_kv": _INT,
+        "head_dim": _INT,
+        "dtype": _STR,
+        "causal": _BOOL,
+        "seed": _INT,
+    },
+    {"dlse": _BOOL, "inputs_sha256": _STR},
+)
+_TENSOR = _record(
+    "a tensor record (an object)",
+    {"sha256": _STR, "seqs": _STRS},
+    {"shape": _INTS, "dtype": _STR},
+)
+_OUTPUT = _record(
+    "an output record (an object)",
+    {"entry": _STR, "tensors": _map_of(_TENSOR, "tensor records")},
+    {"config_hash": _STR_OR_NULL, "fingerprint": _STR_OR_NULL, "inputs_sha256": _STR},
+)
+_PROVENANCE = _record(
+    "a provenance record (an object)",
+    {},
+    {"devices": _STRS, "drivers": _STRS, "torch": _STRS}
+    | {key: _STR_OR_NULL for key in ("portattn", "commit", "date", "first_recorded")},
+)
+_TOOLCHAIN = _record(
+    "a toolchain section (an object)",
+    {},
+    {
+        "fingerprints": _map_of(
+            _map_of(_STR_OR_NULL, "fingerprints (strings or null)"), "per-kernel fingerprints"
+        ),
+        "provenance": _PROVENANCE,
+        "outputs": _map_of(_OUTPUT, "output records"),
+    },
+)
+_BODY = _record(
+    "an object",
+    {"family": _STR},
+    {
+        "cases_version": _INT,
+        "cases": _map_of(_CASE, "case definitions"),
+        "config_hashes": _map_of(_STR_OR_NULL, "configuration hashes"),
+        "toolchains": _map_of(_TOOLCHAIN, "toolchain sections"),
+    },
+)
+
+
+def check_document(doc: Any) -> None:
+    """Raise ``_Malformed`` unless ``doc`` has the layout of this module's docstring (schema
+    :data:`SCHEMA` or older; a newer schema is an error of its own). Keys the layout does not
+    name are ignored; a missing ``family`` is an error, other missing sections are empty."""
+    if not isinstance(doc, dict) or "schema" not in doc:
+        raise _Malformed("it is not a golden file (no schema)")
+    _INT(doc["schema"], "schema")
+    if doc["schema"] > SCHEMA:
+        raise _Malformed(f"it has schema {doc['schema']}; this portattn reads {SCHEMA}")
+    if "family" not in doc:
+        raise _Malformed("it names no family (the key 'family')")
+    _BODY(doc, "")
+    for name, definition in doc.get("cases", {}).items():
+        try:
+            Case.from_json(name, definition)
+        except ValueError as exc:
+            raise _Malformed(f"cases[{json.dumps(name)}]: {exc}") from exc
 
 
 # ----------------------------------------------------------------------------- reading/writing
@@ -60,18 +211,24 @@ def golden_path(golden_dir: str | os.PathLike, family: str) -> Path:
 
 
 def load(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The golden document at ``path``, or None when there is no file."""
+    """The golden document at ``path``, or None when there is no file. A file that is not
+    UTF-8 JSON of the golden layout (:func:`check_document`) raises :class:`GoldenError`
+    naming the file, as does one that cannot be read."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError as exc:
+        raise GoldenError(f"{path} is not UTF-8 text: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise GoldenError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(doc, dict) or "schema" not in doc:
-        raise GoldenError(f"{path} is not a golden file (no schema)")
-    if doc["schema"] > SCHEMA:
-        raise GoldenError(f"{path} has schema {doc['schema']}; this portattn reads {SCHEMA}")
+    except OSError as exc:
+        raise GoldenError(f"{path} cannot be read: {exc.strerror or exc}") from exc
+    try:
+        check_document(doc)
+    except _Malformed as exc:
+        raise GoldenError(f"{path} is malformed: {exc}") from None
     return doc
 
 
@@ -104,17 +261,55 @@ def _write_text(f, text: str) -> None:
     f.write(text)
 
 
-def atomic_write(path: str | os.PathLike, doc: dict[str, Any]) -> None:
-    """Write ``doc`` to a temp file beside ``path``, fsync it, then ``os.replace`` it in: a
-    reader (or a crash) sees the old file or the new one, never a part."""
+def _writable(path: Path) -> bool:
+    """Writable by this process, and by its mode: a file or directory without any write
+    permission bit is read-only by intent, even for root (whom ``os.access`` always lets)."""
+    return os.access(path, os.W_OK) and bool(path.stat().st_mode & 0o222)
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise :class:`GoldenError` unless the golden file ``path`` can be (re)written: an
+    existing file must be writable (a read-only one is never replaced), and its directory, or
+    the nearest existing one above it (which the write then extends), must be writable for
+    the lock file, the temp file and the rename."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise GoldenError(f"{path} is a directory, not a golden file")
+    if path.exists() and not _writable(path):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        raise GoldenError(
+            f"{path} is not writable (mode {mode:04o}); nothing written: make it writable "
+            "to record into it"
+        )
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not _writable(parent):
+        raise GoldenError(f"cannot write {path}: the directory {parent} is not writable")
+
+
+def _new_file_mode(path: Path) -> int:
+    """The mode of the file that replaces ``path``: the replaced file's, else the umask's
+    usual mode for a new file (a golden file is data to share)."""
     try:
-        # mkstemp creates the file 0600; a golden file is data to share: the umask's usual mode.
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        return 0o666 & ~umask
+
+
+def atomic_write(path: str | os.PathLike, doc: dict[str, Any]) -> None:
+    """Write ``doc`` to a temp file beside ``path``, fsync it, then ``os.replace`` it in: a
+    reader (or a crash) sees the old file or the new one, never a part. A file that is not
+    writable is refused (:func:`check_writable`); a replaced file keeps its mode."""
+    path = Path(path)
+    check_writable(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = _new_file_mode(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, mode)  # mkstemp creates the file 0600
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             _write_text(f, dumps(doc))
             f.flush()
@@ -132,10 +327,11 @@ def update_file(
 ) -> dict[str, Any]:
     """Under ``FileLock(<path>.lock)``: re-read the file, apply ``update`` to it and write the
     result atomically. Returns what was written. Exceptions of ``update`` leave the file as it
-    was."""
+    was; so does a file that cannot be written (:class:`GoldenError`, before the lock)."""
     from filelock import FileLock
 
     path = Path(path)
+    check_writable(path)  # the lock file needs the directory too
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock", timeout=timeout):
         new = update(load(path))

@@ -1,14 +1,14 @@
 """Host checks that need a device-to-host copy, run at the last moment before a launch.
 
-The eager forward checks the values of ``cu_seqlens`` on the host (DESIGN §1: bad input raises
-before any launch). Reading them waits for the GPU to finish the work queued before, and the GPU
-then idles until the kernel is launched. Run as a plain call before ``kernel[grid](...)``, that
-idle time includes Triton's own launch work in Python (argument binding and specialisation,
-the cache lookup, launch metadata, the descriptor scratch): on the H200 the eager forward's
-time exceeded its kernel's by 150-250 us (perf-notes row 57). ``checks_at_launch`` runs the
-check from Triton's launch-enter hook instead, which the driver's launcher calls right before
-``cuLaunchKernel`` / ``hipModuleLaunchKernel``; an exception there aborts the launch, so the
-errors still come before any launch.
+The eager forward checks the values of ``cu_seqlens`` on the host (design §1 in docs/design.md:
+bad input raises before any launch). Reading them waits for the GPU to finish the work queued
+before, and the GPU then idles until the kernel is launched. Run as a plain call before
+``kernel[grid](...)``, that idle time includes Triton's own launch work in Python (argument
+binding and specialisation, the cache lookup, launch metadata, the descriptor scratch): on the
+H200 the eager forward's time exceeded its kernel's by 150-250 us (perf-notes row 57).
+``checks_at_launch`` runs the check from Triton's launch-enter hook instead, which the driver's
+launcher calls right before ``cuLaunchKernel`` / ``hipModuleLaunchKernel``; an exception there
+aborts the launch, so the errors still come before any launch.
 """
 
 from __future__ import annotations
