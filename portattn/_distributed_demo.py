@@ -24,6 +24,11 @@ The parent then checks: CP out, lse, dq, dk, dv against the float64 reference wi
 CP identical on every rank, and every rank's TP heads bitwise equal (``torch.equal``) to those
 heads of rank 0's single call. Exit 0 if everything passes, 1 otherwise, 2 if it cannot run.
 The test suite (``tests/test_distributed.py``) reuses :func:`launch` and :func:`make_inputs`.
+The forward + backward runs and the float64 reference are those of ``portattn.harness``.
+
+``portattn/distributed.py`` does not import this module: run as a program it hands the process
+over to this one (``runpy``), so ``python -m portattn.distributed --demo`` and
+``python -m portattn._distributed_demo --demo`` are the same command.
 """
 
 from __future__ import annotations
@@ -40,7 +45,21 @@ from dataclasses import dataclass
 
 import torch
 
-NAMES = ("out", "lse", "dq", "dk", "dv")
+from portattn.accuracy import error
+from portattn.api import varlen_attention
+from portattn.check import numpy_problem
+from portattn.configs import interpreter_active
+from portattn.distributed import context_parallel_attention, shard_heads, shard_keys
+from portattn.harness import (
+    NAMES,
+    cu_seqlens,
+    forward_backward,
+    measure,
+    run_reference,
+    seeded_inputs,
+    zero_where_no_key,
+)
+
 # Keep NVLink multicast off in every process (the lent multi-GPU machines require it).
 NO_MULTICAST = {
     "NCCL_NVLS_ENABLE": "0",
@@ -84,44 +103,34 @@ def default_cases(device_kind: str, world_size: int = 2) -> list[Case]:
     return [Case(d, k, c, *shape, seed=1000 + i) for i, (d, k, c) in enumerate(combos)]
 
 
-def _cu(lengths, device) -> torch.Tensor:
-    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
-
-
 def make_inputs(case: Case, device) -> dict[str, torch.Tensor]:
     """q, k, v, dout (case dtype), dlse (float32), cu_q, cu_k: the same on every process."""
-    gen = torch.Generator().manual_seed(case.seed)
-    dtype = getattr(torch, case.dtype)
-    tq, tk = sum(case.lens_q), sum(case.lens_k)
-    hq, hk, d = case.n_heads_q, case.n_heads_kv, case.head_dim
+    names = ("q", "k", "v", "dout", "dlse")
+    x = seeded_inputs(
+        case.lens_q,
+        case.lens_k,
+        case.n_heads_q,
+        case.n_heads_kv,
+        case.head_dim,
+        getattr(torch, case.dtype),
+        device,
+        case.seed,
+    )
+    cu = {"cu_q": cu_seqlens(case.lens_q, device), "cu_k": cu_seqlens(case.lens_k, device)}
+    return dict(zip(names, x, strict=True)) | cu
 
-    def rand(*shape, to=dtype):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=to)
 
-    return {
-        "q": rand(tq, hq, d),
-        "k": rand(tk, hk, d),
-        "v": rand(tk, hk, d),
-        "dout": rand(tq, hq, d),
-        "dlse": rand(tq, hq, to=torch.float32),
-        "cu_q": _cu(case.lens_q, device),
-        "cu_k": _cu(case.lens_k, device),
-    }
+def _cpu(result: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {n: x.cpu() for n, x in result.items()}
 
 
 def _fwd_bwd(fn, leaves, dout, dlse) -> dict[str, torch.Tensor]:
-    """out, lse = fn(*leaves); gradients of (out, lse) for upstream (dout, dlse); CPU copies."""
-    leaves = [x.detach().requires_grad_() for x in leaves]
-    out, lse = fn(*leaves)
-    dlse = torch.where(torch.isinf(lse), 0.0, dlse)  # rows that see no key: no lse gradient
-    grads = torch.autograd.grad((out, lse), leaves, (dout, dlse))
-    return {n: x.detach().cpu() for n, x in zip(NAMES, (out, lse, *grads))}
+    """:func:`portattn.harness.forward_backward` (upstream gradients dout on out, dlse on lse),
+    as CPU copies."""
+    return _cpu(forward_backward(fn, leaves, dout, dlse))
 
 
 def _rank_results(case: Case, rank: int, world: int, device) -> dict:
-    import portattn
-    from portattn.distributed import context_parallel_attention, shard_heads, shard_keys
-
     x = make_inputs(case, device)
     q, k, v, cu_q, cu_k = x["q"], x["k"], x["v"], x["cu_q"], x["cu_k"]
     kw = {"causal": case.causal, "return_lse": True, "kernel": case.kernel}
@@ -137,7 +146,7 @@ def _rank_results(case: Case, rank: int, world: int, device) -> dict:
     sq, skv = shard_heads(case.n_heads_q, case.n_heads_kv, world, rank)
 
     def attn(q_, k_, v_):
-        return portattn.varlen_attention(q_, k_, v_, cu_q, cu_k, **kw)
+        return varlen_attention(q_, k_, v_, cu_q, cu_k, **kw)
 
     # TP: this rank's heads as strided views of the full tensors (no copy)
     heads = (q[:, sq], k[:, skv], v[:, skv])
@@ -211,7 +220,7 @@ def launch(world_size: int = 2, device_kind: str | None = None, cases=None, back
     cases = default_cases(device_kind, world_size) if cases is None else cases
     auto_backend, placement = choose_backend(device_kind, world_size)
     backend = backend or auto_backend
-    if device_kind == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    if device_kind == "cpu" and not interpreter_active():
         # The spawned ranks inherit this environment and import triton at once; the CLI
         # (python -m portattn.distributed) re-runs itself with the interpreter on.
         raise RuntimeError(
@@ -252,18 +261,13 @@ def assemble_keys(ranks: list[dict], case_index: int, name: str, total_k: int) -
 
 
 def _check_case(launch_: Launch, i: int, device) -> tuple[bool, list[str]]:
-    from portattn.accuracy import error, limit
-    from portattn.check import _run_reference
-    from portattn.distributed import shard_heads
-
     case = launch_.cases[i]
     x = make_inputs(case, device)
     args = (x["q"], x["k"], x["v"], x["cu_q"], x["cu_k"], x["dout"])
-    ref = _run_reference(*args, x["dlse"], case.causal, torch.float64)
-    dlse = torch.where(torch.isinf(ref["lse"]), 0.0, x["dlse"].double()).float()
-    ref = {n: t.cpu() for n, t in _run_reference(*args, dlse, case.causal, torch.float64).items()}
-    eager = _run_reference(*args, dlse, case.causal, getattr(torch, case.dtype))
-    eager = {n: t.cpu() for n, t in eager.items()}
+    ref = run_reference(*args, x["dlse"], causal=case.causal)
+    dlse = zero_where_no_key(x["dlse"], ref["lse"])  # the reference's rows that see no key
+    eager = _cpu(run_reference(*args, dlse, causal=case.causal, compute_dtype=x["q"].dtype))
+    ref = _cpu(ref)
 
     per_rank = [r["results"][i] for r in launch_.ranks]
     single = per_rank[0]["single"]
@@ -272,9 +276,8 @@ def _check_case(launch_: Launch, i: int, device) -> tuple[bool, list[str]]:
         cp[name] = assemble_keys(launch_.ranks, i, name, sum(case.lens_k))
     problems, cells, single_cells = [], [], []
     for name in NAMES:
-        base = error(name, eager[name].to(cp[name].dtype), ref[name])
-        err, single_err = error(name, cp[name], ref[name]), error(name, single[name], ref[name])
-        bound = limit(name, base)
+        err, _, bound = measure(name, cp[name], ref[name], eager[name])
+        single_err = error(name, single[name], ref[name])
         cells.append(f"{name} {err:.1e} <= {bound:.1e}")
         single_cells.append(f"{name} {single_err:.1e}")
         if torch.isnan(cp[name]).any():
@@ -321,8 +324,6 @@ def run_demo(world_size: int = 2, backend: str | None = None) -> int:
         return 2
     device_kind = "cuda" if torch.cuda.is_available() else "cpu"
     if device_kind == "cpu":
-        from portattn.check import numpy_problem
-
         problem = numpy_problem()
         if problem:
             print(f"error: {problem}", file=sys.stderr)
@@ -372,3 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     if needs_interpreter_rerun():  # CPU ranks: the interpreter must be on from the start
         return rerun_under_interpreter(["-m", "portattn.distributed", *argv])
     return run_demo(args.world_size, args.backend)
+
+
+if __name__ == "__main__":  # also what ``python -m portattn.distributed`` runs
+    raise SystemExit(main())

@@ -28,7 +28,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from portattn.accuracy import LSE_MARGIN, REL_MARGIN, error, limit
+from portattn.accuracy import LSE_MARGIN, REL_MARGIN
+from portattn.harness import (
+    NAMES,
+    cu_seqlens,
+    measure,
+    run_kernel,
+    run_reference,
+    seeded_inputs,
+    zero_where_no_key,
+)
 
 # Sequence lengths of the pack: an empty query sequence whose keys nobody sees, a decode-like
 # sequence (Sq < Sk) and one with Sq > Sk (causal: its first Sq - Sk rows see no key).
@@ -36,7 +45,6 @@ LENS_Q = (0, 17, 63)
 LENS_K = (9, 40, 50)
 N_HEADS_Q, N_HEADS_K, HEAD_DIM = 4, 2, 64
 KERNELS = ("varlen", "fixed_order")
-NAMES = ("out", "lse", "dq", "dk", "dv")
 
 
 @dataclass
@@ -54,65 +62,6 @@ class CaseResult:
         return not self.problems
 
 
-def _cu_seqlens(lengths, device) -> torch.Tensor:
-    bounds = [0]
-    for n in lengths:
-        bounds.append(bounds[-1] + n)
-    return torch.tensor(bounds, dtype=torch.int32, device=device)
-
-
-def _inputs(dtype, device, lens_q, lens_k, head_dim, seed: int = 0):
-    """q, k, v, dout, dlse from a fixed seed (drawn in float32 on the CPU, then cast)."""
-    gen = torch.Generator().manual_seed(seed)
-    tq, tk = sum(lens_q), sum(lens_k)
-
-    def rand(*shape, to=dtype):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=to)
-
-    return (
-        rand(tq, N_HEADS_Q, head_dim),
-        rand(tk, N_HEADS_K, head_dim),
-        rand(tk, N_HEADS_K, head_dim),
-        rand(tq, N_HEADS_Q, head_dim),
-        rand(tq, N_HEADS_Q, to=torch.float32),
-    )
-
-
-def _grads(out, lse, leaves, dout, dlse):
-    """Gradients of q, k, v for upstream gradients dout (on out) and dlse (on lse)."""
-    if not any(x.numel() for x in leaves):
-        return [torch.zeros_like(x) for x in leaves]
-    grads = torch.autograd.grad((out, lse), leaves, (dout, dlse), allow_unused=True)
-    return [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads, strict=True)]
-
-
-def _run_reference(q, k, v, cu_q, cu_k, dout, dlse, causal, compute_dtype):
-    from portattn.reference import reference_varlen_attention
-
-    leaves = [x.detach().to(compute_dtype).requires_grad_() for x in (q, k, v)]
-    out, lse = reference_varlen_attention(
-        *leaves, cu_q, cu_k, causal=causal, compute_dtype=compute_dtype
-    )
-    grads = _grads(out, lse, leaves, dout.to(compute_dtype), dlse.to(lse.dtype))
-    return dict(zip(NAMES, (out.detach(), lse.detach(), *grads), strict=True))
-
-
-def _run_kernel(q, k, v, cu_q, cu_k, dout, dlse, causal, kernel):
-    import portattn
-    from portattn.kernels import buffers
-
-    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-    poison, buffers.POISON = buffers.POISON, True  # unwritten elements stay NaN
-    try:
-        out, lse = portattn.varlen_attention(
-            *leaves, cu_q, cu_k, causal=causal, return_lse=True, kernel=kernel
-        )
-        grads = _grads(out, lse, leaves, dout, dlse)
-    finally:
-        buffers.POISON = poison
-    return dict(zip(NAMES, (out.detach(), lse.detach(), *grads), strict=True))
-
-
 def check_case(
     kernel: str,
     dtype: torch.dtype,
@@ -127,15 +76,17 @@ def check_case(
     (``ci/tune_sm90.py`` passes others)."""
     result = CaseResult(kernel, dtype, causal)
     start = time.perf_counter()
-    q, k, v, dout, dlse = _inputs(dtype, device, lens_q, lens_k, head_dim)
-    cu_q, cu_k = _cu_seqlens(lens_q, device), _cu_seqlens(lens_k, device)
-    ref = _run_reference(q, k, v, cu_q, cu_k, dout, dlse, causal, torch.float64)
-    # Rows that see no key have lse = -inf; their upstream lse gradient is meaningless.
-    dlse = torch.where(torch.isinf(ref["lse"]), 0.0, dlse.double()).float()
-    ref = _run_reference(q, k, v, cu_q, cu_k, dout, dlse, causal, torch.float64)
-    eager = _run_reference(q, k, v, cu_q, cu_k, dout, dlse, causal, dtype)
-    try:
-        got = _run_kernel(q, k, v, cu_q, cu_k, dout, dlse, causal, kernel)
+    q, k, v, dout, dlse = seeded_inputs(
+        lens_q, lens_k, N_HEADS_Q, N_HEADS_K, head_dim, dtype, device, seed=0
+    )
+    args = (q, k, v, cu_seqlens(lens_q, device), cu_seqlens(lens_k, device), dout)
+    ref = run_reference(*args, dlse, causal=causal)
+    # Rows that see no key have lse = -inf; their upstream lse gradient is meaningless: the
+    # eager yardstick and the kernels get dlse zeroed on the reference's -inf rows.
+    dlse = zero_where_no_key(dlse, ref["lse"])
+    eager = run_reference(*args, dlse, causal=causal, compute_dtype=dtype)
+    try:  # output buffers start as NaN: an element the kernels never write shows up
+        got = run_kernel(*args, dlse, causal=causal, kernel=kernel, poison=True)
     except Exception as exc:  # report, keep checking the other cases
         result.problems.append(f"raised {type(exc).__name__}: {exc}")
         result.seconds = time.perf_counter() - start
@@ -163,9 +114,8 @@ def check_case(
                 result.problems.append(f"{name} is not 0 where the reference is exactly 0")
                 continue
             margin = REL_MARGIN
-        err, base = error(name, x, r), error(name, eager[name].to(x.dtype), r)
+        err, base, result.limits[name] = measure(name, x, r, eager[name])
         result.errors[name] = err
-        result.limits[name] = limit(name, base)
         if not err <= result.limits[name]:
             result.problems.append(
                 f"{name}: error {err:.3g} > limit {result.limits[name]:.3g} "

@@ -294,6 +294,8 @@ def context_parallel_attention(
 
 
 if __name__ == "__main__":
-    from portattn._distributed_demo import main
+    # ``python -m portattn.distributed --demo`` runs the demo module as the program. The demo
+    # imports this module like any user does; this module never imports the demo (no cycle).
+    import runpy
 
-    raise SystemExit(main())
+    runpy.run_module("portattn._distributed_demo", run_name="__main__", alter_sys=True)

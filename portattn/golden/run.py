@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from portattn.accuracy import error, limit
 from portattn.golden.cases import OUTPUTS, TENSOR_IDS, Case
 from portattn.golden.hashing import inputs_sha256, tensor_record
 from portattn.golden.inputs import generate
+from portattn.harness import cu_seqlens, measure, run_kernel, run_reference, zero_where_no_key
 
 
 @dataclass
@@ -52,13 +52,6 @@ class CaseResult:
     seconds: float = 0.0
 
 
-def _cu(lengths: tuple[int, ...]) -> torch.Tensor:
-    bounds = [0]
-    for n in lengths:
-        bounds.append(bounds[-1] + n)
-    return torch.tensor(bounds, dtype=torch.int32)
-
-
 def make_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
     """The case's inputs from the counter-based generator, made on ``device`` (the same values
     on every device)."""
@@ -73,43 +66,27 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
         v=gen((tk, case.heads_kv, d), "v"),
         do=gen((tq, case.heads_q, d), "do"),
         dlse=gen((tq, case.heads_q), "dlse", torch.float32) if case.dlse else None,
-        cu_q=_cu(case.lens_q).to(device),
-        cu_k=_cu(case.lens_k).to(device),
+        cu_q=cu_seqlens(case.lens_q, device),
+        cu_k=cu_seqlens(case.lens_k, device),
     )
 
 
-def _dlse_for(lse: torch.Tensor, dlse: torch.Tensor | None) -> torch.Tensor | None:
-    """The lse gradient, zero on rows that see no key (their lse is -inf)."""
-    if dlse is None:
-        return None
-    return torch.where(torch.isneginf(lse), torch.zeros_like(dlse), dlse)
-
-
 def run_kernels(case: Case, inputs: CaseInputs) -> dict[str, torch.Tensor]:
-    """Forward and backward of ``case`` through the public API and autograd."""
-    from portattn.api import varlen_attention
-
-    q, k, v = (t.detach().clone().requires_grad_() for t in (inputs.q, inputs.k, inputs.v))
-    out, lse = varlen_attention(
+    """Forward and backward of ``case`` through the public API and autograd: upstream gradients
+    ``do`` on out and (when the case has one) ``dlse`` on lse, zeroed on the rows whose lse is
+    -inf. The leaves are fresh copies of q, k, v."""
+    q, k, v = (t.detach().clone() for t in (inputs.q, inputs.k, inputs.v))
+    return run_kernel(
         q,
         k,
         v,
         inputs.cu_q,
         inputs.cu_k,
+        inputs.do,
+        inputs.dlse,
         causal=case.causal,
-        return_lse=True,
         kernel=case.kernel,
     )
-    dlse = _dlse_for(lse.detach(), inputs.dlse)
-    roots, grads = [out], [inputs.do]
-    if dlse is not None:
-        roots.append(lse)
-        grads.append(dlse)
-    if q.numel() == 0 and k.numel() == 0:
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    else:
-        dq, dk, dv = torch.autograd.grad(roots, (q, k, v), grads)
-    return {"out": out.detach(), "lse": lse.detach(), "dq": dq, "dk": dk, "dv": dv}
 
 
 def _synchronize(device: torch.device) -> None:
@@ -136,30 +113,19 @@ def compute_case(case: Case, device: torch.device | str) -> CaseResult:
 
 
 def _reference(case: Case, inputs: CaseInputs, compute_dtype: torch.dtype, lse: torch.Tensor):
-    from portattn.reference import reference_varlen_attention
-
-    q, k, v = (
-        t.detach().to(compute_dtype).requires_grad_() for t in (inputs.q, inputs.k, inputs.v)
+    """The reference of ``case`` in ``compute_dtype``, with the lse gradient zeroed on the rows
+    where the kernels' ``lse`` is -inf (as their backward got it)."""
+    return run_reference(
+        inputs.q,
+        inputs.k,
+        inputs.v,
+        inputs.cu_q,
+        inputs.cu_k,
+        inputs.do,
+        zero_where_no_key(inputs.dlse, lse),
+        causal=case.causal,
+        compute_dtype=compute_dtype,
     )
-    out, ref_lse = reference_varlen_attention(
-        q, k, v, inputs.cu_q, inputs.cu_k, causal=case.causal, compute_dtype=compute_dtype
-    )
-    loss = (out * inputs.do.to(compute_dtype)).sum()
-    dlse = _dlse_for(lse, inputs.dlse)
-    if dlse is not None:
-        finite = torch.where(torch.isinf(ref_lse), torch.zeros_like(ref_lse), ref_lse)
-        loss = loss + (finite * dlse.to(compute_dtype)).sum()
-    grads = [torch.zeros_like(t) for t in (q, k, v)]
-    if loss.requires_grad:
-        found = torch.autograd.grad(loss, (q, k, v), allow_unused=True)
-        grads = [g if f is None else f for g, f in zip(grads, found)]
-    return {
-        "out": out.detach(),
-        "lse": ref_lse.detach(),
-        "dq": grads[0],
-        "dk": grads[1],
-        "dv": grads[2],
-    }
 
 
 @dataclass(frozen=True)
@@ -189,7 +155,7 @@ def accuracy(result: CaseResult, tensors: list[str] | None = None) -> list[Accur
     report = []
     for name in names:
         got = result.outputs[name]
-        err, base = error(name, got, ref[name]), error(name, eager[name].to(got.dtype), ref[name])
-        ok = not torch.isnan(got).any().item() and err <= limit(name, base)
+        err, base, bound = measure(name, got, ref[name], eager[name])
+        ok = not torch.isnan(got).any().item() and err <= bound
         report.append(Accuracy(name, err, base, ok))
     return report

@@ -1,0 +1,170 @@
+"""The one harness that runs attention forward + backward, through the kernels or through the
+float64 reference, and measures the result against the accuracy rule.
+
+Used by the test suite (``tests/helpers.py``), ``python -m portattn check``, the golden runner
+(``portattn/golden/run.py``) and the distributed demo (``portattn/_distributed_demo.py``). Each
+of them makes its own inputs (the golden files from a counter-based generator, the others from a
+seeded ``torch.Generator``) and keeps its own report; what they share is here:
+
+- :func:`cu_seqlens`: int32 sequence boundaries from lengths;
+- :func:`seeded_inputs`: q, k, v, dout, dlse from a seeded ``torch.Generator`` (``check``, the
+  demo and the tests' contiguous packs draw the same way);
+- :func:`forward_backward`: ``out, lse = fn(q, k, v)`` and the gradients of q, k, v for upstream
+  gradients ``dout`` (on out) and ``dlse`` (on lse, zeroed on rows that see no key), as a dict
+  ``out, lse, dq, dk, dv``;
+- :func:`run_kernel` / :func:`run_reference`: that runner on ``portattn.varlen_attention`` /
+  ``portattn.reference.reference_varlen_attention`` (float64, or eagerly in another dtype);
+- :func:`measure`: an output's error, the eager error and the limit of ``portattn.accuracy``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+
+from portattn.accuracy import error, limit
+from portattn.api import varlen_attention
+from portattn.kernels import buffers
+from portattn.reference import reference_varlen_attention
+
+NAMES = ("out", "lse", "dq", "dk", "dv")
+
+
+def cu_seqlens(lengths: Iterable[int], device: torch.device | str | None = None) -> torch.Tensor:
+    """int32 ``[0, l0, l0 + l1, ...]`` (``B + 1`` entries) on ``device`` (default: the CPU)."""
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+
+
+def seeded_inputs(
+    lens_q: Sequence[int],
+    lens_k: Sequence[int],
+    n_heads_q: int,
+    n_heads_kv: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    seed: int = 0,
+) -> tuple[torch.Tensor, ...]:
+    """q ``[total_q, Hq, D]``, k, v ``[total_k, Hkv, D]``, dout ``[total_q, Hq, D]`` in ``dtype``
+    and dlse ``[total_q, Hq]`` float32, drawn in this order from
+    ``torch.Generator().manual_seed(seed)`` (standard normal, float32 on the CPU, then cast and
+    moved to ``device``): the same values on every device."""
+    gen = torch.Generator().manual_seed(seed)
+    tq, tk = sum(lens_q), sum(lens_k)
+
+    def rand(*shape: int, to: torch.dtype = dtype) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=to)
+
+    return (
+        rand(tq, n_heads_q, head_dim),
+        rand(tk, n_heads_kv, head_dim),
+        rand(tk, n_heads_kv, head_dim),
+        rand(tq, n_heads_q, head_dim),
+        rand(tq, n_heads_q, to=torch.float32),
+    )
+
+
+def zero_where_no_key(dlse: torch.Tensor | None, lse: torch.Tensor) -> torch.Tensor | None:
+    """``dlse`` with 0 on the rows whose ``lse`` is infinite (rows that see no key have lse
+    ``-inf``: an upstream gradient there is meaningless). ``None`` stays ``None``."""
+    if dlse is None:
+        return None
+    return torch.where(torch.isinf(lse), torch.zeros_like(dlse), dlse)
+
+
+def forward_backward(
+    fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    inputs: Sequence[torch.Tensor],
+    dout: torch.Tensor,
+    dlse: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """``out, lse = fn(*leaves)`` and the gradients of the leaves through autograd.
+
+    The leaves are ``x.detach().requires_grad_()`` of ``inputs`` (q, k, v): views that keep
+    their strides. The upstream gradient of ``out`` is ``dout`` and that of ``lse`` is ``dlse``
+    (cast to out's / lse's dtype), zeroed on rows whose lse is infinite
+    (:func:`zero_where_no_key`); with ``dlse=None`` lse is not differentiated at all (only out
+    is a root). A leaf that no gradient reaches gets zeros. Returns ``out, lse, dq, dk, dv``
+    (out and lse detached).
+    """
+    leaves = [x.detach().requires_grad_() for x in inputs]
+    out, lse = fn(*leaves)
+    roots, grads = [out], [dout.to(out.dtype)]
+    if dlse is not None:
+        roots.append(lse)
+        grads.append(zero_where_no_key(dlse.to(lse.dtype), lse))
+    found = [None] * len(leaves)
+    if any(r.requires_grad for r in roots):  # not so for a reference over zero sequences
+        found = torch.autograd.grad(roots, leaves, grads, allow_unused=True)
+    grads_in = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, found, strict=True)]
+    return dict(zip(NAMES, (out.detach(), lse.detach(), *grads_in), strict=True))
+
+
+def run_kernel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    dout: torch.Tensor,
+    dlse: torch.Tensor | None = None,
+    *,
+    causal: bool,
+    kernel: str = "varlen",
+    poison: bool = False,
+    **kwargs,
+) -> dict[str, torch.Tensor]:
+    """:func:`forward_backward` of ``portattn.varlen_attention(q, k, v, cu_q, cu_k,
+    causal=causal, return_lse=True, kernel=kernel, **kwargs)``. With ``poison`` the kernels'
+    output buffers start filled with NaN (``portattn.kernels.buffers.POISON``), so an element
+    they never write shows up."""
+
+    def call(q_, k_, v_):
+        return varlen_attention(
+            q_, k_, v_, cu_q, cu_k, causal=causal, return_lse=True, kernel=kernel, **kwargs
+        )
+
+    saved = buffers.POISON
+    buffers.POISON = saved or poison
+    try:
+        return forward_backward(call, (q, k, v), dout, dlse)
+    finally:
+        buffers.POISON = saved
+
+
+def run_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    dout: torch.Tensor,
+    dlse: torch.Tensor | None = None,
+    *,
+    causal: bool,
+    compute_dtype: torch.dtype = torch.float64,
+    **kwargs,
+) -> dict[str, torch.Tensor]:
+    """The same computation as :func:`run_kernel` through
+    ``portattn.reference.reference_varlen_attention`` in ``compute_dtype`` (q, k, v, dout and
+    dlse cast to it): float64, or the input dtype for the eager yardstick of the accuracy rule.
+    ``kwargs``: ``softmax_scale``."""
+
+    def call(q_, k_, v_):
+        return reference_varlen_attention(
+            q_, k_, v_, cu_q, cu_k, causal=causal, compute_dtype=compute_dtype, **kwargs
+        )
+
+    return forward_backward(call, [x.detach().to(compute_dtype) for x in (q, k, v)], dout, dlse)
+
+
+def measure(
+    name: str, got: torch.Tensor, ref: torch.Tensor, eager: torch.Tensor
+) -> tuple[float, float, float]:
+    """``(error, eager error, limit)`` of output ``name`` (one of :data:`NAMES`): the error of
+    ``got`` against the float64 ``ref``, that of ``eager`` (the input-dtype computation, cast to
+    got's dtype) and the largest error the accuracy rule accepts (``portattn.accuracy``)."""
+    err, base = error(name, got, ref), error(name, eager.to(got.dtype), ref)
+    return err, base, limit(name, base)
