@@ -5,6 +5,10 @@
   CI subset of the ahead-of-time compile check (compiles, fits, no spills, matrix instructions)
   and the golden fingerprint check (what every configuration of every family compiles to must
   match ``golden/<family>.json``). This is the README's test command, and what ``.ci/run`` runs.
+  It pins Triton 3.6, the GPU machine's.
+- ``tests_newest``: the same with the newest supported Triton (3.9), whose configuration
+  table has its own rows where it must (``portattn.configs._SINCE_TRITON``) and whose
+  fingerprints ``golden/`` keeps beside 3.6's.
 - ``lint``: ruff check and ruff format --check.
 - ``compile``: the full ahead-of-time compile matrix (every family, kernel, head dim, dtype);
   CPU only, no GPU needed.
@@ -24,21 +28,23 @@ from __future__ import annotations
 
 import nox
 
-# The CPU CI and the GPU toolchain use the same Triton. torch is installed first and alone: a bare
-# torch requirement can pull a multi-GB CUDA build, while this pin resolves to the CPU build the
-# CI machine keeps on local disk (elsewhere add `--index-url https://download.pytorch.org/whl/cpu`
-# via PIP_INDEX_URL).
+# The CPU CI and the GPU toolchain use the same Triton (TRITON); TRITON_NEWEST is the newest one
+# pyproject.toml allows (`triton>=3.6,<3.10`), checked by `tests_newest`. torch is installed
+# first and alone: a bare torch requirement can pull a multi-GB CUDA build, while this pin
+# resolves to the CPU build the CI machine keeps on local disk (elsewhere add `--index-url
+# https://download.pytorch.org/whl/cpu` as PIP_EXTRA_INDEX_URL).
 TORCH_CPU = "torch==2.13.0"
 TRITON = "triton==3.6.0"
+TRITON_NEWEST = "triton==3.9.0"
 FAMILIES = ("sm80", "sm90", "cdna2", "cdna3", "cdna4")
 LINT_PATHS = ("portattn", "tests", "noxfile.py")
 
 nox.options.sessions = ["lint", "tests"]
 
 
-def _install_cpu_stack(session: nox.Session, extras: str = "") -> None:
+def _install_cpu_stack(session: nox.Session, extras: str = "", triton: str = TRITON) -> None:
     session.install(TORCH_CPU)
-    session.install(TRITON, "-e", f".{extras}")
+    session.install(triton, "-e", f".{extras}")
 
 
 def _pytest(session: nox.Session, *args: str, external: bool = False) -> None:
@@ -58,8 +64,18 @@ def _pytest(session: nox.Session, *args: str, external: bool = False) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """CPU test suite under Triton's interpreter, then the compile check's CI subset, then the
-    compile fingerprints of every family against ``golden/`` (docs/golden.md)."""
-    _install_cpu_stack(session, "[test]")
+    compile fingerprints of every family against ``golden/`` (docs/golden.md); Triton 3.6."""
+    _cpu_suite(session, TRITON)
+
+
+@nox.session
+def tests_newest(session: nox.Session) -> None:
+    """``tests`` with the newest supported Triton (``TRITON_NEWEST``)."""
+    _cpu_suite(session, TRITON_NEWEST)
+
+
+def _cpu_suite(session: nox.Session, triton: str) -> None:
+    _install_cpu_stack(session, "[test]", triton)
     _pytest(session, "-m", "not gpu", *(session.posargs or ["-q"]))
     # Resources and instructions (spills, shared memory / LDS, mma.sync / wgmma / v_mfma) of the
     # CI subset; the fingerprint check below compiles every entry but checks only the bits.
@@ -67,7 +83,8 @@ def tests(session: nox.Session) -> None:
     # A kernel or configuration change fails here until golden/ is updated on purpose
     # (`python -m portattn golden fingerprints --update`, then a hardware refresh of the
     # families whose output hashes it marks stale). Exit 1: a fingerprint differs; 2: a family
-    # has no fingerprints for this Triton version (the pin above must equal the GPU's Triton).
+    # has no fingerprints for this Triton version (record them with --update under it; for
+    # TRITON the pin must also equal the GPU's Triton, whose output hashes golden/ holds).
     session.run("python", "-m", "portattn", "golden", "fingerprints")
 
 

@@ -18,12 +18,20 @@ from __future__ import annotations
 import torch
 
 from portattn.autocast import autocast_inputs
+from portattn.kernels.plan import splits_p
 from portattn.ops import varlen_fwd
 from portattn.validation import (
     check_common,
     check_varlen,
     check_varlen_without_values,
 )
+
+
+def _capturing(q: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on q's stream: the host values of ``cu_seqlens``
+    are out of reach then (a device-to-host copy is an error there, and would be frozen into
+    the graph), as while ``torch.compile`` traces (reading them would break the graph)."""
+    return q.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _needs_grad(*tensors: torch.Tensor) -> bool:
@@ -46,7 +54,7 @@ def _run_fwd(
     """The checked arguments into the forward op; returns (out, lse), both differentiable.
     ``check_values``: the op runs the value checks of ``cu_seqlens`` right before its launch."""
     # fixed_order's backward reads a float32 copy of out: store it only when a backward can run.
-    store_o32 = kernel == "fixed_order" and _needs_grad(q, k, v)
+    store_o32 = splits_p(kernel) and _needs_grad(q, k, v)
     out, lse, _ = varlen_fwd(
         q,
         k,
@@ -114,19 +122,21 @@ def varlen_attention(
     ``max_seqlen_k`` must be given (ValueError otherwise), and the checks of the *values* of
     ``cu_seqlens`` and of ``max_seqlen`` against them are skipped, since they need a host copy.
     The caller then guarantees them, as with flash-attn; shape, dtype, device and stride
-    checks still run.
+    checks still run. The same holds while a CUDA graph is captured (``torch.cuda.graph``, as
+    rollout engines capture their decode step): no host copy is made, and a replay reads
+    whatever ``cu_seqlens`` hold then, within the captured ``max_seqlen`` bounds.
     """
     q, k, v = autocast_inputs(q, k, v)  # float32 under autocast -> its dtype, as SDPA
     softmax_scale = check_common(q, k, v, causal, softmax_scale, return_lse, kernel, token_dims=1)
     causal, return_lse = bool(causal), bool(return_lse)  # checked: bools or numpy bools
-    compiling = torch.compiler.is_compiling()
-    if compiling or (max_seqlen_q is not None and max_seqlen_k is not None):
+    traced = torch.compiler.is_compiling() or _capturing(q)
+    if traced or (max_seqlen_q is not None and max_seqlen_k is not None):
         max_seqlen_q, max_seqlen_k = check_varlen_without_values(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         )
         # Eager: the value checks run in the op, right before its launch (same checks, same
         # errors, still before any launch), as the GPU idles from their host copy on.
-        check_values = not compiling
+        check_values = not traced
     else:  # a max_seqlen to derive: the values are needed here
         shape = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         max_seqlen_q, max_seqlen_k = shape.max_seqlen_q, shape.max_seqlen_k

@@ -15,12 +15,13 @@ the family's ``GPUTarget`` and checked:
   ``v_mfma`` in the AMDGCN assembly); the preprocess kernel has no product and is exempt;
 * a fingerprint: SHA-256 of the machine code (cubin / hsaco), debug and line info off.
 
-Signatures are not written by hand: the real launchers (``attn_fwd`` / ``attn_bwd``) run on CPU
-tensors of a representative launch (:data:`REPRESENTATIVE`) with the kernels swapped for
-recorders, and each recorded call is specialised the way Triton's JIT does it (16-byte aligned
-pointers and multiples of 16 get ``tt.divisibility``, integers equal to 1 become constexprs, on
-ROCm pointers under 2 GiB get ``tt.pointer_range``). Causal is compiled (a superset of the
-non-causal code), with GQA and a ``dlse`` input. Fingerprints describe that specialisation.
+Signatures are not written by hand: the real planners (``plan_forward`` / ``plan_backward``,
+kernels/plan.py) plan the launches of a representative call (:data:`REPRESENTATIVE`) on CPU
+tensors, without launching, and each planned launch is specialised the way Triton's JIT does
+it (16-byte aligned pointers and multiples of 16 get ``tt.divisibility``, integers equal to 1
+become constexprs, on ROCm pointers under 2 GiB get ``tt.pointer_range``). Causal is compiled
+(a superset of the non-causal code), with GQA and a ``dlse`` input. Fingerprints describe
+that specialisation.
 """
 
 from __future__ import annotations
@@ -48,15 +49,6 @@ from portattn.configs import DTYPES, HEAD_DIMS, KERNELS, KernelConfig, config_ta
 from portattn.families import FAMILIES, Family
 
 STAGES = ("fwd", "bwd_pre", "bwd_dkdv", "bwd_dq")  # KernelConfig fields, one kernel each
-KERNEL_FUNCTIONS = {
-    "attn_fwd_kernel": "fwd",
-    "attn_fwd_ws_kernel": "fwd",  # Gluon, where the entry sets fwd_ws
-    "attn_bwd_preprocess_kernel": "bwd_pre",
-    "attn_bwd_dkdv_kernel": "bwd_dkdv",
-    "attn_bwd_dkdv_ws_kernel": "bwd_dkdv",  # Gluon, where the entry sets bwd_ws
-    "attn_bwd_dq_kernel": "bwd_dq",
-    "attn_bwd_dq_ws_kernel": "bwd_dq",  # Gluon, where the entry sets dq_ws
-}
 # The warp-specialised Gluon kernels: launched with ``ws_launch_options``, not the tiles' own.
 WS_KERNELS = ("attn_fwd_ws_kernel", "attn_bwd_dkdv_ws_kernel", "attn_bwd_dq_ws_kernel")
 HAS_PRODUCT = {"fwd": True, "bwd_pre": False, "bwd_dkdv": True, "bwd_dq": True}
@@ -95,6 +87,8 @@ PINNED_KNOBS: dict[str, dict[str, Any]] = {
         "dump_ptxas_log": True,
         "disable_ptxas_opt": False,
         "ptxas": None,  # None: the ptxas bundled with Triton (not $TRITON_PTXAS_PATH)
+        # Triton 3.9 assembles every NVIDIA arch with this one (3.6-3.8: arch >= 100 only).
+        "ptxas_blackwell": None,  # None: the bundled one (not $TRITON_PTXAS_BLACKWELL_PATH)
         "ptxas_options": None,
         "mock_ptx_version": None,
         "libdevice_path": None,
@@ -218,52 +212,23 @@ def select_entries(
 # ----------------------------------------------------------------------------- launches
 
 
-class _Recorder:
-    """Stands in for a jit kernel in its launcher module and records the launch."""
-
-    def __init__(self, fn: Any, sink: list[tuple[Any, tuple, dict]]) -> None:
-        self.fn = fn
-        self.sink = sink
-
-    def __getitem__(self, grid):
-        def record(*args, **kwargs):
-            self.sink.append((self.fn, args, kwargs))
-
-        return record
-
-
-@contextlib.contextmanager
-def _recording(sink: list) -> Iterator[None]:
-    from portattn.kernels import backward, forward
-
-    swapped = [
-        (m, name) for m in (forward, backward) for name in KERNEL_FUNCTIONS if hasattr(m, name)
-    ]
-    saved = [getattr(mod, name) for mod, name in swapped]
-    try:
-        for mod, name in swapped:
-            setattr(mod, name, _Recorder(getattr(mod, name), sink))
-        yield
-    finally:
-        for (mod, name), fn in zip(swapped, saved):
-            setattr(mod, name, fn)
-
-
-def _bind(fn: Any, args: tuple, kwargs: dict) -> Launch:
-    """Split a recorded call into bound kernel arguments and launch options."""
-    params = {k: v for k, v in kwargs.items() if k in fn.arg_names}
-    options = {k: v for k, v in kwargs.items() if k not in fn.arg_names}
-    bound = inspect.signature(fn.fn).bind(*args, **params)  # jit and interpreted functions
+def _bind(stage: str, fn: Any, args: tuple, params: dict) -> Launch:
+    """Split a planned launch's parameters into bound kernel arguments and launch options."""
+    kernel_params = {k: v for k, v in params.items() if k in fn.arg_names}
+    options = {k: v for k, v in params.items() if k not in fn.arg_names}
+    bound = inspect.signature(fn.fn).bind(*args, **kernel_params)  # jit and interpreted fns
     bound.apply_defaults()
-    return Launch(KERNEL_FUNCTIONS[fn.__name__], fn, dict(bound.arguments), options)
+    return Launch(stage, fn, dict(bound.arguments), options)
 
 
 def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, tuple[Launch, ...]]:
-    """Run the real launchers on CPU tensors of the representative launch and record the
-    kernel launches they make for ``entry``'s configuration (or ``cfg``), per stage in launch
-    order: one each, except dK/dV with ``dkdv_passes`` > 1 (a dV launch, then a dK launch)."""
-    from portattn.kernels.backward import attn_bwd
-    from portattn.kernels.forward import attn_fwd
+    """The kernel launches the real planners (``plan_forward`` / ``plan_backward``) make for
+    ``entry``'s configuration (or ``cfg``) on CPU tensors of the representative launch, per
+    stage in launch order: one each, except dK/dV with ``dkdv_passes`` > 1 (a dV launch, then
+    a dK launch). Nothing is launched."""
+    from portattn.kernels.backward import plan_backward
+    from portattn.kernels.forward import plan_forward
+    from portattn.kernels.plan import describe, splits_p
 
     rep = REPRESENTATIVE
     n_tok, dim, dtype = rep["batch"] * rep["seqlen"], entry.head_dim, entry.torch_dtype()
@@ -271,21 +236,22 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
     k, v = (torch.zeros(n_tok, rep["heads_k"], dim, dtype=dtype) for _ in range(2))
     cu = torch.arange(rep["batch"] + 1, dtype=torch.int32) * rep["seqlen"]
     seq, causal, scale = rep["seqlen"], rep["causal"], dim**-0.5
-    fixed, cfg = entry.kernel == "fixed_order", cfg or entry.config()
-    sink: list = []
-    # The launches a GPU run makes: the launchers choose some kernels by whether the CPU
-    # interpreter is on (the pytest harness sets it), so it is off while recording.
-    with _recording(sink), _unset_env(["TRITON_INTERPRET"]):
-        fwd_args = (q, k, v, cu, cu, seq, causal, scale)
-        out, lse, out32 = attn_fwd(*fwd_args, split_p=fixed, store_o32=fixed, cfg=cfg)
-        bwd_args = (do, q, k, v, out32 if fixed else out, lse, torch.zeros_like(lse), cu, cu)
-        attn_bwd(*bwd_args, seq, seq, causal, scale, split_p=fixed, cfg=cfg)
+    split_p, cfg = splits_p(entry.kernel), cfg or entry.config()
+    # The launches a GPU run makes: the planners choose some kernels by whether the CPU
+    # interpreter is on (the pytest harness sets it), so it is off while planning.
+    with _unset_env(["TRITON_INTERPRET"]):
+        problem = describe(q, k, cu, seq, seq, causal, scale, entry.kernel, cfg)
+        fwd = plan_forward(problem, q, k, v, cu, cu, store_o32=split_p)
+        o_for_delta = fwd.out32 if split_p else fwd.out
+        dlse = torch.zeros_like(fwd.lse)
+        bwd = plan_backward(problem, do, q, k, v, o_for_delta, fwd.lse, dlse, cu, cu)
     launches: dict[str, tuple[Launch, ...]] = {}
-    for launch in (_bind(*call) for call in sink):
+    for planned in (*fwd.launches, *bwd.launches):
+        launch = _bind(planned.stage, planned.kernel, planned.args, planned.params)
         launches[launch.stage] = (*launches.get(launch.stage, ()), launch)
     missing = set(STAGES) - set(launches)
     if missing:
-        raise RuntimeError(f"launchers did not launch {sorted(missing)}")
+        raise RuntimeError(f"planners did not launch {sorted(missing)}")
     return launches
 
 
@@ -491,7 +457,8 @@ def check_entry(
         launches = record_launches(entry, cfg)
     except Exception as exc:  # noqa: BLE001 - reported as a failed check
         for result in results:
-            result.failures.append(f"launch recording failed: {_first_line(exc)}")
+            failure = f"launch recording failed for {entry.family} {entry.label}: "
+            result.failures.append(failure + error_summary(exc))
         return results
     with tempfile.TemporaryDirectory(prefix="portattn-cc-") as cache_dir, pinned_knobs(cache_dir):
         for result in results:
@@ -499,20 +466,68 @@ def check_entry(
             for launch in group:
                 result.failures.extend(table_mismatches(launch, cfg))
             start = time.perf_counter()
-            try:
-                art = merge_artifacts([compile_launch(launch, family) for launch in group])
-                check_artifacts(result, art, family)
-            except Exception as exc:  # noqa: BLE001 - a kernel that does not compile fails
-                result.failures.append(f"compile failed: {_first_line(exc)}")
+            parts = _compile_group(result, group, family)
+            if parts is not None:
+                check_artifacts(result, merge_artifacts(parts), family)
             result.seconds = time.perf_counter() - start
     return results
 
 
-def _first_line(exc: BaseException) -> str:
-    """The exception's type and the last non-empty line of its message (Triton puts the cause
-    there)."""
-    lines = [ln for ln in str(exc).splitlines() if ln.strip()] or [""]
-    return f"{type(exc).__name__}: {lines[-1].strip()[:200]}"
+def _compile_group(
+    result: KernelResult, group: tuple[Launch, ...], family: Family
+) -> list[Artifacts] | None:
+    """Compile one stage's launches; None (and a failure naming the kernel, the entry and
+    Triton's error) when one does not compile."""
+    parts = []
+    for launch in group:
+        try:
+            parts.append(compile_launch(launch, family))
+        except Exception as exc:  # noqa: BLE001 - a kernel that does not compile fails
+            kernel = getattr(launch.fn, "__name__", launch.stage)
+            entry = f"{result.entry.family} {result.entry.label}"
+            result.failures.append(f"compile failed: {kernel} ({entry}): {error_summary(exc)}")
+            return None
+    return parts
+
+
+ERROR_LINES = 3  # lines of the real error a failure keeps
+ERROR_CHARS = 400
+
+
+def error_summary(exc: BaseException) -> str:
+    """What went wrong, in one line: the type and first lines of the innermost cause, and where
+    in the kernel source it happened. Triton wraps an error in a ``CompilationError`` per jit
+    function on the call path (each message a source excerpt ending in a ``^`` line, the
+    outermost often nothing else); the innermost locates it, and its cause (or, without one,
+    its own message) says what failed."""
+    chain = [exc]
+    while chain[-1].__cause__ is not None and len(chain) < 100:
+        chain.append(chain[-1].__cause__)
+    located = [e for e in chain if _is_compilation_error(e)]
+    root = chain[-1]
+    text = (root.error_message or "") if _is_compilation_error(root) else str(root)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().strip("^")][:ERROR_LINES]
+    summary = f"{type(root).__name__}: {' | '.join(lines) or '(no message)'}"
+    if located:
+        summary += f" (at {_source_location(located[-1])})"
+    return summary if len(summary) <= ERROR_CHARS else summary[: ERROR_CHARS - 3] + "..."
+
+
+def _is_compilation_error(exc: BaseException) -> bool:
+    """Triton's ``CompilationError`` (duck-typed: its module moved between releases)."""
+    return type(exc).__name__ == "CompilationError" and hasattr(exc, "error_message")
+
+
+def _source_location(exc: Any) -> str:
+    """``function line N: source`` of a ``CompilationError`` (N counts from the ``def``)."""
+    src, node = getattr(exc, "src", None), getattr(exc, "node", None)
+    lineno = getattr(node, "lineno", None)
+    if not isinstance(src, str) or not lineno:
+        return "unknown location"
+    src_lines = src.splitlines()
+    name = re.match(r"\s*def\s+(\w+)", src)
+    code = src_lines[lineno - 1].strip() if lineno <= len(src_lines) else ""
+    return f"{name[1] if name else '?'} line {lineno}: {code}"
 
 
 # ----------------------------------------------------------------------------- running

@@ -3,14 +3,22 @@
 No autotuning, and nothing here depends on max_seqlen, batch size or SM count: a sequence's
 bits depend only on the family, the kernel, its head dim and dtype. The table is looked up
 lazily, at the first call, never at import.
+
+Triton versions: the kernels and this table are checked with Triton 3.6 through 3.9
+(:data:`SUPPORTED_TRITON`); the first lookup checks the installed version and raises
+:class:`UnsupportedTritonError` outside that range. A row that a later Triton compiles into
+register spills has a per-version row in :data:`_SINCE_TRITON`, which replaces it from that
+Triton version on; Triton 3.6 runs the base rows alone, so what 3.6 compiles never changes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 
 import torch
@@ -20,6 +28,10 @@ HEAD_DIMS = (32, 64, 96, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
 INTERPRETER = "interpreter"  # pseudo-family: CPU tensors under TRITON_INTERPRET=1
 TMA_KERNELS = ("fwd", "bwd_dkdv", "bwd_dq")  # kernels that can read through tensor descriptors
+# Triton releases the kernels and this table are checked with: (major, minor) from the first
+# supported up to the first unsupported one. pyproject.toml's `triton>=3.6,<3.10` says the same.
+SUPPORTED_TRITON = ((3, 6), (3, 10))
+AMD_KNOBS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 
 
 @dataclass(frozen=True)
@@ -35,11 +47,11 @@ class Tiles:
     kpack: int | None = None
 
     def launch_kwargs(self) -> dict[str, int]:
-        kwargs = {"num_warps": self.num_warps, "num_stages": self.num_stages}
-        for knob in ("waves_per_eu", "matrix_instr_nonkdim", "kpack"):
-            if getattr(self, knob) is not None:
-                kwargs[knob] = getattr(self, knob)
-        return kwargs
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages} | self.amd_knobs()
+
+    def amd_knobs(self) -> dict[str, int]:
+        """The AMD launch knobs that are set (empty on CUDA)."""
+        return {k: getattr(self, k) for k in AMD_KNOBS if getattr(self, k) is not None}
 
 
 @dataclass(frozen=True)
@@ -148,6 +160,16 @@ def _cfg(
     )
 
 
+def _retuned(row: KernelConfig, fwd=None, dkdv=None, dq=None, **fields) -> KernelConfig:
+    """``row`` with some kernels' tiles replaced (compact tuples as in ``_cfg``; the AMD knobs
+    stay those of the kernel replaced, a fifth number still overrides ``waves_per_eu``) and
+    other fields (``fwd_ws=False``...) set: a per-version row says only what differs."""
+    for stage, spec in (("fwd", fwd), ("bwd_dkdv", dkdv), ("bwd_dq", dq)):
+        if spec is not None:
+            fields[stage] = _tiles(spec, getattr(row, stage).amd_knobs())
+    return dataclasses.replace(row, **fields)
+
+
 # Rows are chosen so that every kernel compiles without register spills, within the family's
 # shared memory / LDS, using its matrix instructions (``python -m portattn compile`` checks it).
 # fixed_order keeps two rounded copies of P and dS (split-P), so where it needs smaller tiles
@@ -218,6 +240,38 @@ _FIXED_ORDER = {
     },
 }
 _FIXED_ORDER["cdna4"] = _FIXED_ORDER["cdna3"]
+# Per-Triton-version rows: (major, minor) of the first Triton that needs them -> (family,
+# kernel, head_dim) -> the row it runs from that version on (both dtypes), instead of the one
+# above; a later version's row for the same entry replaces an earlier one. Only where the
+# compile check fails with the rows above (what fails is said per version); each row changes
+# the least that compiles cleanly, chosen by ``python -m portattn compile`` under that Triton.
+# Same rule throughout: a forward that spills on CDNA gets one wave per EU (512 VGPRs), as the
+# fixed_order forwards already have, and where it still spills (or on sm90) half the key tile.
+# The interpreter row never differs; cdna4 shares cdna3's rows but not these (it compiles
+# cleanly with the rows above).
+_SINCE_TRITON = {
+    # Triton 3.7's AMD backend: the cdna3 varlen d96/d128 forward spills (up to 42 VGPRs).
+    (3, 7): {
+        ("cdna3", "varlen", 96):       _retuned(_CDNA3[96], fwd=(128, 64, 4, 1, 1)),
+        ("cdna3", "varlen", 128):      _retuned(_CDNA3[128], fwd=(128, 64, 4, 1, 1)),
+    },
+    # Triton 3.8's AMD backend: the cdna3 fixed_order d256 forward spills (up to 9 VGPRs).
+    (3, 8): {
+        ("cdna3", "fixed_order", 256): _retuned(_FIXED_ORDER["cdna3"][256], fwd=(64, 32, 4, 1)),
+    },
+    # Triton 3.9 assembles sm90 with CUDA 13's ptxas (3.6-3.8: ptxas 12.x) and passes it
+    # --regAllocOptLevel=2 (a workaround for a ptxas 13 bug), which spills where 3.8 did not.
+    # varlen d128: the warp-specialised forward and dK/dV (296 / 92 bytes; 240 registers per
+    # consumer thread is already the most that their 12 warps allow) run as the Triton kernels
+    # at the same tiles (the same bits, see ``KernelConfig``); the d64 dK/dV and d128 dQ
+    # kernels stay warp-specialised (no spills). d256: the forwards and varlen's dQ (96, 48,
+    # 24 bytes) get half the key tile, same warps and stages.
+    (3, 9): {
+        ("sm90", "varlen", 128):       _retuned(_SM90[128], fwd_ws=False, bwd_ws=False),
+        ("sm90", "varlen", 256):       _retuned(_SM90[256], fwd=(64, 32, 8, 2), dq=(64, 16, 8, 2)),
+        ("sm90", "fixed_order", 256):  _retuned(_FIXED_ORDER["sm90"][256], fwd=(128, 32, 8, 2)),
+    },
+}
 # Small tiles under the CPU interpreter: fast there, and many tile boundaries in small tests.
 _INTERP = {d: _cfg((32, 16, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)) for d in HEAD_DIMS}
 # fmt: on
@@ -238,17 +292,76 @@ def _row(family: str, kernel: str, head_dim: int) -> KernelConfig:
     return _BY_FAMILY[family][head_dim]
 
 
-@functools.cache
-def config_table() -> dict[tuple[str, str, int, torch.dtype], KernelConfig]:
-    """Every (family, kernel, head_dim, dtype) entry. Both dtypes currently share a row, and
-    both kernels unless _FIXED_ORDER has a row; they are separate keys so one can change alone."""
+def _versioned_row(family: str, kernel: str, head_dim: int, triton: tuple[int, int]):
+    """The row of the latest per-version override at or before ``triton``, else the base row."""
+    for since in sorted(_SINCE_TRITON, reverse=True):
+        if triton >= since and (family, kernel, head_dim) in _SINCE_TRITON[since]:
+            return _SINCE_TRITON[since][(family, kernel, head_dim)]
+    return _row(family, kernel, head_dim)
+
+
+def table_for(triton: tuple[int, int]) -> dict[tuple[str, str, int, torch.dtype], KernelConfig]:
+    """Every (family, kernel, head_dim, dtype) entry for Triton ``triton`` ((major, minor); no
+    range check: tests and tools read any version's table). Both dtypes currently share a row,
+    and both kernels unless _FIXED_ORDER has a row; they are separate keys so one can change
+    alone."""
     return {
-        (fam, kernel, d, dtype): _row(fam, kernel, d)
+        (fam, kernel, d, dtype): _versioned_row(fam, kernel, d, triton)
         for fam in _BY_FAMILY
         for kernel in KERNELS
         for d in HEAD_DIMS
         for dtype in DTYPES
     }
+
+
+def table_versions() -> tuple[tuple[int, int], ...]:
+    """The Triton versions whose tables differ: the lowest supported and each override's."""
+    return (SUPPORTED_TRITON[0], *sorted(_SINCE_TRITON))
+
+
+@functools.cache
+def config_table() -> dict[tuple[str, str, int, torch.dtype], KernelConfig]:
+    """The table for the installed Triton (checked: :func:`supported_triton_version`)."""
+    return table_for(supported_triton_version())
+
+
+class UnsupportedTritonError(RuntimeError):
+    """The installed Triton is outside :data:`SUPPORTED_TRITON`."""
+
+
+def installed_triton() -> str:
+    """``triton.__version__``: also on ROCm, whose Triton is the distribution
+    ``pytorch-triton-rocm`` (package metadata would not find "triton" there)."""
+    import triton
+
+    return triton.__version__
+
+
+def parse_version(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string: ``"3.9.0"``, ``"3.6.0+git1234"``, ``"3.5.0rc1"``."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if not match:
+        raise UnsupportedTritonError(f"cannot read Triton's version {version!r}")
+    return int(match[1]), int(match[2])
+
+
+def supported_triton_version() -> tuple[int, int]:
+    """(major, minor) of the installed Triton; raises :class:`UnsupportedTritonError`, naming
+    the version and the range, when portattn is not checked with it. Called through
+    :func:`config_table` (cached) at the first launch, so an unsupported Triton fails there
+    with this message rather than deep inside a compile, and importing portattn never does."""
+    version = installed_triton()
+    parsed = parse_version(version)
+    low, high = SUPPORTED_TRITON
+    if not low <= parsed < high:
+        supported = f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+        raise UnsupportedTritonError(
+            f"portattn supports Triton {supported} (its kernels and configuration table are "
+            f"checked with {low[0]}.{low[1]} through {high[0]}.{high[1] - 1}); the installed "
+            f"Triton is {version}. Install a supported one: pip install 'triton{supported}' "
+            "(ROCm: the pytorch-triton-rocm of a torch build that ships one)"
+        )
+    return parsed
 
 
 def get_config(family: str, kernel: str, head_dim: int, dtype: torch.dtype) -> KernelConfig:

@@ -34,9 +34,9 @@ import functools
 import torch
 
 from portattn.autocast import register_autocast_kernel
-from portattn.configs import resolve_config
 from portattn.kernels.backward import attn_bwd
 from portattn.kernels.forward import attn_fwd
+from portattn.kernels.plan import describe, splits_p
 from portattn.validation import check_varlen_values
 
 __all__ = ["varlen_bwd", "varlen_fwd"]
@@ -96,8 +96,9 @@ def varlen_fwd(
     Returns (out [total_q, Hq, D] in q's dtype, lse float32 [total_q, Hq],
     out32 float32 [total_q, Hq, D] when store_o32, else an empty [0, Hq, D]); all contiguous.
     """
-    cfg = resolve_config(q.device, kernel, q.shape[-1], q.dtype)
-    split_p = kernel == "fixed_order"
+    problem = describe(
+        q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, softmax_scale, kernel
+    )
     before_launch = None
     if check_values:
         before_launch = functools.partial(
@@ -110,17 +111,13 @@ def varlen_fwd(
             max_seqlen_k,
         )
     out, lse, out32 = attn_fwd(
+        problem,
         q,
         k,
         v,
         cu_seqlens_q,
         cu_seqlens_k,
-        max_seqlen_q,
-        causal,
-        softmax_scale,
-        split_p=split_p,
         store_o32=store_o32,
-        cfg=cfg,
         before_launch=before_launch,
     )
     return out, lse, _empty_o32(q) if out32 is None else out32
@@ -174,24 +171,10 @@ def varlen_bwd(
     All with ``stride(-1) == 1``. Returns contiguous (dq [total_q, Hq, D], dk, dv
     [total_k, Hkv, D]) in the input dtype.
     """
-    cfg = resolve_config(q.device, kernel, q.shape[-1], q.dtype)
-    return attn_bwd(
-        dout,
-        q,
-        k,
-        v,
-        o_for_delta,
-        lse,
-        dlse,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        causal,
-        softmax_scale,
-        split_p=kernel == "fixed_order",
-        cfg=cfg,
+    problem = describe(
+        q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, softmax_scale, kernel
     )
+    return attn_bwd(problem, dout, q, k, v, o_for_delta, lse, dlse, cu_seqlens_q, cu_seqlens_k)
 
 
 @varlen_bwd.register_fake
@@ -224,10 +207,10 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
     ctx.mark_non_differentiable(out32)
     ctx.set_materialize_grads(False)
     # fixed_order computes the backward's row term from the float32 output.
-    o_for_delta = out32 if kernel == "fixed_order" else out
+    o_for_delta = out32 if splits_p(kernel) else out
     ctx.save_for_backward(q, k, v, o_for_delta, lse, cu_seqlens_q, cu_seqlens_k)
     ctx.meta = (max_seqlen_q, max_seqlen_k, causal, scale, kernel)
-    ctx.missing_o32 = kernel == "fixed_order" and not store_o32
+    ctx.missing_o32 = splits_p(kernel) and not store_o32
 
 
 def _fwd_backward(ctx, dout, dlse, _dout32):

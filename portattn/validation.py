@@ -240,8 +240,9 @@ def _check_max_seqlen_given(name: str, given, batch: int):
     (:func:`_check_max_seqlen_int`). Plain integers come back as int."""
     if given is None:
         raise ValueError(
-            f"{name} must be given (an int) when varlen_attention runs under torch.compile: "
-            "deriving it from cu_seqlens needs their host values, a graph break"
+            f"{name} must be given (an int) when varlen_attention runs under torch.compile or "
+            "CUDA-graph capture: deriving it from cu_seqlens needs their host values (a graph "
+            "break under torch.compile, a device-to-host copy that capture forbids)"
         )
     return _check_max_seqlen_int(name, given, batch)
 

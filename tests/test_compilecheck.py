@@ -106,9 +106,18 @@ HOSTILE_ENV = {
 }
 
 
+def bundled_ptxas() -> str:
+    """The CUDA 12 ptxas bundled with the installed Triton: Triton 3.9 assembles with its other
+    one (ptxas-blackwell, CUDA 13) unless $TRITON_PTXAS_BLACKWELL_PATH names another."""
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas")
+
+
 def test_fingerprint_ignores_the_environment(twice):
     """The knobs are pinned: CPU CI and a GPU machine with other Triton variables set compile
     the same machine code (the golden files' fingerprints), and the environment comes back."""
+    env = HOSTILE_ENV | {"TRITON_PTXAS_BLACKWELL_PATH": bundled_ptxas()}
     hostile = run_child(
         """
         import json, os
@@ -119,7 +128,7 @@ def test_fingerprint_ignores_the_environment(twice):
         out["env"] = {k: os.environ.get(k) for k in ("DISABLE_MMA_V3", "PTXAS_OPTIONS")}
         print(json.dumps(out))
         """,
-        HOSTILE_ENV,
+        env,
     )
     for fam in ("sm90", "cdna3"):
         assert hostile[fam] == twice[fam]["runs"][0]
@@ -160,6 +169,8 @@ def broken() -> dict:
                                    fwd=Tiles(128, 64, 4, 1, waves_per_eu=2, **amd)),
             "amd_knob_on_cuda": failures("sm90", "varlen", 64, "bwd_dq",
                                          bwd_dq=Tiles(128, 64, 8, 2, waves_per_eu=2)),
+            # BLOCK_N 8 is below tl.dot's minimum: Triton's own error, not its "^" excerpt line
+            "compile_error": failures("sm80", "varlen", 64, "fwd", fwd=Tiles(64, 8, 4, 2)),
         }
         print(json.dumps(out))
         """
@@ -174,10 +185,66 @@ def broken() -> dict:
         ("cuda_spills", "register spills"),
         ("amd_spills", "register spills"),
         ("amd_knob_on_cuda", "not cuda options"),
+        ("compile_error", "compile failed: attn_fwd_kernel (sm80 varlen/d64/bf16): Assertion"),
     ],
 )
 def test_check_fails_on_broken_case(broken, case, message):
     assert any(message in failure for failure in broken[case]), broken[case]
+
+
+def test_compile_failure_names_the_cause(broken):
+    (failure,) = broken["compile_error"]
+    assert "N >= 1 and K >= 16" in failure  # tl.dot's message
+    assert "(at mma line" in failure and "tl.dot(" in failure  # where in the kernel source
+    assert not failure.rstrip().endswith("^")
+
+
+def _compilation_error(src: str, line: int, message: str | None) -> Exception:
+    """Triton's CompilationError at ``line`` of the function ``src`` (as its code generator
+    raises it: the node of the failing statement)."""
+    import ast
+
+    from triton.compiler.errors import CompilationError
+
+    node = next(n for n in ast.walk(ast.parse(src)) if getattr(n, "lineno", None) == line)
+    return CompilationError(src, node, message)
+
+
+OUTER_SRC = "def attn_fwd_ws_kernel(q, k):\n    x = 1\n    gl.warp_specialize([(_producer, ())])\n"
+INNER_SRC = "def _producer(desc):\n    n = 2\n    tma.async_copy_global_to_shared(desc, [0, 0])\n"
+
+
+def test_error_summary_reads_through_the_wrapping():
+    """Triton 3.9's failure of the warp-specialised kernels: the outer errors end in a caret
+    line (the issue's "CompilationError: ^"), the cause is two levels down."""
+    cause = RuntimeError("async_copy_global_to_shared has been removed; call async_load instead")
+    inner = _compilation_error(INNER_SRC, 3, str(cause))
+    inner.__cause__ = cause
+    middle = _compilation_error(OUTER_SRC, 3, None)
+    middle.__cause__ = inner
+    outer = _compilation_error(OUTER_SRC, 3, str(middle))
+    outer.__cause__ = middle
+    assert str(middle).strip().splitlines()[-1].strip() == "^"
+    assert cc.error_summary(outer) == (
+        f"RuntimeError: {cause} (at _producer line 3: "
+        "tma.async_copy_global_to_shared(desc, [0, 0]))"
+    )
+
+
+def test_error_summary_keeps_the_first_lines():
+    """A compilation error without a cause says it itself; other errors (ptxas' with its log)
+    keep their first lines, bounded."""
+    own = _compilation_error(INNER_SRC, 2, "unsupported thing\nsecond line")
+    assert cc.error_summary(own) == (
+        "CompilationError: unsupported thing | second line (at _producer line 2: n = 2)"
+    )
+    log = "PTXAS error: Internal Triton PTX codegen error\n`ptxas` stderr:\nptxas fatal: x\n"
+    summary = cc.error_summary(RuntimeError(log + "Repro command: ptxas ...\n" + "y" * 900))
+    assert summary == (
+        "RuntimeError: PTXAS error: Internal Triton PTX codegen error | "
+        "`ptxas` stderr: | ptxas fatal: x"
+    )
+    assert len(cc.error_summary(ValueError("z" * 900))) == cc.ERROR_CHARS
 
 
 def test_cli_json_and_fingerprints_api(tmp_path):

@@ -48,7 +48,14 @@ from portattn.golden.inputs import (
 )
 from portattn.golden.provenance import toolchain_key
 from portattn.golden.run import CaseResult, make_inputs
-from portattn.golden.store import atomic_write, dumps, load, stale_outputs, update_file
+from portattn.golden.store import (
+    atomic_write,
+    config_hashes_of,
+    dumps,
+    load,
+    stale_outputs,
+    update_file,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 # The device the kernels run on here: the GPU when there is one, else the DEV interpreter.
@@ -746,3 +753,51 @@ def test_read_only_golden_file_is_not_replaced(tmp_path, no_compute):
     assert set(load(path)["cases"]) == {"a", "b"} and (path.stat().st_mode & 0o777) == 0o640
     update_file(path, lambda old: merge(old, _record([_result("c")]))[0])
     assert (path.stat().st_mode & 0o777) == 0o640
+
+
+def _fingerprints(tmp_path, toolchain: str, config_hash: str, update: bool = False) -> int:
+    """``run_fingerprints`` of FAKE under ``toolchain``, every entry's configuration hashing to
+    ``config_hash``; returns the exit code (its last line is on stdout)."""
+    return run_fingerprints(
+        [FAKE],
+        tmp_path,
+        update=update,
+        out=print,
+        toolchain=toolchain,
+        fingerprint_fn=lambda fam: {"varlen/d32/fp16": {"fwd": "f1"}},
+        config_hash_fn=lambda fam: lambda entry: config_hash,
+    )
+
+
+def test_configuration_hashes_are_per_toolchain(tmp_path, capsys):
+    """The table may have rows of its own for a Triton version (portattn.configs): recording a
+    second toolchain's fingerprints keeps the first one's configuration hashes, and each
+    toolchain is compared with its own."""
+    assert _fingerprints(tmp_path, "triton-a", "cfg-a", update=True) == 0
+    assert _fingerprints(tmp_path, "triton-b", "cfg-b", update=True) == 0
+    doc = load(tmp_path / "fake.json")
+    assert set(config_hashes_of(doc, "triton-a").values()) == {"cfg-a"}
+    assert set(config_hashes_of(doc, "triton-b").values()) == {"cfg-b"}
+    assert _fingerprints(tmp_path, "triton-a", "cfg-a") == 0
+    assert _fingerprints(tmp_path, "triton-b", "cfg-b") == 0
+    capsys.readouterr()
+    assert _fingerprints(tmp_path, "triton-a", "cfg-b") == 1
+    assert "configuration of " in capsys.readouterr().out
+
+
+def test_section_without_its_own_hashes_reads_the_top_level_map(tmp_path):
+    """A file recorded before sections had configuration hashes (golden/*.json of Triton 3.6):
+    its section is compared with the top-level map, and the first merge that gives the section
+    a map of its own starts from that one (a partial refresh drops no entry from the check)."""
+    assert _fingerprints(tmp_path, "triton-a", "cfg-a", update=True) == 0
+    doc = load(tmp_path / "fake.json")
+    doc["config_hashes"] = doc["toolchains"]["triton-a"].pop("config_hashes")
+    atomic_write(tmp_path / "fake.json", doc)
+    assert _fingerprints(tmp_path, "triton-a", "cfg-a") == 0
+    assert _fingerprints(tmp_path, "triton-a", "cfg-x") == 1
+    one = sorted(doc["config_hashes"])[0]
+    section = {"config_hashes": {one: "n"}}
+    record = {"family": FAKE, "cases": {}, "toolchains": {"triton-a": section}}
+    merged, _ = merge(doc, record)
+    assert merged["toolchains"]["triton-a"]["config_hashes"] == doc["config_hashes"] | {one: "n"}
+    assert merged["config_hashes"] == doc["config_hashes"]  # the top level is not written

@@ -25,6 +25,7 @@ from portattn.kernels.backward_ws import dkdv_ws_supports
 from portattn.kernels.buffers import dense_specialized, descriptor_scratch, rows_aligned
 from portattn.kernels.dq_ws import dq_ws_supports
 from portattn.kernels.forward_ws import ws_supports
+from portattn.kernels.plan import describe
 
 SPLITS = [dict(dkdv_passes=2), dict(dkdv_passes=4), dict(fwd_chunks=2)]
 
@@ -40,6 +41,11 @@ def override_entry(monkeypatch):
         monkeypatch.setitem(table, key, dataclasses.replace(table[key], **fields))
 
     return apply
+
+
+def _problem(p, kernel: str, cfg):
+    """The launchers' problem record of pack ``p`` with the table entry ``cfg``."""
+    return describe(p.q, p.k, p.cu_q, p.q.shape[0], p.k.shape[0], True, 1.0, kernel, cfg)
 
 
 def _gpu_family() -> str:
@@ -190,7 +196,7 @@ def test_fwd_ws_same_bits_as_triton_gpu(kernel, head_dim, causal, dtype, overrid
     triton_bits = run_kernel(p, kernel, causal=causal)
     override_entry(kernel, head_dim, dtype, fwd=tiles, tma=tma, fwd_ws=True)
     cfg = configs.get_config("sm90", kernel, head_dim, dtype)
-    assert forward.use_warp_specialized(cfg, head_dim, rows_aligned(p.q, p.k, p.v))
+    assert forward.use_warp_specialized(_problem(p, kernel, cfg), rows_aligned(p.q, p.k, p.v))
     assert_accurate(p, kernel, causal=causal)
     assert_bitwise_equal(run_kernel(p, kernel, causal=causal), triton_bits)
 
@@ -247,7 +253,8 @@ def test_bwd_ws_same_bits_as_triton_gpu(kernel, head_dim, tiles, causal, dtype, 
     triton_bits = run_kernel(p, kernel, causal=causal)
     override_entry(kernel, head_dim, dtype, bwd_ws=True, **fields)
     cfg = configs.get_config("sm90", kernel, head_dim, dtype)
-    assert backward.use_warp_specialized_dkdv(cfg, head_dim, rows_aligned(p.q, p.k, p.v, p.do))
+    problem, aligned = _problem(p, kernel, cfg), rows_aligned(p.q, p.k, p.v, p.do)
+    assert backward.use_warp_specialized_dkdv(problem, aligned)
     assert_accurate(p, kernel, causal=causal)
     assert_bitwise_equal(run_kernel(p, kernel, causal=causal), triton_bits)
 
@@ -282,7 +289,8 @@ def test_dq_ws_same_bits_as_triton_gpu(kernel, head_dim, causal, dtype, override
     triton_bits = run_kernel(p, kernel, causal=causal)
     override_entry(kernel, head_dim, dtype, dq_ws=True, **fields)
     cfg = configs.get_config("sm90", kernel, head_dim, dtype)
-    assert backward.use_warp_specialized_dq(cfg, head_dim, rows_aligned(p.q, p.k, p.v, p.do))
+    problem, aligned = _problem(p, kernel, cfg), rows_aligned(p.q, p.k, p.v, p.do)
+    assert backward.use_warp_specialized_dq(problem, aligned)
     assert_accurate(p, kernel, causal=causal)
     assert_bitwise_equal(run_kernel(p, kernel, causal=causal), triton_bits)
 
@@ -340,16 +348,19 @@ _WS_FIELDS = {
 def test_ws_entries_are_supported(field):
     """Every entry that selects a warp-specialised kernel is a Hopper entry that reads that
     kernel's tiles through descriptors (in one program per tile, one pass), with tiles the
-    kernel is written for: else the launcher would quietly run the Triton kernel."""
+    kernel is written for: else the launcher would quietly run the Triton kernel. Checked in
+    the table of every supported Triton version (a later one may select fewer of them)."""
     kernel_fn, supports, stage, entry_ok, accepted, refused = _WS_FIELDS[field]
     assert kernel_fn() is not None  # Triton >= 3.6 (CI pins 3.6): Gluon is there
-    selected = 0
-    for (family, kernel, head_dim, _), cfg in configs.config_table().items():
-        if getattr(cfg, field):
-            selected += 1
-            assert family == "sm90" and entry_ok(cfg), (family, kernel, head_dim)
-            assert supports(getattr(cfg, stage), head_dim), (family, kernel, head_dim)
-    assert selected, field
+    for version in configs.table_versions():
+        selected = 0
+        for (family, kernel, head_dim, _), cfg in configs.table_for(version).items():
+            if getattr(cfg, field):
+                selected += 1
+                where = (version, family, kernel, head_dim)
+                assert family == "sm90" and entry_ok(cfg), where
+                assert supports(getattr(cfg, stage), head_dim), where
+        assert selected or version > configs.SUPPORTED_TRITON[0], field  # the base table has it
     assert supports(configs.Tiles(*accepted), 128)
     for tiles, head_dim in refused:
         assert not supports(configs.Tiles(*tiles), head_dim), (tiles, head_dim)
@@ -409,11 +420,12 @@ def test_dense_specialized():
 
 def test_tma_only_in_hopper_entries():
     """Tensor descriptors are a Hopper feature: only sm90 entries switch them on, and only for
-    kernels that have a descriptor path."""
-    for (family, *_), cfg in configs.config_table().items():
-        assert set(cfg.tma) <= set(configs.TMA_KERNELS)
-        if family != "sm90":
-            assert cfg.tma == (), family
+    kernels that have a descriptor path (in the table of every supported Triton version)."""
+    for version in configs.table_versions():
+        for (family, *_), cfg in configs.table_for(version).items():
+            assert set(cfg.tma) <= set(configs.TMA_KERNELS)
+            if family != "sm90":
+                assert cfg.tma == (), (version, family)
 
 
 def test_rows_aligned():

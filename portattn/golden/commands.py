@@ -28,6 +28,7 @@ from portattn.golden.store import (
     GoldenError,
     build_record,
     check_writable,
+    config_hashes_of,
     empty_doc,
     golden_path,
     load,
@@ -373,11 +374,10 @@ def run_fingerprints(
         took = f"{time.perf_counter() - start:.0f} s"
         if update:
             record = empty_doc(family)
-            record["config_hashes"] = hashes
             # The canonical case list and input hashes are the same on every machine.
             record["cases_version"] = CASES_VERSION
             record["cases"] = {c.name: case_definition(c) for c in CASES}
-            record["toolchains"][toolchain] = {"fingerprints": current}
+            record["toolchains"][toolchain] = {"config_hashes": hashes, "fingerprints": current}
             code = _write(path, record, False, lambda line, f=family: out(f"{f}: {line.strip()}"))
             worst = max(worst, code)
             if code:
@@ -404,10 +404,11 @@ def run_fingerprints(
             for s in sorted(set(stored.get(e, {})) | set(current.get(e, {})))
             if stored.get(e, {}).get(s) != current.get(e, {}).get(s)
         ]
+        recorded_hashes = config_hashes_of(doc, toolchain)
         diffs += [
             f"configuration of {e}"
             for e, h in hashes.items()
-            if doc.get("config_hashes", {}).get(e) not in (None, h)
+            if recorded_hashes.get(e) not in (None, h)
         ]
         if diffs:
             out(

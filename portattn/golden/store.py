@@ -6,9 +6,10 @@
      "schema": 1, "family": "sm90", "cases_version": 1,
      "cases": {name: {kernel, lens_q, lens_k, heads_q, heads_kv, head_dim, dtype, causal,
                       seed, dlse, inputs_sha256}},
-     "config_hashes": {"varlen/d128/bf16": "<16 hex>", ...},   # entries the cases use
+     "config_hashes": {"varlen/d128/bf16": "<16 hex>", ...},   # sections without their own
      "toolchains": {
       "triton-3.6.0": {
+       "config_hashes": {"varlen/d128/bf16": "<16 hex>", ...},  # entries the cases use
        "fingerprints": {"varlen/d128/bf16": {"fwd": sha256, "bwd_pre": ..., ...}, ...},
        "provenance": {devices, drivers, torch, portattn, commit, date, first_recorded},
        "outputs": {name: {entry, config_hash, fingerprint, inputs_sha256,
@@ -21,6 +22,10 @@ Output hashes live under the toolchain (Triton version) that produced them: a ne
 section, it never replaces one. ``fingerprint`` of an output is the digest of its entry's
 compile fingerprints when it was recorded; when the stored fingerprints (or the configuration)
 of that entry change later, the output is *stale* until re-recorded on hardware.
+
+Configuration hashes are per toolchain too (the table may have per-Triton-version rows,
+``portattn.configs``): a section's own ``config_hashes``, else (a section recorded before
+sections had them) the top-level map, which writers no longer change.
 """
 
 from __future__ import annotations
@@ -165,6 +170,7 @@ _TOOLCHAIN = _record(
     "a toolchain section (an object)",
     {},
     {
+        "config_hashes": _map_of(_STR_OR_NULL, "configuration hashes"),
         "fingerprints": _map_of(
             _map_of(_STR_OR_NULL, "fingerprints (strings or null)"), "per-kernel fingerprints"
         ),
@@ -375,13 +381,17 @@ def build_record(
     configuration the results ran with; ``fingerprints``: entry -> kernel -> fingerprint."""
     doc = empty_doc(family)
     doc["cases_version"] = cases_version
-    section: dict[str, Any] = {"fingerprints": copy.deepcopy(fingerprints or {}), "outputs": {}}
+    section: dict[str, Any] = {
+        "config_hashes": {},
+        "fingerprints": copy.deepcopy(fingerprints or {}),
+        "outputs": {},
+    }
     if provenance:
         section["provenance"] = provenance
     for r in results:
         entry = r.case.entry
         doc["cases"][r.case.name] = r.case.to_json() | {"inputs_sha256": r.inputs_sha256}
-        doc["config_hashes"][entry] = config_hashes[entry]
+        section["config_hashes"][entry] = config_hashes[entry]
         section["outputs"][r.case.name] = {
             "entry": entry,
             "config_hash": config_hashes[entry],
@@ -502,6 +512,10 @@ def merge(
         fresh = not target
         target.setdefault("fingerprints", {})
         target.setdefault("outputs", {})
+        if section.get("config_hashes"):
+            if "config_hashes" not in target:  # an older section used the top-level map
+                target["config_hashes"] = {} if fresh else dict(doc["config_hashes"])
+            target["config_hashes"].update(section["config_hashes"])
         added, updated = [], []
         for entry, stages in sorted(section.get("fingerprints", {}).items()):
             if target["fingerprints"].get(entry) != stages:
@@ -548,6 +562,15 @@ def merge(
 
 
 # ----------------------------------------------------------------------------- staleness
+
+
+def config_hashes_of(doc: dict[str, Any], toolchain: str) -> dict[str, str | None]:
+    """entry -> configuration hash recorded for ``toolchain``: its section's own map, else (a
+    section recorded before sections had one) the document's top-level map."""
+    section = doc.get("toolchains", {}).get(toolchain, {})
+    if "config_hashes" in section:
+        return section["config_hashes"]
+    return doc.get("config_hashes", {})
 
 
 def stale_outputs(

@@ -12,18 +12,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from portattn.configs import interpreter_active
-from portattn.kernels.buffers import (
-    dense_specialized,
-    descriptor_scratch,
-    new_buffer,
-    rows_aligned,
+from portattn.kernels.buffers import dense_specialized, new_buffer, rows_aligned
+from portattn.kernels.plan import (
+    KernelLaunch,
+    VarlenProblem,
+    gluon_applies,
+    run_launches,
 )
-from portattn.kernels.forward import warp_specialized_applies
 
 try:  # Gluon's Hopper API as of Triton 3.6; with an older Triton the Triton kernel runs always
     from portattn.kernels.backward_ws import attn_bwd_dkdv_ws_kernel, dkdv_ws_supports
@@ -346,53 +347,49 @@ def attn_bwd_dq_kernel(
              b_dq.to(dq.dtype.element_ty), mask=m_q)
 
 
-def use_warp_specialized_dkdv(cfg, head_dim: int, tma: bool) -> bool:
+def use_warp_specialized_dkdv(problem: VarlenProblem, tma: bool) -> bool:
     """Whether dK/dV run as the warp-specialised Gluon kernel (``backward_ws.py``), in one
-    pass (``warp_specialized_applies``)."""
-    return cfg.dkdv_passes == 1 and warp_specialized_applies(
-        cfg.bwd_ws, attn_bwd_dkdv_ws_kernel, dkdv_ws_supports, cfg.bwd_dkdv, head_dim, tma
-    )
+    pass (``plan.gluon_applies``)."""
+    cfg = problem.cfg
+    if cfg.bwd_ws and cfg.dkdv_passes != 1:
+        raise ValueError("the configuration entry sets bwd_ws with dkdv_passes != 1")
+    return gluon_applies("bwd_ws", cfg.bwd_ws, attn_bwd_dkdv_ws_kernel, dkdv_ws_supports,
+                         cfg.bwd_dkdv, problem, tma)
 
 
-def use_warp_specialized_dq(cfg, head_dim: int, tma: bool) -> bool:
+def use_warp_specialized_dq(problem: VarlenProblem, tma: bool) -> bool:
     """Whether dQ runs as the warp-specialised Gluon kernel (``dq_ws.py``;
-    ``warp_specialized_applies``)."""
-    return warp_specialized_applies(
-        cfg.dq_ws, attn_bwd_dq_ws_kernel, dq_ws_supports, cfg.bwd_dq, head_dim, tma
-    )
+    ``plan.gluon_applies``)."""
+    cfg = problem.cfg
+    return gluon_applies("dq_ws", cfg.dq_ws, attn_bwd_dq_ws_kernel, dq_ws_supports,
+                         cfg.bwd_dq, problem, tma)
 
 
-def attn_bwd(
-    do: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    o_for_delta: torch.Tensor,
-    lse: torch.Tensor,
-    dlse: torch.Tensor | None,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    causal: bool,
-    softmax_scale: float,
-    split_p: bool,
-    cfg,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the three backward kernels.
+@dataclass(frozen=True)
+class BackwardPlan:
+    """The gradients (dq [total_q, Hq, D], dk, dv [total_k, Hkv, D], input dtype) and the
+    launches that write them, in order: preprocess, dK/dV (one or two launches), dQ."""
+
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    launches: tuple[KernelLaunch, ...]
+
+
+def plan_backward(problem: VarlenProblem, do, q, k, v, o_for_delta, lse, dlse, cu_seqlens_q,
+                  cu_seqlens_k) -> BackwardPlan:
+    """Allocate the gradients and the scratch (lse2, delta) and plan the backward's launches.
 
     do, o_for_delta: [total_q, Hq, D] (any strides with stride(-1) == 1; o_for_delta is the
-    forward output, or its float32 copy for fixed_order); lse: float32 [total_q, Hq];
-    dlse: float32 [total_q, Hq] or None. Returns dq [total_q, Hq, D], dk, dv [total_k, Hkv, D].
+    forward output, or its float32 copy for split-P); lse: float32 [total_q, Hq];
+    dlse: float32 [total_q, Hq] or None.
     """
-    total_q, n_heads_q, head_dim = q.shape
-    n_heads_k = k.shape[1]
-    batch = cu_seqlens_q.numel() - 1
+    p, cfg = problem, problem.cfg
     dq = new_buffer(q.shape, q.dtype, q.device)
     dk = new_buffer(k.shape, k.dtype, k.device)
     dv = new_buffer(v.shape, v.dtype, v.device)
-    if batch == 0 or (total_q == 0 and k.shape[0] == 0):
-        return dq, dk, dv
+    if p.batch == 0 or (p.total_q == 0 and p.total_k == 0):
+        return BackwardPlan(dq, dk, dv, ())
     # The preprocess kernel sums delta = rowsum(O * dO) in the register layout that the
     # compiler derives from the loads' vector width, that is from how it specialized the O and
     # dO arguments: a misaligned dO (or one with strides not divisible by 16) was summed in
@@ -407,81 +404,87 @@ def attn_bwd(
     # Written by the preprocess kernel, head-major: [Hq, stride_hm]. For dK/dV's descriptors
     # every sequence starts 16-byte aligned (``head_major_start``); the padding is never read.
     padded = tma_dkdv
-    stride_hm = triton.cdiv(total_q, 4) * 4 + 4 * batch if padded else total_q
-    lse2 = new_buffer((n_heads_q, stride_hm), torch.float32, q.device)
-    delta = new_buffer((n_heads_q, stride_hm), torch.float32, q.device)
-    common = dict(
-        HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim),
-    )
-    kernel_flags = dict(
-        CAUSAL=causal,
-        SPLIT_P=split_p,
-        INTERPRET=interpreter_active(),
-    )
-    scale_log2 = softmax_scale * 1.4426950408889634
-    if total_q > 0:
+    stride_hm = triton.cdiv(p.total_q, 4) * 4 + 4 * p.batch if padded else p.total_q
+    lse2 = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
+    delta = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
+    common = dict(HEAD_DIM=p.head_dim, BLOCK_D=triton.next_power_of_2(p.head_dim))
+    kernel_flags = dict(CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret)
+    launches = []
+    if p.total_q > 0:
         pre = cfg.bwd_pre
         dlse_arg = dlse if dlse is not None else lse
-        attn_bwd_preprocess_kernel[(triton.cdiv(max_seqlen_q, pre.block_m) * batch, n_heads_q)](
+        args = (
             o_for_delta, do, lse, dlse_arg, lse2, delta, cu_seqlens_q,
             o_for_delta.stride(0), o_for_delta.stride(1), do.stride(0), do.stride(1),
             dlse_arg.stride(0), dlse_arg.stride(1),
-            batch, n_heads_q, stride_hm,
-            BLOCK_M=pre.block_m, HAS_DLSE=dlse is not None, PADDED=padded, **common,
-            **pre.launch_kwargs(),
+            p.batch, p.n_heads_q, stride_hm,
         )
-    if k.shape[0] > 0:
-        # dkdv_passes 1: one launch for dK and dV; 2: dV, then dK; 4: as 2, each launch with
-        # two programs per key tile (half of the head dim each).
-        if cfg.dkdv_passes == 1:
-            launches = [(True, True, 1)]
-        else:
-            chunks = cfg.dkdv_passes // 2
-            launches = [(False, True, chunks), (True, False, chunks)]
+        params = dict(BLOCK_M=pre.block_m, HAS_DLSE=dlse is not None, PADDED=padded, **common,
+                      **pre.launch_kwargs())
+        grid = (triton.cdiv(p.max_seqlen_q, pre.block_m) * p.batch, p.n_heads_q)
+        launches.append(KernelLaunch("bwd_pre", attn_bwd_preprocess_kernel, grid, args, params))
+    if p.total_k > 0:
         args = (
             q, k, v, do, lse2, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-            batch, stride_hm, n_heads_q // n_heads_k, softmax_scale, scale_log2,
+            p.batch, stride_hm, p.group, p.softmax_scale, p.scale_log2,
         )
-        for want_dk, want_dv, chunks in launches:
-            t = cfg.dkdv_launch_tiles(want_dk)
-            grid = (triton.cdiv(max_seqlen_k, t.block_n) * batch, n_heads_k, chunks)
-            with descriptor_scratch(q.device, tma_dkdv):
-                if use_warp_specialized_dkdv(cfg, head_dim, tma_dkdv):
-                    attn_bwd_dkdv_ws_kernel[grid[:2]](
-                        *args, HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-                        CAUSAL=causal, SPLIT_P=split_p, STAGES=t.num_stages,
-                        **ws_launch_options(t),
-                    )
-                    continue
-                attn_bwd_dkdv_kernel[grid](
-                    *args,
-                    BLOCK_M=t.block_m, BLOCK_N=t.block_n, WANT_DK=want_dk, WANT_DV=want_dv,
-                    D_CHUNKS=chunks, TMA=tma_dkdv, **common, **kernel_flags, **t.launch_kwargs(),
-                )
-    if total_q > 0:
+        launches += _plan_dkdv(p, args, common, kernel_flags, tma_dkdv)
+    if p.total_q > 0:
         t = cfg.bwd_dq
-        grid = (triton.cdiv(max_seqlen_q, t.block_m) * batch, n_heads_q)
+        grid = (triton.cdiv(p.max_seqlen_q, t.block_m) * p.batch, p.n_heads_q)
         args = (
             q, k, v, do, lse2, delta, dq, cu_seqlens_q, cu_seqlens_k,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
-            batch, stride_hm, n_heads_q // n_heads_k, softmax_scale, scale_log2,
+            p.batch, stride_hm, p.group, p.softmax_scale, p.scale_log2,
         )
-        with descriptor_scratch(q.device, tma_dq):
-            if use_warp_specialized_dq(cfg, head_dim, tma_dq):
-                attn_bwd_dq_ws_kernel[grid](
-                    *args, HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-                    CAUSAL=causal, SPLIT_P=split_p, PADDED=padded, STAGES=t.num_stages,
-                    **ws_launch_options(t),
-                )
-            else:
-                attn_bwd_dq_kernel[grid](
-                    *args,
-                    BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded, **common,
-                    **kernel_flags,
-                    **t.launch_kwargs(),
-                )
-    return dq, dk, dv
+        if use_warp_specialized_dq(p, tma_dq):
+            params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                          CAUSAL=p.causal, SPLIT_P=p.split_p, PADDED=padded,
+                          STAGES=t.num_stages, **ws_launch_options(t))
+            launches.append(KernelLaunch("bwd_dq", attn_bwd_dq_ws_kernel, grid, args, params,
+                                         tma_dq))
+        else:
+            params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded,
+                          **common, **kernel_flags, **t.launch_kwargs())
+            launches.append(KernelLaunch("bwd_dq", attn_bwd_dq_kernel, grid, args, params,
+                                         tma_dq))
+    return BackwardPlan(dq, dk, dv, tuple(launches))
+
+
+def _plan_dkdv(p: VarlenProblem, args: tuple, common: dict, kernel_flags: dict,
+               tma: bool) -> list[KernelLaunch]:
+    """The dK/dV launches. dkdv_passes 1: one launch for dK and dV; 2: dV, then dK; 4: as 2,
+    each launch with two programs per key tile (half of the head dim each)."""
+    cfg = p.cfg
+    if cfg.dkdv_passes == 1:
+        passes = [(True, True, 1)]
+    else:
+        chunks = cfg.dkdv_passes // 2
+        passes = [(False, True, chunks), (True, False, chunks)]
+    launches = []
+    for want_dk, want_dv, chunks in passes:
+        t = cfg.dkdv_launch_tiles(want_dk)
+        grid = (triton.cdiv(p.max_seqlen_k, t.block_n) * p.batch, p.n_heads_k, chunks)
+        if use_warp_specialized_dkdv(p, tma):
+            params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                          CAUSAL=p.causal, SPLIT_P=p.split_p, STAGES=t.num_stages,
+                          **ws_launch_options(t))
+            launches.append(KernelLaunch("bwd_dkdv", attn_bwd_dkdv_ws_kernel, grid[:2], args,
+                                         params, tma))
+            continue
+        params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, WANT_DK=want_dk, WANT_DV=want_dv,
+                      D_CHUNKS=chunks, TMA=tma, **common, **kernel_flags, **t.launch_kwargs())
+        launches.append(KernelLaunch("bwd_dkdv", attn_bwd_dkdv_kernel, grid, args, params, tma))
+    return launches
+
+
+def attn_bwd(problem: VarlenProblem, do, q, k, v, o_for_delta, lse, dlse, cu_seqlens_q,
+             cu_seqlens_k) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Plan and launch the backward: returns (dq, dk, dv), see :func:`plan_backward`."""
+    plan = plan_backward(problem, do, q, k, v, o_for_delta, lse, dlse, cu_seqlens_q,
+                         cu_seqlens_k)
+    run_launches(plan.launches, q.device)
+    return plan.dq, plan.dk, plan.dv

@@ -57,6 +57,7 @@ from portattn.kernels.ws_common import (
     barriers,
     issue_rounded_mma,
     kv_rings,
+    tma_load,
     wait_filled,
     wait_free,
 )
@@ -222,10 +223,8 @@ def _producer(shared, outputs, scalars, descs, HEAD_DIM: gl.constexpr, BLOCK_M: 
     seqlen_q, seqlen_k, diag, n_start, m_lo, n_tiles, group, scale_log2 = scalars
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
     for g in gl.static_range(2):
-        tma.async_copy_global_to_shared(k_desc, [n_start + g * GROUP_KEYS, 0], kv_bar,
-                                        k_smem.index(g))
-        tma.async_copy_global_to_shared(v_desc, [n_start + g * GROUP_KEYS, 0], kv_bar,
-                                        v_smem.index(g))
+        tma_load(k_desc, [n_start + g * GROUP_KEYS, 0], kv_bar, k_smem.index(g))
+        tma_load(v_desc, [n_start + g * GROUP_KEYS, 0], kv_bar, v_smem.index(g))
     n_bytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes
                               + lse2_desc.block_type.nbytes + delta_desc.block_type.nbytes)
     m_start = m_lo
@@ -235,12 +234,10 @@ def _producer(shared, outputs, scalars, descs, HEAD_DIM: gl.constexpr, BLOCK_M: 
         wait_free(free_bars, i_it, STAGES)
         bar = ready_bars.index(slot)
         mbarrier.expect(bar, n_bytes)
-        tma.async_copy_global_to_shared(q_desc, [m_start, i_h, 0], bar, q_ring.index(slot))
-        tma.async_copy_global_to_shared(do_desc, [m_start, i_h, 0], bar, do_ring.index(slot))
-        tma.async_copy_global_to_shared(lse2_desc, [i_h, hm_start + m_start], bar,
-                                        lse2_ring.index(slot))
-        tma.async_copy_global_to_shared(delta_desc, [i_h, hm_start + m_start], bar,
-                                        delta_ring.index(slot))
+        tma_load(q_desc, [m_start, i_h, 0], bar, q_ring.index(slot))
+        tma_load(do_desc, [m_start, i_h, 0], bar, do_ring.index(slot))
+        tma_load(lse2_desc, [i_h, hm_start + m_start], bar, lse2_ring.index(slot))
+        tma_load(delta_desc, [i_h, hm_start + m_start], bar, delta_ring.index(slot))
         # The next tile of this head, or the first of the next head.
         m_start += BLOCK_M
         if m_start >= seqlen_q:

@@ -32,7 +32,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -56,6 +55,7 @@ from portattn.kernels.ws_common import (
     kv_rings,
     row_ring,
     skip_ring,
+    tma_load,
     wait_filled,
     wait_free,
 )
@@ -195,17 +195,15 @@ def _producer(shared, outputs, scalars, descs, HEAD_DIM: gl.constexpr, BLOCK_N: 
     for group in gl.static_range(2):
         bar = q_bars.index(group)
         mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [m_tile + group * GROUP_ROWS, 0], bar,
-                                        q_smem.index(group))
-        tma.async_copy_global_to_shared(do_desc, [m_tile + group * GROUP_ROWS, 0], bar,
-                                        do_smem.index(group))
+        tma_load(q_desc, [m_tile + group * GROUP_ROWS, 0], bar, q_smem.index(group))
+        tma_load(do_desc, [m_tile + group * GROUP_ROWS, 0], bar, do_smem.index(group))
     for i_tile in range(n_tiles):
         slot = i_tile % STAGES
         wait_free(free_bars, i_tile, STAGES)
         bar = kv_bars.index(slot)
         mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [i_tile * BLOCK_N, 0], bar, k_ring.index(slot))
-        tma.async_copy_global_to_shared(v_desc, [i_tile * BLOCK_N, 0], bar, v_ring.index(slot))
+        tma_load(k_desc, [i_tile * BLOCK_N, 0], bar, k_ring.index(slot))
+        tma_load(v_desc, [i_tile * BLOCK_N, 0], bar, v_ring.index(slot))
 
 
 @gluon.jit

@@ -8,14 +8,19 @@ fully sees (no mask), then the tiles that need a mask (causal diagonal, sequence
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from portattn.configs import interpreter_active
-from portattn.kernels.buffers import descriptor_scratch, new_buffer, rows_aligned
-from portattn.kernels.host_checks import checks_at_launch
+from portattn.kernels.buffers import new_buffer, rows_aligned
+from portattn.kernels.plan import (
+    KernelLaunch,
+    VarlenProblem,
+    gluon_applies,
+    run_launches,
+)
 
 try:  # Gluon's Hopper API as of Triton 3.6; with an older Triton the Triton forward runs always
     from portattn.kernels.forward_ws import attn_fwd_ws_kernel, ws_supports
@@ -35,8 +40,6 @@ from portattn.kernels.primitives import (
     row_tiles,
     visible_mask,
 )
-
-LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -156,104 +159,72 @@ def attn_fwd_kernel(
         tl.store(p_o32, b_out, mask=m_o)
 
 
-def warp_specialized_applies(selected: bool, kernel, supports, tiles, head_dim: int,
-                             tma: bool) -> bool:
-    """Whether a table field that selects a warp-specialised Gluon kernel (``fwd_ws``,
-    ``bwd_ws``, ``dq_ws``) applies to a launch: the entry selects it, the inputs take the
-    descriptor path (``tma``), Gluon is there (``kernel`` is not None) and not the CPU
-    interpreter (it has none), and ``supports(tiles, head_dim)``: the tiles are ones the
-    kernel is written for. Either kernel gives the same bits."""
-    return bool(
-        selected
-        and tma
-        and kernel is not None
-        and not interpreter_active()
-        and supports(tiles, head_dim)
-    )
-
-
-def use_warp_specialized(cfg, head_dim: int, tma: bool) -> bool:
+def use_warp_specialized(problem: VarlenProblem, tma: bool) -> bool:
     """Whether the forward runs as the warp-specialised Gluon kernel (``forward_ws.py``), in
-    one program per query tile."""
-    return cfg.fwd_chunks == 1 and warp_specialized_applies(
-        cfg.fwd_ws, attn_fwd_ws_kernel, ws_supports, cfg.fwd, head_dim, tma
-    )
+    one program per query tile (``plan.gluon_applies``)."""
+    cfg = problem.cfg
+    if cfg.fwd_ws and cfg.fwd_chunks != 1:
+        raise ValueError("the configuration entry sets fwd_ws with fwd_chunks != 1")
+    return gluon_applies("fwd_ws", cfg.fwd_ws, attn_fwd_ws_kernel, ws_supports, cfg.fwd,
+                         problem, tma)
 
 
-def attn_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    causal: bool,
-    softmax_scale: float,
-    split_p: bool,
-    store_o32: bool,
-    cfg,
-    before_launch: Callable[[], object] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Launch the forward kernel.
+@dataclass(frozen=True)
+class ForwardPlan:
+    """The forward's outputs (out [total_q, Hq, D] in q's dtype, lse float32 [total_q, Hq],
+    natural log; out32 float32 [total_q, Hq, D] or None) and the launch that writes them (none
+    for an empty pack)."""
 
-    q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: int32 [B + 1].
-    Returns out [total_q, Hq, D] (q.dtype), lse float32 [total_q, Hq] (natural log) and,
-    when ``store_o32``, a float32 copy of out [total_q, Hq, D] (else None).
-    ``before_launch``: the caller's checks that need a host sync (they may raise), run after
-    the host-side set-up, from the launch itself, before anything is launched
-    (``checks_at_launch``).
+    out: torch.Tensor
+    lse: torch.Tensor
+    out32: torch.Tensor | None
+    launches: tuple[KernelLaunch, ...]
+
+
+def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                 store_o32: bool) -> ForwardPlan:
+    """Allocate the forward's outputs and plan its launch.
+
+    q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: int32 [B + 1]. ``store_o32``:
+    also write a float32 copy of out (the split-P backward's row term reads it).
     """
-    total_q, n_heads_q, head_dim = q.shape
-    n_heads_k = k.shape[1]
-    batch = cu_seqlens_q.numel() - 1
+    p, cfg = problem, problem.cfg
     tiles = cfg.fwd
-    grid = (triton.cdiv(max_seqlen_q, tiles.block_m) * batch, n_heads_q, cfg.fwd_chunks)
-    tma = "fwd" in cfg.tma and rows_aligned(q, k, v)
-    # The warp-specialised Gluon kernel computes the same bits; it reads through descriptors
-    # and has no interpreter.
-    warp_specialized = use_warp_specialized(cfg, head_dim, tma)
     out = new_buffer(q.shape, q.dtype, q.device)
-    lse = new_buffer((total_q, n_heads_q), torch.float32, q.device)
+    lse = new_buffer((p.total_q, p.n_heads_q), torch.float32, q.device)
     out32 = new_buffer(q.shape, torch.float32, q.device) if store_o32 else None
+    if p.total_q == 0 or p.batch == 0:
+        return ForwardPlan(out, lse, out32, ())
     o32_arg = out32 if store_o32 else out
     args = (
         q, k, v, out, lse, o32_arg,
         cu_seqlens_q, cu_seqlens_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), o32_arg.stride(0), o32_arg.stride(1),
-        batch, n_heads_q, n_heads_q // n_heads_k, softmax_scale * LOG2E,
+        p.batch, p.n_heads_q, p.group, p.scale_log2,
     )
-    # before_launch reads host values (a sync): run it from the launch itself, so the GPU does
-    # not idle through Triton's launch work in Python (host_checks.py). With nothing to
-    # launch it runs as the block ends.
-    with descriptor_scratch(q.device, tma), checks_at_launch(before_launch):
-        if total_q == 0 or batch == 0:
-            return out, lse, out32
-        if warp_specialized:
-            attn_fwd_ws_kernel[grid](
-                *args,
-                HEAD_DIM=head_dim,
-                BLOCK_M=tiles.block_m,
-                BLOCK_N=tiles.block_n,
-                CAUSAL=causal,
-                SPLIT_P=split_p,
-                STORE_O32=store_o32,
-                STAGES=tiles.num_stages,
-                **ws_launch_options(tiles),
-            )
-            return out, lse, out32
-        attn_fwd_kernel[grid](
-            *args,
-            HEAD_DIM=head_dim,
-            BLOCK_D=triton.next_power_of_2(head_dim),
-            BLOCK_M=tiles.block_m,
-            BLOCK_N=tiles.block_n,
-            CAUSAL=causal,
-            SPLIT_P=split_p,
-            STORE_O32=store_o32,
-            INTERPRET=interpreter_active(),
-            D_CHUNKS=cfg.fwd_chunks,
-            TMA=tma,
-            **tiles.launch_kwargs(),
-        )
-    return out, lse, out32
+    grid = (triton.cdiv(p.max_seqlen_q, tiles.block_m) * p.batch, p.n_heads_q, cfg.fwd_chunks)
+    tma = "fwd" in cfg.tma and rows_aligned(q, k, v)
+    flags = dict(HEAD_DIM=p.head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+                 CAUSAL=p.causal, SPLIT_P=p.split_p, STORE_O32=store_o32)
+    # The warp-specialised Gluon kernel computes the same bits; it reads through descriptors
+    # and has no interpreter.
+    if use_warp_specialized(p, tma):
+        params = dict(flags, STAGES=tiles.num_stages, **ws_launch_options(tiles))
+        launch = KernelLaunch("fwd", attn_fwd_ws_kernel, grid, args, params, tma)
+    else:
+        params = dict(flags, BLOCK_D=triton.next_power_of_2(p.head_dim), INTERPRET=p.interpret,
+                      D_CHUNKS=cfg.fwd_chunks, TMA=tma, **tiles.launch_kwargs())
+        launch = KernelLaunch("fwd", attn_fwd_kernel, grid, args, params, tma)
+    return ForwardPlan(out, lse, out32, (launch,))
+
+
+def attn_fwd(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32: bool,
+             before_launch: Callable[[], object] | None = None,
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Plan and launch the forward: returns (out, lse, out32 or None), see
+    :class:`ForwardPlan`. ``before_launch``: the caller's checks that need a host copy (they
+    may raise), run from the launch itself, after the host-side set-up (``run_launches``)."""
+    plan = plan_forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32)
+    run_launches(plan.launches, q.device, before_launch)
+    return plan.out, plan.lse, plan.out32

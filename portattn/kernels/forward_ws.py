@@ -36,7 +36,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -59,6 +58,7 @@ from portattn.kernels.ws_common import (
     kv_rings,
     row_ring,
     skip_ring,
+    tma_load,
     wait_filled,
     wait_free,
 )
@@ -206,17 +206,14 @@ def _producer(shared, outputs, scalars, descs, HEAD_DIM: gl.constexpr, BLOCK_N: 
     m_tile = scalars[6]
     for group in gl.static_range(2):
         mbarrier.expect(q_bars.index(group), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [m_tile + group * GROUP_ROWS, 0],
-                                        q_bars.index(group), q_smem.index(group))
+        tma_load(q_desc, [m_tile + group * GROUP_ROWS, 0], q_bars.index(group), q_smem.index(group))
     for i_tile in range(n_tiles):
         slot = i_tile % STAGES
         wait_free(free_bars, i_tile, STAGES)
         mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [i_tile * BLOCK_N, 0], k_bars.index(slot),
-                                        k_ring.index(slot))
+        tma_load(k_desc, [i_tile * BLOCK_N, 0], k_bars.index(slot), k_ring.index(slot))
         mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [i_tile * BLOCK_N, 0], v_bars.index(slot),
-                                        v_ring.index(slot))
+        tma_load(v_desc, [i_tile * BLOCK_N, 0], v_bars.index(slot), v_ring.index(slot))
 
 
 @gluon.jit

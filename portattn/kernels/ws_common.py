@@ -22,6 +22,13 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from portattn.configs import Tiles
 from portattn.kernels.primitives import split_p_lo
 
+# The TMA copy of a tile into shared memory, under its name in the installed Triton: 3.6 names
+# it ``tma.async_copy_global_to_shared``; 3.9 renamed it ``tma.async_load`` and left the old
+# name as a stub that raises "has been removed". Both emit the same operation
+# (``create_async_tma_copy_global_to_local``; 3.9's new arguments, multicast and cache policy,
+# keep their defaults), so the kernels call this one name and compile to the same code on each.
+tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
 GROUP_WARPS = gl.constexpr(4)  # warps per consumer warp group
 # Registers per thread: consumers get 240 and the producer warp group 24 (FlashAttention-3's
 # split); the kernel starts with MAXNREG over its 12 warps, which covers both.

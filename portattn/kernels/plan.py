@@ -1,0 +1,157 @@
+"""Plan, then launch: the host side of every kernel call, in three records.
+
+* :class:`VarlenProblem`: one call, described once below the custom-op boundary (sizes, flags,
+  the table entry). ``kernel="fixed_order"`` is decoded here, into ``split_p``, and nowhere
+  else. A new parameter of the op travels in this record, not in the launchers' argument lists.
+* :class:`KernelLaunch`: one planned launch (stage, kernel, grid, arguments, compile-time
+  parameters and options, whether it reads through tensor descriptors). The forward and
+  backward planners (``forward.plan_forward``, ``backward.plan_backward``) return them with the
+  buffers they write; the compile check compiles exactly these launches.
+* :func:`run_launches`: the one executor. It owns the descriptor scratch and the launch-time
+  value checks (``host_checks.checks_at_launch``).
+
+Which kernel runs a stage, Triton's or the warp-specialised Gluon one, is decided by
+:func:`gluon_applies` from the table entry alone plus the facts of the call (descriptor path,
+interpreter); an entry that selects a Gluon kernel its tiles do not fit is an error, never a
+quiet fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from portattn.configs import KernelConfig, Tiles, interpreter_active, resolve_config
+from portattn.kernels.buffers import descriptor_scratch
+from portattn.kernels.host_checks import checks_at_launch
+
+LOG2E = 1.4426950408889634  # scores travel in log2 units: exp2 replaces exp in the kernels
+SPLIT_P_KERNELS = {"varlen": False, "fixed_order": True}  # kernel name -> split-P products
+
+
+def splits_p(kernel: str) -> bool:
+    """Whether ``kernel`` is split-P (``fixed_order``): its forward can store a float32 copy of
+    the output, and its backward computes the row term from it."""
+    return SPLIT_P_KERNELS[kernel]
+
+
+@dataclass(frozen=True)
+class VarlenProblem:
+    """One attention call over a packed batch, as the launchers see it.
+
+    Shapes: q [total_q, Hq, D], k/v [total_k, Hkv, D], cu_seqlens int32 [batch + 1]."""
+
+    total_q: int
+    total_k: int
+    n_heads_q: int
+    n_heads_k: int
+    head_dim: int
+    batch: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+    causal: bool
+    softmax_scale: float
+    split_p: bool
+    dtype: torch.dtype
+    device: torch.device
+    cfg: KernelConfig
+    interpret: bool  # the CPU interpreter runs the kernels (no Gluon, BLAS-free products)
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head (GQA)."""
+        return self.n_heads_q // self.n_heads_k
+
+    @property
+    def scale_log2(self) -> float:
+        return self.softmax_scale * LOG2E
+
+
+def describe(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    softmax_scale: float,
+    kernel: str,
+    cfg: KernelConfig | None = None,
+) -> VarlenProblem:
+    """The problem of one call (``cfg``: the table entry, looked up for q's device if None)."""
+    total_q, n_heads_q, head_dim = q.shape
+    return VarlenProblem(
+        total_q=total_q,
+        total_k=k.shape[0],
+        n_heads_q=n_heads_q,
+        n_heads_k=k.shape[1],
+        head_dim=head_dim,
+        batch=cu_seqlens_q.numel() - 1,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        split_p=splits_p(kernel),
+        dtype=q.dtype,
+        device=q.device,
+        cfg=cfg if cfg is not None else resolve_config(q.device, kernel, head_dim, q.dtype),
+        interpret=interpreter_active(),
+    )
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One planned launch: ``kernel[grid](*args, **params)``. ``params`` holds the
+    compile-time parameters and the launch options; ``tma``: the kernel makes tensor
+    descriptors, so it needs their scratch memory."""
+
+    stage: str  # the KernelConfig field of its tiles: fwd, bwd_pre, bwd_dkdv, bwd_dq
+    kernel: Any
+    grid: tuple[int, ...]
+    args: tuple
+    params: dict[str, Any] = field(default_factory=dict)
+    tma: bool = False
+
+
+def run_launches(
+    launches: Sequence[KernelLaunch],
+    device: torch.device,
+    before_launch: Callable[[], object] | None = None,
+) -> None:
+    """Launch in order. ``before_launch``: checks that need a host copy (they may raise), run
+    right before the first launch, or at the end when nothing is launched."""
+    with checks_at_launch(before_launch):
+        for launch in launches:
+            with descriptor_scratch(device, launch.tma):
+                launch.kernel[launch.grid](*launch.args, **launch.params)
+
+
+def gluon_applies(
+    name: str,
+    selected: bool,
+    gluon_kernel: Any,
+    supports: Callable[[Tiles, int], bool] | None,
+    tiles: Tiles,
+    problem: VarlenProblem,
+    tma: bool,
+) -> bool:
+    """Whether the warp-specialised Gluon kernel of a stage runs, for the table field ``name``
+    (``fwd_ws``, ``bwd_ws``, ``dq_ws``): the entry selects it, the inputs take the descriptor
+    path (``tma``) and the interpreter is off (it has no Gluon). Either kernel gives the same
+    bits. An entry that selects it where Gluon is missing or its tiles do not fit raises."""
+    if not selected or not tma or problem.interpret:
+        return False
+    if gluon_kernel is None or supports is None:
+        raise RuntimeError(
+            f"the configuration entry sets {name}, but this Triton has no usable Gluon "
+            "(the warp-specialised kernels need Triton's Gluon Hopper API)"
+        )
+    if not supports(tiles, problem.head_dim):
+        raise ValueError(
+            f"the configuration entry sets {name}, but its kernel is not written for tiles "
+            f"{tiles} at head dim {problem.head_dim}"
+        )
+    return True

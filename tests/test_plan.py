@@ -1,0 +1,111 @@
+"""Plan, then launch (portattn/kernels/plan.py): the problem record, the planners' choice of
+kernel per stage, and the executor. Planning launches nothing, so these run on the CPU with
+the interpreter switched off in the problem record (the planners then choose as on a GPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from portattn import configs
+from portattn.kernels import backward, forward
+from portattn.kernels.plan import describe, run_launches, splits_p
+
+SM90 = "sm90"
+
+
+def _tensors(head_dim: int = 128, dtype=torch.bfloat16):
+    q = torch.randn(96, 4, head_dim).to(dtype)
+    k = torch.randn(80, 2, head_dim).to(dtype)
+    v = torch.randn(80, 2, head_dim).to(dtype)
+    cu_q = torch.tensor([0, 40, 96], dtype=torch.int32)
+    cu_k = torch.tensor([0, 30, 80], dtype=torch.int32)
+    return q, k, v, cu_q, cu_k
+
+
+def _gpu_problem(cfg, kernel="varlen", head_dim=128):
+    q, k, v, cu_q, cu_k = _tensors(head_dim)
+    problem = describe(q, k, cu_q, 56, 50, True, head_dim**-0.5, kernel, cfg)
+    return dataclasses.replace(problem, interpret=False), (q, k, v, cu_q, cu_k)
+
+
+def test_problem_decodes_the_kernel_once():
+    q, k, v, cu_q, cu_k = _tensors(64, torch.float16)
+    for kernel, split in (("varlen", False), ("fixed_order", True)):
+        p = describe(q, k, cu_q, 56, 50, False, 0.125, kernel)
+        assert p.split_p is split is splits_p(kernel)
+        assert (p.total_q, p.total_k, p.n_heads_q, p.n_heads_k, p.head_dim, p.batch) == (
+            96,
+            80,
+            4,
+            2,
+            64,
+            2,
+        )
+        assert p.group == 2 and p.scale_log2 == 0.125 * 1.4426950408889634
+        assert p.cfg == configs.resolve_config(q.device, kernel, 64, q.dtype)
+
+
+@pytest.mark.parametrize("kernel", configs.KERNELS)
+def test_sm90_entries_plan_their_gluon_kernels(kernel):
+    """The sm90 d128 entries select the warp-specialised kernels: the planners pick them on
+    the descriptor path, and the Triton kernels where the tensors are misaligned."""
+    cfg = configs.get_config(SM90, kernel, 128, torch.bfloat16)
+    problem, (q, k, v, cu_q, cu_k) = _gpu_problem(cfg, kernel)
+    fwd = forward.plan_forward(problem, q, k, v, cu_q, cu_k, store_o32=problem.split_p)
+    (launch,) = fwd.launches
+    expected = forward.attn_fwd_ws_kernel if cfg.fwd_ws else forward.attn_fwd_kernel
+    assert launch.kernel is expected and launch.tma == ("fwd" in cfg.tma)
+    # A view starting 2 bytes in: no descriptor path, so the Triton forward.
+    q_off = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape).copy_(q)
+    (launch,) = forward.plan_forward(problem, q_off, k, v, cu_q, cu_k, False).launches
+    assert launch.kernel is forward.attn_fwd_kernel and not launch.tma
+
+
+@pytest.mark.parametrize(
+    ("field", "stage", "bad_tiles"),
+    [
+        ("fwd_ws", "fwd", configs.Tiles(64, 64, 4, 3)),
+        ("bwd_ws", "bwd_dkdv", configs.Tiles(32, 64, 4, 3)),
+        ("dq_ws", "bwd_dq", configs.Tiles(128, 32, 8, 3)),
+    ],
+)
+def test_gluon_entry_that_does_not_fit_raises(field, stage, bad_tiles):
+    """An entry selecting a Gluon kernel for tiles it is not written for is an error, not a
+    quiet fallback to the Triton kernel."""
+    cfg = dataclasses.replace(
+        configs.get_config(SM90, "varlen", 128, torch.bfloat16),
+        tma=configs.TMA_KERNELS,
+        dkdv_passes=1,
+        bwd_dv=None,
+        **{field: True, stage: bad_tiles},
+    )
+    problem, (q, k, v, cu_q, cu_k) = _gpu_problem(cfg)
+    with pytest.raises(ValueError, match=field):
+        fwd = forward.plan_forward(problem, q, k, v, cu_q, cu_k, False)
+        backward.plan_backward(problem, q, q, k, v, fwd.out, fwd.lse, None, cu_q, cu_k)
+
+
+def test_backward_plan_order_and_stages():
+    """Preprocess, then dK/dV (a dV and a dK launch with split passes), then dQ."""
+    cfg = configs.get_config("sm80", "fixed_order", 128, torch.bfloat16)
+    problem, (q, k, v, cu_q, cu_k) = _gpu_problem(cfg, "fixed_order")
+    fwd = forward.plan_forward(problem, q, k, v, cu_q, cu_k, True)
+    bwd = backward.plan_backward(problem, q, q, k, v, fwd.out32, fwd.lse, None, cu_q, cu_k)
+    dkdv = ["bwd_dkdv"] * (1 if cfg.dkdv_passes == 1 else 2)
+    assert [launch.stage for launch in bwd.launches] == ["bwd_pre", *dkdv, "bwd_dq"]
+
+
+def test_empty_pack_plans_nothing_and_still_checks():
+    q, k, v, _, _ = _tensors(64, torch.float16)
+    cu = torch.zeros(1, dtype=torch.int32)  # no sequence
+    problem = describe(q[:0], k[:0], cu, 0, 0, False, 0.125, "varlen")
+    plan = forward.plan_forward(problem, q[:0], k[:0], v[:0], cu, cu, False)
+    assert plan.launches == () and plan.out.shape == (0, 4, 64)
+    checked = []
+    run_launches(plan.launches, q.device, lambda: checked.append(True))
+    assert checked == [True]
+    with pytest.raises(ValueError, match="boom"):
+        run_launches((), q.device, lambda: (_ for _ in ()).throw(ValueError("boom")))
