@@ -94,6 +94,24 @@ class KernelConfig:
     bwd_ws: bool = False
     dq_ws: bool = False
 
+    def __post_init__(self) -> None:
+        """An entry is checked when it is made: a field outside what the launchers implement,
+        or a warp-specialised kernel selected where it cannot run (it has one program per tile
+        and one dK/dV pass), is a ValueError, never a quiet fallback at launch."""
+        problems = []
+        if self.dkdv_passes not in (1, 2, 4):
+            problems.append(f"dkdv_passes must be 1, 2 or 4, got {self.dkdv_passes}")
+        if self.fwd_chunks not in (1, 2):
+            problems.append(f"fwd_chunks must be 1 or 2, got {self.fwd_chunks}")
+        if not set(self.tma) <= set(TMA_KERNELS):
+            problems.append(f"tma must name kernels of {TMA_KERNELS}, got {self.tma}")
+        if self.fwd_ws and self.fwd_chunks != 1:
+            problems.append("fwd_ws needs fwd_chunks == 1")
+        if self.bwd_ws and self.dkdv_passes != 1:
+            problems.append("bwd_ws needs dkdv_passes == 1")
+        if problems:
+            raise ValueError("bad configuration entry: " + "; ".join(problems))
+
     def dkdv_launch_tiles(self, want_dk: bool) -> Tiles:
         """Tiles of a dK/dV launch: the dV-only launch may have its own."""
         if not want_dk and self.bwd_dv is not None:

@@ -109,3 +109,19 @@ def test_empty_pack_plans_nothing_and_still_checks():
     assert checked == [True]
     with pytest.raises(ValueError, match="boom"):
         run_launches((), q.device, lambda: (_ for _ in ()).throw(ValueError("boom")))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(dkdv_passes=3), "dkdv_passes must be 1, 2 or 4"),
+        (dict(fwd_chunks=4), "fwd_chunks must be 1 or 2"),
+        (dict(tma=("fwd", "bwd_pre")), "tma must name kernels"),
+        (dict(fwd_ws=True, fwd_chunks=2), "fwd_ws needs fwd_chunks == 1"),
+        (dict(bwd_ws=True, dkdv_passes=2), "bwd_ws needs dkdv_passes == 1"),
+    ],
+)
+def test_bad_entry_is_refused_when_made(fields, message):
+    base = configs.get_config(SM90, "varlen", 64, torch.bfloat16)
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(base, **fields)

@@ -27,7 +27,12 @@ from portattn.kernels.dq_ws import dq_ws_supports
 from portattn.kernels.forward_ws import ws_supports
 from portattn.kernels.plan import describe
 
-SPLITS = [dict(dkdv_passes=2), dict(dkdv_passes=4), dict(fwd_chunks=2)]
+# A split stage runs the Triton kernel (the Gluon ones have one program per tile, one pass).
+SPLITS = [
+    dict(dkdv_passes=2, bwd_ws=False),
+    dict(dkdv_passes=4, bwd_ws=False),
+    dict(fwd_chunks=2, fwd_ws=False),
+]
 
 
 @pytest.fixture
@@ -102,15 +107,16 @@ def test_dv_tiles_same_bits_gpu(causal, override_entry):
     p = make_pack(
         [300, 1, 0, 513, 1000], [280, 700, 5, 513, 1000], 8, 2, 128, torch.bfloat16, seed=93
     )
-    override_entry("varlen", 128, torch.bfloat16, dkdv_passes=2, bwd_dv=None)
+    split = dict(dkdv_passes=2, bwd_ws=False)
+    override_entry("varlen", 128, torch.bfloat16, bwd_dv=None, **split)
     plain = run_kernel(p, "varlen", causal=causal)
-    override_entry("varlen", 128, torch.bfloat16, dkdv_passes=2, bwd_dv=DV_TILES[True])
+    override_entry("varlen", 128, torch.bfloat16, bwd_dv=DV_TILES[True], **split)
     assert_accurate(p, "varlen", causal=causal)
     assert_bitwise_equal(run_kernel(p, "varlen", causal=causal), plain)
 
 
 # ``tma``: tiles read through per-sequence tensor descriptors instead of masked pointer loads.
-TMA_SPLITS = [{}, dict(dkdv_passes=4), dict(fwd_chunks=2)]
+TMA_SPLITS = [{}, dict(dkdv_passes=4, bwd_ws=False), dict(fwd_chunks=2, fwd_ws=False)]
 
 
 @pytest.mark.parametrize(

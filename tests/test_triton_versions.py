@@ -47,12 +47,13 @@ def test_unsupported_triton_fails_at_first_lookup(triton_version, version):
 
 
 def test_unsupported_triton_fails_through_the_api(triton_version):
-    """The public entry point reaches the check (CPU tensors: the interpreter's row)."""
+    """The public entry point reaches the check (on the CPU through the interpreter's row)."""
     from portattn import varlen_attention
 
     triton_version("3.5.0")
-    q = torch.zeros(8, 2, 64, dtype=torch.float16)
-    cu = torch.tensor([0, 8], dtype=torch.int32)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q = torch.zeros(8, 2, 64, dtype=torch.float16, device=device)
+    cu = torch.tensor([0, 8], dtype=torch.int32, device=device)
     with pytest.raises(configs.UnsupportedTritonError, match="3.5.0"):
         varlen_attention(q, q, q, cu, cu, 8, 8)
 

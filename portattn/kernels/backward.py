@@ -350,9 +350,7 @@ def attn_bwd_dq_kernel(
 def use_warp_specialized_dkdv(problem: VarlenProblem, tma: bool) -> bool:
     """Whether dK/dV run as the warp-specialised Gluon kernel (``backward_ws.py``), in one
     pass (``plan.gluon_applies``)."""
-    cfg = problem.cfg
-    if cfg.bwd_ws and cfg.dkdv_passes != 1:
-        raise ValueError("the configuration entry sets bwd_ws with dkdv_passes != 1")
+    cfg = problem.cfg  # bwd_ws implies dkdv_passes == 1 (checked when the entry is made)
     return gluon_applies("bwd_ws", cfg.bwd_ws, attn_bwd_dkdv_ws_kernel, dkdv_ws_supports,
                          cfg.bwd_dkdv, problem, tma)
 

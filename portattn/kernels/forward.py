@@ -162,9 +162,7 @@ def attn_fwd_kernel(
 def use_warp_specialized(problem: VarlenProblem, tma: bool) -> bool:
     """Whether the forward runs as the warp-specialised Gluon kernel (``forward_ws.py``), in
     one program per query tile (``plan.gluon_applies``)."""
-    cfg = problem.cfg
-    if cfg.fwd_ws and cfg.fwd_chunks != 1:
-        raise ValueError("the configuration entry sets fwd_ws with fwd_chunks != 1")
+    cfg = problem.cfg  # fwd_ws implies fwd_chunks == 1 (checked when the entry is made)
     return gluon_applies("fwd_ws", cfg.fwd_ws, attn_fwd_ws_kernel, ws_supports, cfg.fwd,
                          problem, tma)
 
