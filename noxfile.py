@@ -85,7 +85,19 @@ def _cpu_suite(session: nox.Session, triton: str) -> None:
     # families whose output hashes it marks stale). Exit 1: a fingerprint differs; 2: a family
     # has no fingerprints for this Triton version (record them with --update under it; for
     # TRITON the pin must also equal the GPU's Triton, whose output hashes golden/ holds).
-    session.run("python", "-m", "portattn", "golden", "fingerprints")
+    fingerprints = ("python", "-m", "portattn", "golden", "fingerprints")
+    if triton == TRITON:
+        session.run(*fingerprints)
+        return
+    # Triton 3.9 once compiled one cdna3 kernel (fixed_order d128 bwd_dkdv) to other machine
+    # code in a fingerprint run, and the recorded code in six single compiles and three more
+    # runs (2026-12-01, not understood yet): a difference is checked once more, so only a
+    # toolchain's flake passes, never a change of the code (it differs both times).
+    try:
+        session.run(*fingerprints)
+    except nox.command.CommandFailed:
+        session.warn(f"fingerprints differed under {triton}; checking once more (see above)")
+        session.run(*fingerprints)
 
 
 @nox.session
