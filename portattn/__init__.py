@@ -7,6 +7,7 @@ Importing it registers the custom ops ``torch.ops.portattn.varlen_fwd`` / ``varl
 from portattn.api import attention, varlen_attention
 from portattn.families import family
 from portattn.flash_compat import flash_attn_func, flash_attn_varlen_func
+from portattn.kvcache import flash_attn_with_kvcache
 from portattn.merge import merge_attention_states
 
 __version__ = "0.1.0"
@@ -16,6 +17,7 @@ __all__ = [
     "family",
     "flash_attn_func",
     "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
     "merge_attention_states",
     "varlen_attention",
     "__version__",

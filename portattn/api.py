@@ -21,7 +21,9 @@ from portattn.autocast import autocast_inputs
 from portattn.kernels.plan import splits_p
 from portattn.ops import varlen_fwd
 from portattn.validation import (
+    check_block_table_meta,
     check_common,
+    check_paged_values,
     check_varlen,
     check_varlen_without_values,
 )
@@ -50,6 +52,7 @@ def _run_fwd(
     scale,
     kernel,
     check_values: bool = False,
+    block_table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The checked arguments into the forward op; returns (out, lse), both differentiable.
     ``check_values``: the op runs the value checks of ``cu_seqlens`` right before its launch."""
@@ -68,6 +71,7 @@ def _run_fwd(
         kernel=kernel,
         store_o32=store_o32,
         check_values=check_values,
+        block_table=block_table,
     )
     return out, lse
 
@@ -85,6 +89,7 @@ def varlen_attention(
     softmax_scale: float | None = None,
     return_lse: bool = False,
     kernel: str = "varlen",
+    block_table: torch.Tensor | None = None,
 ):
     """Attention over a packed batch of variable-length sequences (flash-attn varlen layout).
 
@@ -107,6 +112,14 @@ def varlen_attention(
         return_lse: also return ``lse`` (a bool; numpy bools are accepted).
         kernel: ``"varlen"`` (fast: P and dS rounded to the input dtype for their products) or
             ``"fixed_order"`` (strict: split-P second product, float32 O for the backward).
+        block_table: int32 [B, pages_per_seq] or None. With it, k and v are paged KV caches
+            [num_pages, page_size, Hkv, D] (page_size a power of two from 16 to 256), key
+            ``j`` of sequence ``b`` lives at ``k[block_table[b, j // page_size], j %
+            page_size]``, and ``cu_seqlens_k`` counts each sequence's keys (flash-attn's
+            convention; ``cu_seqlens_k[-1]`` is their total, not a row count of k). Only the
+            pages a sequence uses are read; the rest of its row may hold anything. A row's
+            out and lse are the bytes of the same row computed from packed k/v (design §3).
+            Inference only: q, k, v must not require grad (ValueError).
 
     Returns:
         out [total_q, Hq, D] in q's dtype; with ``return_lse``, ``(out, lse)`` where lse is
@@ -127,10 +140,25 @@ def varlen_attention(
     whatever ``cu_seqlens`` hold then, within the captured ``max_seqlen`` bounds.
     """
     q, k, v = autocast_inputs(q, k, v)  # float32 under autocast -> its dtype, as SDPA
-    softmax_scale = check_common(q, k, v, causal, softmax_scale, return_lse, kernel, token_dims=1)
+    paged = block_table is not None
+    softmax_scale = check_common(
+        q,
+        k,
+        v,
+        causal,
+        softmax_scale,
+        return_lse,
+        kernel,
+        token_dims=1,
+        kv_token_dims=2 if paged else None,
+    )
     causal, return_lse = bool(causal), bool(return_lse)  # checked: bools or numpy bools
     traced = torch.compiler.is_compiling() or _capturing(q)
-    if traced or (max_seqlen_q is not None and max_seqlen_k is not None):
+    if paged:
+        max_seqlen_q, max_seqlen_k, check_values = _check_paged(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, traced
+        )
+    elif traced or (max_seqlen_q is not None and max_seqlen_k is not None):
         max_seqlen_q, max_seqlen_k = check_varlen_without_values(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         )
@@ -153,8 +181,41 @@ def varlen_attention(
         softmax_scale,
         kernel,
         check_values,
+        block_table,
     )
     return (out, lse) if return_lse else out
+
+
+def _check_paged(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, traced: bool
+):
+    """The checks of a paged call (after ``check_common``): returns (max_seqlen_q,
+    max_seqlen_k, whether the op checks the values before its launch)."""
+    if _needs_grad(q, k, v):
+        raise ValueError(
+            "varlen_attention with a block_table (paged K/V) is inference-only: q, k and v "
+            "must not require grad (use torch.no_grad(), or detach them)"
+        )
+    if traced or (max_seqlen_q is not None and max_seqlen_k is not None):
+        # The cu_seqlens meta checks; the k rows are not cu_seqlens_k's total when paged.
+        max_seqlen_q, max_seqlen_k = check_varlen_without_values(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+        )
+        check_block_table_meta(block_table, k, cu_seqlens_q.shape[0] - 1, q.device)
+        return max_seqlen_q, max_seqlen_k, not traced
+    check_varlen_without_values(q, k, v, cu_seqlens_q, cu_seqlens_k, 0, 0)  # the meta checks
+    page_size = check_block_table_meta(block_table, k, cu_seqlens_q.shape[0] - 1, q.device)
+    shape = check_paged_values(
+        cu_seqlens_q,
+        cu_seqlens_k,
+        block_table,
+        q.shape[0],
+        k.shape[0],
+        page_size,
+        max_seqlen_q,
+        max_seqlen_k,
+    )
+    return shape.max_seqlen_q, shape.max_seqlen_k, False
 
 
 def attention(

@@ -482,6 +482,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"default --json/--markdown/--png to {DOCS_STEM}.{{json,md,png}}",
     )
+    p.add_argument(
+        "--decode",
+        action="store_true",
+        help="the decode/append benchmark against a KV cache instead (portattn.bench_decode, "
+        "dispatched by the CLI; --quick, --workloads, --list, --json, --markdown and --docs "
+        "apply to it)",
+    )
 
 
 def _write_png(data: dict[str, Any], png: str, json_path: str | None) -> bool:

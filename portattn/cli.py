@@ -57,6 +57,10 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if getattr(args, "decode", False):
+        from portattn.bench_decode import main as decode_main
+
+        return decode_main(args)
     from portattn.bench import main as bench_main
 
     return bench_main(args)

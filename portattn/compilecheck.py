@@ -48,10 +48,12 @@ import torch
 from portattn.configs import DTYPES, HEAD_DIMS, KERNELS, KernelConfig, config_table
 from portattn.families import FAMILIES, Family
 
-STAGES = ("fwd", "bwd_pre", "bwd_dkdv", "bwd_dq")  # KernelConfig fields, one kernel each
+# KernelConfig fields, one kernel each; "decode" is the paged decode kernel (its tiles:
+# KernelConfig.decode_tiles).
+STAGES = ("fwd", "bwd_pre", "bwd_dkdv", "bwd_dq", "decode")
 # The warp-specialised Gluon kernels: launched with ``ws_launch_options``, not the tiles' own.
 WS_KERNELS = ("attn_fwd_ws_kernel", "attn_bwd_dkdv_ws_kernel", "attn_bwd_dq_ws_kernel")
-HAS_PRODUCT = {"fwd": True, "bwd_pre": False, "bwd_dkdv": True, "bwd_dq": True}
+HAS_PRODUCT = {"fwd": True, "bwd_pre": False, "bwd_dkdv": True, "bwd_dq": True, "decode": True}
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 DTYPE_ALIASES = {"fp16": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
 CI_HEAD_DIMS = (128, 64)
@@ -110,6 +112,9 @@ PINNED_OPTIONS: dict[str, dict[str, Any]] = {"cuda": {"ptx_options": ""}, "hip":
 # The representative launch whose specialisation is compiled: contiguous packed tensors, GQA
 # (a query-head group of 4 is a runtime loop bound; MHA's group of 1 would be a constexpr).
 REPRESENTATIVE = {"batch": 2, "seqlen": 256, "heads_q": 16, "heads_k": 4, "causal": True}
+# The decode stage's launch: one query row per sequence of the representative batch against a
+# paged cache of this page size (a constexpr of the decode kernel).
+DECODE_PAGE_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -245,8 +250,9 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
         o_for_delta = fwd.out32 if split_p else fwd.out
         dlse = torch.zeros_like(fwd.lse)
         bwd = plan_backward(problem, do, q, k, v, o_for_delta, fwd.lse, dlse, cu, cu)
+        decode = _plan_paged_decode(entry, cfg, q, k, scale)
     launches: dict[str, tuple[Launch, ...]] = {}
-    for planned in (*fwd.launches, *bwd.launches):
+    for planned in (*fwd.launches, *bwd.launches, *decode.launches):
         launch = _bind(planned.stage, planned.kernel, planned.args, planned.params)
         launches[launch.stage] = (*launches.get(launch.stage, ()), launch)
     missing = set(STAGES) - set(launches)
@@ -255,12 +261,39 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
     return launches
 
 
+def _plan_paged_decode(entry: Entry, cfg: KernelConfig, q, k, scale: float):
+    """The decode launch of the representative batch: one row per sequence, paged K/V."""
+    from portattn.kernels.forward import plan_forward
+    from portattn.kernels.plan import describe
+
+    rep, page = REPRESENTATIVE, DECODE_PAGE_SIZE
+    pages_per_seq = rep["seqlen"] // page
+    q1 = q[: rep["batch"]]
+    cache = torch.zeros(rep["batch"] * pages_per_seq, page, *k.shape[1:], dtype=k.dtype)
+    table = torch.arange(rep["batch"] * pages_per_seq, dtype=torch.int32).view(rep["batch"], -1)
+    cu_q = torch.arange(rep["batch"] + 1, dtype=torch.int32)
+    cu_k = cu_q * rep["seqlen"]
+    problem = describe(
+        q1,
+        cache,
+        cu_q,
+        1,
+        rep["seqlen"],
+        rep["causal"],
+        scale,
+        entry.kernel,
+        cfg,
+        block_table=table,
+    )
+    return plan_forward(problem, q1, cache, cache, cu_q, cu_k, store_o32=False, block_table=table)
+
+
 def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
     """Where a recorded launch differs from the table's tiles (empty when it reads the table)."""
     if launch.stage == "bwd_dkdv":
         tiles = cfg.dkdv_launch_tiles(bool(launch.args.get("WANT_DK", True)))
     else:
-        tiles = getattr(cfg, launch.stage)
+        tiles = cfg.stage_tiles(launch.stage)
     problems = []
     expected = tiles.launch_kwargs()
     if getattr(launch.fn, "__name__", None) in WS_KERNELS:

@@ -27,6 +27,7 @@ KERNELS = ("varlen", "fixed_order")
 HEAD_DIMS = (32, 64, 96, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
 INTERPRETER = "interpreter"  # pseudo-family: CPU tensors under TRITON_INTERPRET=1
+TILE_FIELDS = ("fwd", "bwd_pre", "bwd_dkdv", "bwd_dq")  # KernelConfig's Tiles, in field order
 TMA_KERNELS = ("fwd", "bwd_dkdv", "bwd_dq")  # kernels that can read through tensor descriptors
 # Triton releases the kernels and this table are checked with: (major, minor) from the first
 # supported up to the first unsupported one. pyproject.toml's `triton>=3.6,<3.10` says the same.
@@ -93,6 +94,7 @@ class KernelConfig:
     fwd_ws: bool = False
     bwd_ws: bool = False
     dq_ws: bool = False
+    decode: Tiles | None = None  # the decode kernel's tiles where the derived ones do not fit
 
     def __post_init__(self) -> None:
         """An entry is checked when it is made: a field outside what the launchers implement,
@@ -109,8 +111,15 @@ class KernelConfig:
             problems.append("fwd_ws needs fwd_chunks == 1")
         if self.bwd_ws and self.dkdv_passes != 1:
             problems.append("bwd_ws needs dkdv_passes == 1")
+        if self.decode is not None and self.decode.block_n != self.fwd.block_n:
+            problems.append("decode tiles need the forward's block_n (a row's key tiles)")
         if problems:
             raise ValueError("bad configuration entry: " + "; ".join(problems))
+
+    def stage_tiles(self, stage: str) -> Tiles:
+        """The tiles of a kernel stage: a tile field (``fwd``, ``bwd_pre``, ``bwd_dkdv``,
+        ``bwd_dq``) or ``decode`` (:meth:`decode_tiles`)."""
+        return self.decode_tiles() if stage == "decode" else getattr(self, stage)
 
     def dkdv_launch_tiles(self, want_dk: bool) -> Tiles:
         """Tiles of a dK/dV launch: the dV-only launch may have its own."""
@@ -118,9 +127,21 @@ class KernelConfig:
             return self.bwd_dv
         return self.bwd_dkdv
 
+    def decode_tiles(self) -> Tiles:
+        """Tiles of the decode kernel (``kernels/decode.py``), derived from the forward's, so the
+        content hash covers them: the same key tile (a row's bits depend on its key tiles), at
+        most 64 query rows (a decode step fills few), the forward's warps and stages (fewer
+        warps spill on sm90 d128, and 64 rows keep Hopper's wgmma products)."""
+        if self.decode is not None:  # an entry's own decode row
+            return self.decode
+        fwd = self.fwd
+        block_m = min(fwd.block_m, 64)
+        warps = fwd.num_warps
+        return dataclasses.replace(fwd, block_m=block_m, num_warps=warps)
+
     def content_hash(self) -> str:
         """SHA-256 (first 16 hex digits) of the canonical JSON of this entry. ``dkdv_passes``,
-        ``fwd_chunks``, ``bwd_dv``, ``tma``, ``fwd_ws``, ``bwd_ws`` and ``dq_ws`` (added later) enter only when they
+        ``fwd_chunks``, ``bwd_dv``, ``tma``, ``fwd_ws``, ``bwd_ws``, ``dq_ws`` and ``decode`` (added later) enter only when they
         are not their defaults, so the hashes of entries without them are the ones recorded
         before they existed."""
         fields = asdict(self)
@@ -132,6 +153,7 @@ class KernelConfig:
             ("fwd_ws", False),
             ("bwd_ws", False),
             ("dq_ws", False),
+            ("decode", None),
         ):
             if fields[later] == default:
                 del fields[later]
@@ -178,13 +200,16 @@ def _cfg(
     )
 
 
-def _retuned(row: KernelConfig, fwd=None, dkdv=None, dq=None, **fields) -> KernelConfig:
+def _retuned(
+    row: KernelConfig, fwd=None, dkdv=None, dq=None, decode=None, **fields
+) -> KernelConfig:
     """``row`` with some kernels' tiles replaced (compact tuples as in ``_cfg``; the AMD knobs
     stay those of the kernel replaced, a fifth number still overrides ``waves_per_eu``) and
     other fields (``fwd_ws=False``...) set: a per-version row says only what differs."""
-    for stage, spec in (("fwd", fwd), ("bwd_dkdv", dkdv), ("bwd_dq", dq)):
+    for stage, spec in (("fwd", fwd), ("bwd_dkdv", dkdv), ("bwd_dq", dq), ("decode", decode)):
         if spec is not None:
-            fields[stage] = _tiles(spec, getattr(row, stage).amd_knobs())
+            knobs = getattr(row, "fwd" if stage == "decode" else stage).amd_knobs()
+            fields[stage] = _tiles(spec, knobs)
     return dataclasses.replace(row, **fields)
 
 
@@ -258,6 +283,9 @@ _FIXED_ORDER = {
     },
 }
 _FIXED_ORDER["cdna4"] = _FIXED_ORDER["cdna3"]
+# sm80 fixed_order d96/d128: the decode kernel (per-row heads and page addresses beside the
+# split-P products) spills at the forward's 64 rows; 32 rows of one warp group fit.
+_FIXED_ORDER["sm80"] = {d: _retuned(_SM80[d], decode=(32, 64, 4, 3)) for d in (96, 128)}
 # Per-Triton-version rows: (major, minor) of the first Triton that needs them -> (family,
 # kernel, head_dim) -> the row it runs from that version on (both dtypes), instead of the one
 # above; a later version's row for the same entry replaces an earlier one. Only where the

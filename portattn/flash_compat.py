@@ -7,7 +7,7 @@ Same argument order, defaults and return conventions as ``flash_attn.flash_attn_
     from portattn import flash_attn_varlen_func
 
 is the only change a caller needs, as long as it uses the supported features. Features portattn
-does not implement (dropout, sliding window, softcap, ALiBi, paged KV) raise a ValueError naming
+does not implement (dropout, sliding window, softcap, ALiBi) raise a ValueError naming
 the feature; nothing is silently ignored except ``deterministic``, which portattn always is.
 """
 
@@ -20,7 +20,7 @@ import torch
 from portattn.api import attention, varlen_attention
 from portattn.validation import check_bool, type_name
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func"]  # flash_attn_with_kvcache: kvcache.py
 
 
 def _unsupported(feature: str, arg: str, value) -> ValueError:
@@ -38,7 +38,6 @@ def _resolve_features(
     alibi_slopes,
     deterministic,
     return_attn_probs,
-    block_table=None,
 ) -> tuple[bool, bool]:
     """Reject what portattn does not implement and check the flags (bools or numpy bools);
     returns the effective ``causal`` and ``return_attn_probs`` as Python bools.
@@ -61,8 +60,6 @@ def _resolve_features(
         raise _unsupported("softcapping (softcap != 0)", "softcap", softcap)
     if alibi_slopes is not None:
         raise _unsupported("ALiBi (alibi_slopes)", "alibi_slopes", type_name(alibi_slopes))
-    if block_table is not None:
-        raise _unsupported("paged KV cache (block_table)", "block_table", type_name(block_table))
     causal = check_bool("causal", causal)
     check_bool("deterministic", deterministic)  # ignored, but a flag all the same
     return causal or window == (-1, 0), check_bool("return_attn_probs", return_attn_probs)
@@ -111,7 +108,9 @@ def flash_attn_varlen_func(
             deterministic (atomic-free, fixed order).
         return_attn_probs: also return ``softmax_lse`` and ``S_dmask`` (a bool, as
             ``causal`` and ``deterministic``; numpy bools are accepted).
-        block_table: must be None (paged KV: ValueError otherwise).
+        block_table: None, or int32 [B, pages_per_seq]: k and v are then paged caches
+            [num_pages, page_size, Hkv, D] and cu_seqlens_k counts each sequence's keys, as
+            in flash-attn (see :func:`portattn.varlen_attention`; inference only).
         kernel: portattn's kernel, ``"varlen"`` or ``"fixed_order"`` (keyword only; not in
             flash-attn).
 
@@ -133,7 +132,6 @@ def flash_attn_varlen_func(
         alibi_slopes,
         deterministic,
         return_attn_probs,
-        block_table,
     )
     out, lse = varlen_attention(
         q,
@@ -147,6 +145,7 @@ def flash_attn_varlen_func(
         softmax_scale=softmax_scale,
         return_lse=True,
         kernel=kernel,
+        block_table=block_table,
     )
     if not return_attn_probs:
         return out

@@ -37,7 +37,7 @@ from portattn.autocast import register_autocast_kernel
 from portattn.kernels.backward import attn_bwd
 from portattn.kernels.forward import attn_fwd
 from portattn.kernels.plan import describe, splits_p
-from portattn.validation import check_varlen_values
+from portattn.validation import check_paged_values, check_varlen_values
 
 __all__ = ["varlen_bwd", "varlen_fwd"]
 
@@ -58,7 +58,7 @@ def _empty_o32(q: torch.Tensor) -> torch.Tensor:
 _FWD_SCHEMA = (
     "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
     "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float softmax_scale, str kernel, "
-    "bool store_o32, bool check_values=False) -> (Tensor, Tensor, Tensor)"
+    "bool store_o32, bool check_values=False, Tensor? block_table=None) -> (Tensor, Tensor, Tensor)"
 )
 _BWD_SCHEMA = (
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o_for_delta, Tensor lse, Tensor? dlse, "
@@ -81,6 +81,7 @@ def varlen_fwd(
     kernel: str,
     store_o32: bool,
     check_values: bool = False,
+    block_table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward attention over a packed batch.
 
@@ -91,16 +92,38 @@ def varlen_fwd(
     check_values: read ``cu_seqlens`` on the host and check their values and ``max_seqlen``
     (ValueError) right before the launch. ``varlen_attention`` sets it in eager mode when both
     max_seqlen are given: the GPU, which idles from that host copy on, then waits only for the
-    launch itself, not for the op's dispatch and the launcher's set-up.
+    launch itself, not for the op's dispatch and the launcher's set-up. block_table: int32
+    [B, pages_per_seq], or None; with it k and v are paged caches [num_pages, page_size, Hkv,
+    D] and cu_seqlens_k counts each sequence's keys (forward only: no backward).
 
     Returns (out [total_q, Hq, D] in q's dtype, lse float32 [total_q, Hq],
     out32 float32 [total_q, Hq, D] when store_o32, else an empty [0, Hq, D]); all contiguous.
     """
     problem = describe(
-        q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, softmax_scale, kernel
+        q,
+        k,
+        cu_seqlens_q,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal,
+        softmax_scale,
+        kernel,
+        block_table=block_table,
     )
     before_launch = None
-    if check_values:
+    if check_values and block_table is not None:
+        before_launch = functools.partial(
+            check_paged_values,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            block_table,
+            q.shape[0],
+            k.shape[0],
+            k.shape[1],
+            max_seqlen_q,
+            max_seqlen_k,
+        )
+    elif check_values:
         before_launch = functools.partial(
             check_varlen_values,
             cu_seqlens_q,
@@ -119,6 +142,7 @@ def varlen_fwd(
         cu_seqlens_k,
         store_o32=store_o32,
         before_launch=before_launch,
+        block_table=block_table,
     )
     return out, lse, _empty_o32(q) if out32 is None else out32
 
@@ -137,6 +161,7 @@ def _varlen_fwd_fake(
     kernel,
     store_o32,
     check_values=False,
+    block_table=None,
 ):
     total_q, n_heads_q, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -211,11 +236,14 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(q, k, v, o_for_delta, lse, cu_seqlens_q, cu_seqlens_k)
     ctx.meta = (max_seqlen_q, max_seqlen_k, causal, scale, kernel)
     ctx.missing_o32 = splits_p(kernel) and not store_o32
+    ctx.paged = inputs[12] is not None if len(inputs) > 12 else False
 
 
 def _fwd_backward(ctx, dout, dlse, _dout32):
     q, k, v, o_for_delta, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     max_seqlen_q, max_seqlen_k, causal, scale, kernel = ctx.meta
+    if ctx.paged:
+        raise RuntimeError("portattn::varlen_fwd with a block_table (paged K/V) has no backward")
     if ctx.missing_o32:
         raise RuntimeError(
             "portattn::varlen_fwd with kernel='fixed_order' needs store_o32=True for its "
@@ -239,7 +267,7 @@ def _fwd_backward(ctx, dout, dlse, _dout32):
         scale,
         kernel,
     )
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 varlen_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

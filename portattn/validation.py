@@ -7,6 +7,7 @@ import math
 import numbers
 import struct
 import sys
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -80,9 +81,54 @@ def check_cu_seqlens_meta(name: str, cu, device: torch.device) -> None:
         )
 
 
-def _check_cu_seqlens_values(name: str, cu: torch.Tensor, total: int) -> list[int]:
-    """The checks of a cu_seqlens tensor's values (after :func:`check_cu_seqlens_meta`)."""
-    values = cu.tolist()  # one host sync: the checks below need the values
+# Host copies of index tensors, once per tensor version: id -> (weak reference, version counter,
+# data pointer, values). A model's layers share one cu_seqlens tensor per step, so the value
+# checks copy it to the host once, not once per layer.
+_HOST_VALUES: dict[int, tuple[weakref.ref, int, int, list]] = {}
+_HOST_VALUES_MAX = 256
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The version counter (bumped by every in-place PyTorch op), None where the tensor has none
+    (inference tensors made under ``torch.inference_mode``)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+def host_values(t: torch.Tensor) -> list:
+    """``t.tolist()``, copied to the host once per tensor and version: a tensor that PyTorch
+    ops have not written since its last copy is not copied again. Inference tensors have no
+    version counter and are copied every time. A tensor written behind PyTorch's back (a custom
+    kernel, ``.data``) keeps its old values here: call :func:`forget_host_values` after that."""
+    version = _version(t)
+    hit = _HOST_VALUES.get(id(t))
+    if (
+        version is not None
+        and hit is not None
+        and hit[0]() is t
+        and hit[1] == version
+        and hit[2] == t.data_ptr()
+    ):
+        return hit[3]
+    values = t.tolist()  # one host sync
+    if version is not None:
+        if len(_HOST_VALUES) >= _HOST_VALUES_MAX:
+            _HOST_VALUES.clear()
+        _HOST_VALUES[id(t)] = (weakref.ref(t), version, t.data_ptr(), values)
+    return values
+
+
+def forget_host_values() -> None:
+    """Drop every cached host copy (:func:`host_values`): the next checks copy again."""
+    _HOST_VALUES.clear()
+
+
+def _check_cu_seqlens_values(name: str, cu: torch.Tensor, total: int | None) -> list[int]:
+    """The checks of a cu_seqlens tensor's values (after :func:`check_cu_seqlens_meta`);
+    ``total`` None: any last entry (a paged cache's key counts)."""
+    values = host_values(cu)  # one host sync per tensor version: the checks need the values
     if values[0] != 0:
         raise ValueError(f"{name}[0] must be 0, got {values[0]}")
     for i in range(len(values) - 1):
@@ -91,7 +137,7 @@ def _check_cu_seqlens_values(name: str, cu: torch.Tensor, total: int) -> list[in
                 f"{name} must be non-decreasing, got {name}[{i}]={values[i]} > "
                 f"{name}[{i + 1}]={values[i + 1]}"
             )
-    if values[-1] != total:
+    if total is not None and values[-1] != total:
         raise ValueError(f"{name}[-1] must equal the total token count {total}, got {values[-1]}")
     return values
 
@@ -166,14 +212,25 @@ def _float32(x: float) -> float:
         return math.copysign(math.inf, x)
 
 
-def check_common(q, k, v, causal, softmax_scale, return_lse, kernel, token_dims: int = 1) -> float:
+def check_common(
+    q,
+    k,
+    v,
+    causal,
+    softmax_scale,
+    return_lse,
+    kernel,
+    token_dims: int = 1,
+    kv_token_dims: int | None = None,
+) -> float:
     """Checks shared by the varlen (``token_dims`` 1) and dense (2) entry points: tensors,
-    their ranks and dims (:func:`check_heads_and_dims`) first, dtypes, devices, the flags and
+    their ranks and dims (:func:`check_heads_and_dims`; ``kv_token_dims``: k/v's leading dims
+    where they differ from q's, 2 for paged caches) first, dtypes, devices, the flags and
     the kernel; returns the softmax scale. ``causal`` and ``return_lse`` may be numpy bools:
     the caller passes ``bool(causal)`` on (:func:`check_bool`)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, x)
-    check_heads_and_dims(q, k, v, token_dims)
+    check_heads_and_dims(q, k, v, token_dims, kv_token_dims)
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise DTypeError(f"q must be torch.float16 or torch.bfloat16, got {q.dtype}")
     for name, x in (("k", k), ("v", v)):
@@ -197,10 +254,11 @@ def check_common(q, k, v, causal, softmax_scale, return_lse, kernel, token_dims:
     return check_softmax_scale(softmax_scale, q.shape[-1])
 
 
-def check_heads_and_dims(q, k, v, token_dims: int) -> None:
-    """q: [..., Hq, D], k/v: [..., Hkv, D] with ``token_dims`` leading dims."""
-    want = token_dims + 2
-    for name, x in (("q", q), ("k", k), ("v", v)):
+def check_heads_and_dims(q, k, v, token_dims: int, kv_token_dims: int | None = None) -> None:
+    """q: [..., Hq, D], k/v: [..., Hkv, D] with ``token_dims`` leading dims (k/v:
+    ``kv_token_dims`` if given)."""
+    kv_dims = token_dims if kv_token_dims is None else kv_token_dims
+    for name, x, want in (("q", q, token_dims + 2), ("k", k, kv_dims + 2), ("v", v, kv_dims + 2)):
         if x.dim() != want:
             raise ValueError(f"{name} must be {want}-D, got shape {tuple(x.shape)}")
         if x.stride(-1) != 1 and x.shape[-1] > 1:
@@ -303,4 +361,84 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     _check_varlen_shapes(q, cu_seqlens_q, cu_seqlens_k)
     return check_varlen_values(
         cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k
+    )
+
+
+def check_block_table_meta(block_table, k, batch: int, device: torch.device) -> int:
+    """A paged call's block table and cache layout, without host values: block_table int32
+    [B, pages_per_seq] on q's device, rows contiguous; k/v [num_pages, page_size, Hkv, D] (the
+    rank was checked) with a page size that is a power of two from 16 to 256. Returns the page
+    size."""
+    _check_tensor("block_table", block_table)
+    if block_table.dtype != torch.int32:
+        raise DTypeError(f"block_table must have dtype torch.int32, got {block_table.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(
+            f"block_table must be [B, pages_per_seq] with B = {batch} (the batch of "
+            f"cu_seqlens), got shape {tuple(block_table.shape)}"
+        )
+    if block_table.device != device:
+        raise ValueError(f"block_table must be on {device} like q, got {block_table.device}")
+    if block_table.stride(-1) != 1 and block_table.shape[-1] > 1:
+        raise ValueError(f"block_table rows must be contiguous, got strides {block_table.stride()}")
+    page_size = k.shape[1]
+    if page_size not in PAGE_SIZES:
+        raise ValueError(
+            f"with a block_table, k and v are paged caches [num_pages, page_size, Hkv, D] "
+            f"with page_size one of {PAGE_SIZES}, got k of shape {tuple(k.shape)}"
+        )
+    return page_size
+
+
+PAGE_SIZES = (16, 32, 64, 128, 256)
+
+
+def check_key_counts(name: str, counts: list[int], capacity: int) -> None:
+    """Each sequence's key count fits the cache capacity it has (pages times page size)."""
+    for b, n in enumerate(counts):
+        if n > capacity:
+            raise ValueError(
+                f"sequence {b} has {n} keys ({name}), more than its cache holds ({capacity})"
+            )
+
+
+def check_pages(
+    block_table: torch.Tensor, counts: list[int], page_size: int, num_pages: int
+) -> None:
+    """The pages a sequence uses (``ceil(count / page_size)`` first entries of its block-table
+    row) are pages of the cache; entries past them are never read and may hold anything."""
+    rows = host_values(block_table)
+    for b, n in enumerate(counts):
+        used = rows[b][: -(-n // page_size)]
+        bad = [p for p in used if not 0 <= p < num_pages]
+        if bad:
+            raise ValueError(
+                f"block_table[{b}] names page {bad[0]}, outside the cache's {num_pages} pages"
+            )
+
+
+def check_paged_values(
+    cu_seqlens_q,
+    cu_seqlens_k,
+    block_table,
+    total_q: int,
+    num_pages: int,
+    page_size: int,
+    max_seqlen_q,
+    max_seqlen_k,
+) -> VarlenShape:
+    """The value checks of a paged varlen call: cu_seqlens_q as always; cu_seqlens_k counts
+    each sequence's keys (0 first, non-decreasing), each count within its block-table row's
+    capacity, the pages it uses inside the cache; max_seqlen as always."""
+    values_q = _check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, total_q)
+    values_k = _check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, None)
+    counts = [b - a for a, b in zip(values_k, values_k[1:])]
+    check_key_counts("cu_seqlens_k", counts, block_table.shape[1] * page_size)
+    check_pages(block_table, counts, page_size, num_pages)
+    real_q = max((b - a for a, b in zip(values_q, values_q[1:])), default=0)
+    batch = len(values_q) - 1
+    return VarlenShape(
+        batch=batch,
+        max_seqlen_q=_check_max_seqlen("max_seqlen_q", max_seqlen_q, real_q, batch),
+        max_seqlen_k=_check_max_seqlen("max_seqlen_k", max_seqlen_k, max(counts, default=0), batch),
     )

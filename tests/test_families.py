@@ -178,7 +178,7 @@ def test_tiles_are_valid():
         return n > 0 and n & (n - 1) == 0
 
     for key, cfg in ((k, c) for _, table in all_tables() for k, c in table.items()):
-        for tiles in [getattr(cfg, stage) for stage in compilecheck.STAGES] + [cfg.bwd_dv]:
+        for tiles in [cfg.stage_tiles(stage) for stage in compilecheck.STAGES] + [cfg.bwd_dv]:
             if tiles is None:
                 continue
             assert pow2(tiles.block_m) and pow2(tiles.block_n), key
@@ -207,7 +207,7 @@ def test_config_hash_identifies_content():
     for cfg in (c for _, table in all_tables() for c in table.values()):
         assert configs_by_hash.setdefault(cfg.content_hash(), cfg) == cfg
     # Equal content, equal hash; any changed field, another hash.
-    same = KernelConfig(*(Tiles(**vars(getattr(SCHEME_CONFIG, s))) for s in compilecheck.STAGES))
+    same = KernelConfig(*(Tiles(**vars(getattr(SCHEME_CONFIG, s))) for s in configs.TILE_FIELDS))
     assert same.content_hash() == SCHEME_HASH
     other = KernelConfig(
         Tiles(128, 64, 4, 2), SCHEME_CONFIG.bwd_pre, SCHEME_CONFIG.bwd_dkdv, SCHEME_CONFIG.bwd_dq
@@ -228,7 +228,7 @@ def test_launch_kwargs_per_family(fam):
         if name != fam:
             continue
         for stage in compilecheck.STAGES:
-            kwargs = getattr(cfg, stage).launch_kwargs()
+            kwargs = cfg.stage_tiles(stage).launch_kwargs()
             assert {"num_warps", "num_stages"} <= set(kwargs)
             if fam in HIP_FAMILIES:
                 assert set(kwargs) >= AMD_KNOBS

@@ -150,7 +150,6 @@ UNSUPPORTED = [
     (dict(window_size=(-1, 8)), "sliding window"),
     (dict(softcap=30.0), "softcap"),
     (dict(alibi_slopes="tensor"), "ALiBi"),
-    (dict(block_table="tensor"), "paged KV"),
 ]
 
 
@@ -164,10 +163,29 @@ def test_unsupported_features_raise(kwargs, feature):
     args = (p.q, p.k, p.v, p.cu_q, p.cu_k, 4, 4)
     with pytest.raises(ValueError, match=feature):
         portattn.flash_attn_varlen_func(*args, **kwargs)
-    if "block_table" not in kwargs:
-        dense = p.q.view(1, 7, 2, 32)
-        with pytest.raises(ValueError, match=feature):
-            portattn.flash_attn_func(dense, dense[:, :, :1], dense[:, :, :1], **kwargs)
+    dense = p.q.view(1, 7, 2, 32)
+    with pytest.raises(ValueError, match=feature):
+        portattn.flash_attn_func(dense, dense[:, :, :1], dense[:, :, :1], **kwargs)
+
+
+def test_block_table_is_paged_varlen_attention():
+    """flash-attn's varlen function with a block_table reads paged caches, as
+    ``varlen_attention(..., block_table=)`` does (the same bits)."""
+    p = make_pack([1, 2], [20, 5], 2, 1, 32, seed=95)
+    page = 16
+    k_cache = torch.randn(4, page, 1, 32, device=DEVICE).to(p.k.dtype)
+    v_cache = torch.randn(4, page, 1, 32, device=DEVICE).to(p.k.dtype)
+    table = torch.tensor([[2, 0], [3, -1]], dtype=torch.int32, device=DEVICE)
+    for b, (start, n) in enumerate([(0, 20), (20, 5)]):
+        for j in range(n):
+            k_cache[table[b, j // page], j % page] = p.k[start + j]
+            v_cache[table[b, j // page], j % page] = p.v[start + j]
+    with torch.no_grad():
+        got = portattn.flash_attn_varlen_func(
+            p.q, k_cache, v_cache, p.cu_q, p.cu_k, 2, 20, causal=True, block_table=table
+        )
+        packed = portattn.varlen_attention(p.q, p.k, p.v, p.cu_q, p.cu_k, causal=True)
+    assert torch.equal(got, packed)
 
 
 def test_bad_types_raise():

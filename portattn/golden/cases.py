@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-CASES_VERSION = 1
+CASES_VERSION = 2  # 2: the paged decode / append cases (page_size)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Tensor ids of the input generator (see portattn.golden.inputs).
@@ -26,6 +26,8 @@ class Case:
 
     ``lens_q`` / ``lens_k``: per-sequence query / key lengths of the pack. The backward gets
     ``dO`` and (when ``dlse``) a gradient of lse, both from the input generator.
+    ``page_size`` > 0: a paged decode / append case (forward only, out and lse): the keys and
+    values sit in a paged cache of that page size, pages in reverse order, unused slots NaN.
     """
 
     name: str
@@ -39,6 +41,7 @@ class Case:
     causal: bool
     seed: int
     dlse: bool = True
+    page_size: int = 0
 
     def __post_init__(self) -> None:
         if len(self.lens_q) != len(self.lens_k):
@@ -59,9 +62,16 @@ class Case:
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The hashed outputs: all five, or out and lse for a (forward-only) paged case."""
+        return OUTPUTS[:2] if self.page_size else OUTPUTS
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("name")
+        if not self.page_size:  # added in version 2: unpaged definitions read as before
+            data.pop("page_size")
         data["lens_q"], data["lens_k"] = list(self.lens_q), list(self.lens_k)
         return data
 
@@ -95,6 +105,15 @@ _SHAPES = (
 )
 
 
+# Paged decode and append (forward only): one row per sequence, or a few, against paged caches.
+# (tag, lens_q, lens_k, heads_q, heads_kv, head_dim, dtype, page_size)
+_PAGED = (
+    ("paged-decode-gqa", (1, 1, 1, 1), (300, 1, 77, 513), 8, 2, 128, "bf16", 16),
+    ("paged-append-mqa", (4, 16, 1), (300, 40, 77), 4, 1, 64, "fp16", 64),
+    ("paged-decode-gqa", (1, 1, 1), (1000, 256, 3), 8, 2, 96, "bf16", 256),
+)
+
+
 def _canonical() -> tuple[Case, ...]:
     cases = []
     for k_index, kernel in enumerate(("varlen", "fixed_order")):
@@ -103,6 +122,10 @@ def _canonical() -> tuple[Case, ...]:
             name = f"{kernel}-{tag}-d{d}-{dtype}-{mask}"
             seed = 1000 + 100 * k_index + s_index
             cases.append(Case(name, kernel, lq, lk, hq, hkv, d, dtype, causal, seed, dlse))
+        for p_index, (tag, lq, lk, hq, hkv, d, dtype, page) in enumerate(_PAGED):
+            name = f"{kernel}-{tag}-d{d}-{dtype}-page{page}"
+            seed = 2000 + 100 * k_index + p_index
+            cases.append(Case(name, kernel, lq, lk, hq, hkv, d, dtype, True, seed, False, page))
     return tuple(cases)
 
 

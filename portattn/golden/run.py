@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from portattn.golden.cases import OUTPUTS, TENSOR_IDS, Case
+from portattn.api import varlen_attention
+from portattn.golden.cases import TENSOR_IDS, Case
 from portattn.golden.hashing import inputs_sha256, tensor_record
 from portattn.golden.inputs import generate
 from portattn.harness import cu_seqlens, measure, run_kernel, run_reference, zero_where_no_key
@@ -89,6 +90,48 @@ def run_kernels(case: Case, inputs: CaseInputs) -> dict[str, torch.Tensor]:
     )
 
 
+def paged_cache(case: Case, k: torch.Tensor, v: torch.Tensor):
+    """k and v [total_k, Hkv, D] of ``case`` as paged caches [num_pages, page_size, Hkv, D]:
+    the sequences' pages in reverse order, slots past a sequence's end NaN (never read), and
+    the block table int32 [B, max pages] (entries past a sequence's pages -1)."""
+    size = case.page_size
+    pages = [-(-n // size) for n in case.lens_k]
+    n_pages = sum(pages)
+    shape = (n_pages, size, *k.shape[1:])
+    k_cache = torch.full(shape, float("nan"), dtype=k.dtype, device=k.device)
+    v_cache = torch.full(shape, float("nan"), dtype=v.dtype, device=v.device)
+    table = torch.full((len(pages), max(pages, default=0)), -1, dtype=torch.int32)
+    used, start = 0, 0
+    for b, n in enumerate(case.lens_k):
+        for j in range(pages[b]):
+            page = n_pages - 1 - used  # reverse order: no sequence's pages are in place
+            used += 1
+            table[b, j] = page
+            rows = min(size, n - j * size)
+            k_cache[page, :rows] = k[start + j * size : start + j * size + rows]
+            v_cache[page, :rows] = v[start + j * size : start + j * size + rows]
+        start += n
+    return k_cache, v_cache, table.to(k.device)
+
+
+def run_paged(case: Case, inputs: CaseInputs) -> dict[str, torch.Tensor]:
+    """The forward of a paged case: its query rows against the paged caches of its keys."""
+    k_cache, v_cache, table = paged_cache(case, inputs.k, inputs.v)
+    with torch.no_grad():
+        out, lse = varlen_attention(
+            inputs.q,
+            k_cache,
+            v_cache,
+            inputs.cu_q,
+            inputs.cu_k,
+            causal=case.causal,
+            return_lse=True,
+            kernel=case.kernel,
+            block_table=table,
+        )
+    return {"out": out, "lse": lse}
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -99,12 +142,12 @@ def compute_case(case: Case, device: torch.device | str) -> CaseResult:
     device = torch.device(device)
     start = time.perf_counter()
     inputs = make_inputs(case, device)
-    outputs = run_kernels(case, inputs)
+    outputs = run_paged(case, inputs) if case.page_size else run_kernels(case, inputs)
     _synchronize(device)
     bounds_q, bounds_k = inputs.cu_q.tolist(), inputs.cu_k.tolist()
     tensors = {
         name: tensor_record(outputs[name], bounds_k if name in ("dk", "dv") else bounds_q)
-        for name in OUTPUTS
+        for name in case.outputs
     }
     return CaseResult(case, inputs, outputs, inputs.sha256(), tensors, time.perf_counter() - start)
 
@@ -148,7 +191,7 @@ class Accuracy:
 
 def accuracy(result: CaseResult, tensors: list[str] | None = None) -> list[Accuracy]:
     """Errors of ``result``'s outputs (default: all) against the float64 reference."""
-    names = tensors or list(OUTPUTS)
+    names = tensors or list(result.case.outputs)
     lse = result.outputs["lse"]
     ref = _reference(result.case, result.inputs, torch.float64, lse)
     eager = _reference(result.case, result.inputs, result.case.torch_dtype, lse)

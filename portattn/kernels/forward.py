@@ -27,57 +27,16 @@ try:  # Gluon's Hopper API as of Triton 3.6; with an older Triton the Triton for
     from portattn.kernels.ws_common import ws_launch_options
 except ImportError:
     attn_fwd_ws_kernel = ws_launch_options = ws_supports = None
+from portattn.kernels.decode import decode_fits, plan_decode
 from portattn.kernels.primitives import (
+    forward_key_tiles,
     head_dim_chunk,
     key_range,
     key_value_tiles,
-    mask_scores,
-    mma,
-    mma_rounded,
     normalize_rows,
-    online_softmax_step,
     query_tile,
     row_tiles,
-    visible_mask,
 )
-
-
-@triton.jit
-def _fwd_key_tiles(
-    b_acc, b_m, b_l, b_q,
-    src_k, src_v, stride_kt, stride_vt,
-    o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2,
-    n_lo, n_hi,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    SPLIT_P: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    TMA: tl.constexpr,
-):
-    """Accumulate key tiles [n_lo, n_hi) (ascending) into (acc, m, l); the scores use all
-    head-dim columns ``o_d``, the accumulator the value columns ``o_dc`` (from ``c_v``)."""
-    for n_start in range(n_lo, n_hi, BLOCK_N):
-        o_k = n_start + tl.arange(0, BLOCK_N)
-        if TMA:
-            b_k = src_k.load([n_start, 0])  # [BLOCK_N, BLOCK_D]
-            b_v = src_v.load([n_start, c_v])  # [BLOCK_N, BLOCK_DC]
-        else:  # both masks and addresses before both loads: keeps the pointer path's code
-            m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
-            m_v = (o_k < seqlen_k)[:, None] & m_dc[None, :]  # = m_k when unchunked
-            p_k = src_k + o_k.to(tl.int64)[:, None] * stride_kt + o_d[None, :]
-            p_v = src_v + o_k.to(tl.int64)[:, None] * stride_vt + o_dc[None, :]
-            b_k = tl.load(p_k, mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
-            b_v = tl.load(p_v, mask=m_v, other=0.0)  # [BLOCK_N, BLOCK_DC]
-        b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
-        if MASKED:
-            m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, CAUSAL)
-            b_qk = mask_scores(b_qk, m_vis)
-        b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, scale_log2)
-        b_acc = b_acc * b_alpha[:, None]
-        b_acc = mma_rounded(b_p, b_v, b_acc, SPLIT_P, INTERPRET)  # [BLOCK_M, BLOCK_DC]
-    return b_acc, b_m, b_l
 
 
 @triton.jit
@@ -132,12 +91,12 @@ def attn_fwd_kernel(
     b_acc = tl.zeros([BLOCK_M, BLOCK_DC], tl.float32)
     b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     b_l = tl.zeros([BLOCK_M], tl.float32)
-    b_acc, b_m, b_l = _fwd_key_tiles(
+    b_acc, b_m, b_l = forward_key_tiles(
         b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, 0, n_full,
         BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, TMA,
     )
-    b_acc, b_m, b_l = _fwd_key_tiles(
+    b_acc, b_m, b_l = forward_key_tiles(
         b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi,
         BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA,
@@ -180,11 +139,14 @@ class ForwardPlan:
 
 
 def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
-                 store_o32: bool) -> ForwardPlan:
+                 store_o32: bool, block_table: torch.Tensor | None = None) -> ForwardPlan:
     """Allocate the forward's outputs and plan its launch.
 
-    q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: int32 [B + 1]. ``store_o32``:
-    also write a float32 copy of out (the split-P backward's row term reads it).
+    q: [total_q, Hq, D]; k, v: [total_k, Hkv, D], or paged caches [num_pages, page_size, Hkv,
+    D] with ``block_table`` int32 [B, pages_per_seq]; cu_seqlens_*: int32 [B + 1]. ``store_o32``:
+    also write a float32 copy of out (the split-P backward's row term reads it; not paged).
+    Paged calls, and calls whose sequences' query rows fit one decode tile, run the decode
+    kernel (``decode.py``: the same bits, K/V read once per kv head).
     """
     p, cfg = problem, problem.cfg
     tiles = cfg.fwd
@@ -193,6 +155,10 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     out32 = new_buffer(q.shape, torch.float32, q.device) if store_o32 else None
     if p.total_q == 0 or p.batch == 0:
         return ForwardPlan(out, lse, out32, ())
+    if p.page_size or (not store_o32 and decode_fits(p)):
+        launch = plan_decode(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
+                             p.page_size)
+        return ForwardPlan(out, lse, out32, (launch,))
     o32_arg = out32 if store_o32 else out
     args = (
         q, k, v, out, lse, o32_arg,
@@ -219,10 +185,11 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
 
 def attn_fwd(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32: bool,
              before_launch: Callable[[], object] | None = None,
+             block_table: torch.Tensor | None = None,
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Plan and launch the forward: returns (out, lse, out32 or None), see
     :class:`ForwardPlan`. ``before_launch``: the caller's checks that need a host copy (they
     may raise), run from the launch itself, after the host-side set-up (``run_launches``)."""
-    plan = plan_forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32)
+    plan = plan_forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32, block_table)
     run_launches(plan.launches, q.device, before_launch)
     return plan.out, plan.lse, plan.out32

@@ -59,6 +59,8 @@ class VarlenProblem:
     device: torch.device
     cfg: KernelConfig
     interpret: bool  # the CPU interpreter runs the kernels (no Gluon, BLAS-free products)
+    # Paged K/V ([num_pages, page_size, Hkv, D] with a block table): the page size, else 0.
+    page_size: int = 0
 
     @property
     def group(self) -> int:
@@ -80,14 +82,17 @@ def describe(
     softmax_scale: float,
     kernel: str,
     cfg: KernelConfig | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> VarlenProblem:
-    """The problem of one call (``cfg``: the table entry, looked up for q's device if None)."""
+    """The problem of one call (``cfg``: the table entry, looked up for q's device if None).
+    With ``block_table``, k is a paged cache [num_pages, page_size, Hkv, D]."""
     total_q, n_heads_q, head_dim = q.shape
+    paged = block_table is not None
     return VarlenProblem(
         total_q=total_q,
-        total_k=k.shape[0],
+        total_k=k.shape[0] * k.shape[1] if paged else k.shape[0],
         n_heads_q=n_heads_q,
-        n_heads_k=k.shape[1],
+        n_heads_k=k.shape[-2],
         head_dim=head_dim,
         batch=cu_seqlens_q.numel() - 1,
         max_seqlen_q=max_seqlen_q,
@@ -99,6 +104,7 @@ def describe(
         device=q.device,
         cfg=cfg if cfg is not None else resolve_config(q.device, kernel, head_dim, q.dtype),
         interpret=interpreter_active(),
+        page_size=k.shape[1] if paged else 0,
     )
 
 

@@ -130,6 +130,57 @@ def online_softmax_step(b_qk, b_m, b_l, scale_log2):
 
 
 @triton.jit
+def forward_key_tiles(
+    b_acc, b_m, b_l, b_q,
+    src_k, src_v, stride_kt, stride_vt,
+    o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2,
+    n_lo, n_hi,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SPLIT_P: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    TMA: tl.constexpr,
+    p_pages=None, stride_kp=0, stride_vp=0,
+    PAGE_SIZE: tl.constexpr = 0,
+):
+    """The key loop of the Triton forward and decode kernels: accumulate key tiles
+    [n_lo, n_hi) (ascending) into (acc, m, l); the scores use all head-dim columns ``o_d``, the
+    accumulator the value columns ``o_dc`` (from ``c_v``).
+    ``PAGE_SIZE`` > 0: K and V are paged caches, key ``j`` lives in page ``p_pages[j //
+    PAGE_SIZE]`` at slot ``j % PAGE_SIZE`` (``paged_rows``); the tiles, their order and the
+    arithmetic are those of the packed layout, so a row gets the same bits from either."""
+    for n_start in range(n_lo, n_hi, BLOCK_N):
+        o_k = n_start + tl.arange(0, BLOCK_N)
+        if TMA:
+            b_k = src_k.load([n_start, 0])  # [BLOCK_N, BLOCK_D]
+            b_v = src_v.load([n_start, c_v])  # [BLOCK_N, BLOCK_DC]
+        else:  # both masks and addresses before both loads: keeps the pointer path's code
+            m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
+            m_v = (o_k < seqlen_k)[:, None] & m_dc[None, :]  # = m_k when unchunked
+            if PAGE_SIZE > 0:
+                o_page, o_slot = paged_rows(p_pages, o_k, seqlen_k, PAGE_SIZE)
+                r_k = o_page * stride_kp + o_slot * stride_kt  # [BLOCK_N] int64
+                r_v = o_page * stride_vp + o_slot * stride_vt
+            else:
+                r_k = o_k.to(tl.int64) * stride_kt
+                r_v = o_k.to(tl.int64) * stride_vt
+            p_k = src_k + r_k[:, None] + o_d[None, :]
+            p_v = src_v + r_v[:, None] + o_dc[None, :]
+            b_k = tl.load(p_k, mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
+            b_v = tl.load(p_v, mask=m_v, other=0.0)  # [BLOCK_N, BLOCK_DC]
+        b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
+        if MASKED:
+            m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, CAUSAL)
+            b_qk = mask_scores(b_qk, m_vis)
+        b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, scale_log2)
+        b_acc = b_acc * b_alpha[:, None]
+        b_acc = mma_rounded(b_p, b_v, b_acc, SPLIT_P, INTERPRET)  # [BLOCK_M, BLOCK_DC]
+    return b_acc, b_m, b_l
+
+
+@triton.jit
 def normalize_rows(b_acc, b_m, b_l):
     """The forward's last step: out = acc / l (b_acc [M, D]) and the natural-log lse
     ``(m + log2 l) ln 2`` [M]. Rows that saw no visible key (l = 0): out 0, lse -inf."""
@@ -214,6 +265,17 @@ def load_key_tile(src, n_start, c_start, o_k, seqlen_k, stride_t, o_c, m_c, TMA:
         b_x = tl.load(src + o_k.to(tl.int64)[:, None] * stride_t + o_c[None, :], mask=m_x,
                       other=0.0)
     return b_x
+
+
+@triton.jit
+def paged_rows(p_pages, o_k, seqlen_k, PAGE_SIZE: tl.constexpr):
+    """Where keys ``o_k`` of a sequence live in a paged cache: (page, slot) int64 [N] with
+    ``page = p_pages[o_k // PAGE_SIZE]`` (the sequence's row of the block table) and
+    ``slot = o_k % PAGE_SIZE``. Keys at or past ``seqlen_k`` read no block-table entry (page
+    0, and their K/V loads are masked), so entries past a sequence's pages may hold anything."""
+    m_k = o_k < seqlen_k
+    o_page = tl.load(p_pages + o_k // PAGE_SIZE, mask=m_k, other=0).to(tl.int64)
+    return o_page, (o_k % PAGE_SIZE).to(tl.int64)
 
 
 @triton.jit

@@ -1,0 +1,167 @@
+"""Decode kernel: the forward for few query rows per sequence, and for paged K/V caches.
+
+One program per (tile of query positions of one sequence, kv head[, head-dim chunk]). Its query
+tile packs the query heads of the kv head's GQA group with the positions
+(row ``t`` = position ``t // HEADS``, group head ``t % HEADS``), so each K/V tile is read once
+per kv head instead of once per query head, and a decode step (one position per sequence) fills
+``HEADS`` rows of the tile instead of one.
+
+The bits of a row are those of the prefill forward (``forward.py``): the same key tiles
+(BLOCK_N of the table's forward entry), visited in the same ascending order, through the same
+key loop (``primitives.forward_key_tiles``) and primitives. Which rows share a tile does not enter a
+row's arithmetic (``primitives.mma``: each output element is its own row's dot products), and a
+key tile that a row does not see leaves its (acc, m, l) unchanged (``online_softmax_step``), so
+a row gets the same bytes here as in the trainer's packed prefill (design §3, 2 and 4).
+
+K and V are either packed ([total_k, Hkv, D], as the prefill reads them) or paged caches
+(``PAGE_SIZE`` > 0: [num_pages, PAGE_SIZE, Hkv, D], key ``j`` of sequence ``b`` in page
+``block_table[b, j // PAGE_SIZE]``); a dense cache [B_cache, S_cache, Hkv, D] is a paged cache
+of one page of ``S_cache`` rows per sequence (``kvcache.py``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from portattn.kernels.plan import KernelLaunch, VarlenProblem
+from portattn.kernels.primitives import (
+    forward_key_tiles,
+    head_dim_chunk,
+    key_range,
+    normalize_rows,
+    seq_bounds,
+    tile_index,
+)
+
+
+@triton.jit
+def attn_decode_kernel(
+    q, k, v, o, lse, block_table,
+    cu_seqlens_q, cu_seqlens_k,
+    stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    stride_ot, stride_oh, stride_bt,
+    batch, n_heads_q, group, scale_log2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEADS: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SPLIT_P: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    D_CHUNKS: tl.constexpr,
+):
+    """Program ids: 0 = (position tile, sequence) as ``tile_index`` decodes it; 1 = kv head
+    times the group's head slices (``HEADS`` query heads each, a power of two); 2 = head-dim
+    chunk (``D_CHUNKS``, as the forward's ``fwd_chunks``). ``PAGE_SIZE`` 0: K/V packed, the
+    sequence's keys from ``cu_seqlens_k[b]`` on; else paged, ``cu_seqlens_k`` only counts them.
+    """
+    ROWS: tl.constexpr = BLOCK_M // HEADS  # query positions per tile
+    i_b, i_m = tile_index(batch, CAUSAL)
+    slices = (group + HEADS - 1) // HEADS
+    i_hk = tl.program_id(1) // slices
+    i_s = tl.program_id(1) % slices
+    bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
+    bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
+    m_start = i_m * ROWS
+    if m_start >= seqlen_q:
+        return
+    diag = seqlen_k - seqlen_q
+
+    o_t = tl.arange(0, BLOCK_M)
+    o_q = m_start + o_t // HEADS  # [BLOCK_M] query positions in the sequence
+    o_g = i_s * HEADS + o_t % HEADS  # [BLOCK_M] query heads within the group
+    m_row = (o_q < seqlen_q) & (o_g < group)
+    i_h = (i_hk * group + o_g).to(tl.int64)  # [BLOCK_M] query heads
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    p_q = q + (bos_q + o_q.to(tl.int64))[:, None] * stride_qt + i_h[:, None] * stride_qh
+    b_q = tl.load(p_q + o_d[None, :], mask=m_row[:, None] & m_d[None, :], other=0.0)
+    BLOCK_DC: tl.constexpr = BLOCK_D // D_CHUNKS
+    o_dc, m_dc, c_v = head_dim_chunk(o_d, m_d, HEAD_DIM, BLOCK_D, D_CHUNKS)
+
+    if PAGE_SIZE > 0:
+        bos_k = 0  # a paged sequence starts at its block-table row
+    p_pages = block_table + i_b.to(tl.int64) * stride_bt
+    src_k = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
+    src_v = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
+    n_full, n_hi = key_range(m_start, seqlen_k, diag, ROWS, BLOCK_N, CAUSAL)
+
+    b_acc = tl.zeros([BLOCK_M, BLOCK_DC], tl.float32)
+    b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    b_l = tl.zeros([BLOCK_M], tl.float32)
+    b_acc, b_m, b_l = forward_key_tiles(
+        b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
+        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, 0, n_full,
+        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, False,
+        p_pages, stride_kp, stride_vp, PAGE_SIZE,
+    )
+    b_acc, b_m, b_l = forward_key_tiles(
+        b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
+        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi,
+        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, False,
+        p_pages, stride_kp, stride_vp, PAGE_SIZE,
+    )
+    b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
+
+    o_rows = (bos_q + o_q.to(tl.int64))[:, None]
+    p_o = o + o_rows * stride_ot + i_h[:, None] * stride_oh + o_dc[None, :]
+    tl.store(p_o, b_out.to(o.dtype.element_ty), mask=m_row[:, None] & m_dc[None, :])
+    p_lse = lse + (bos_q + o_q.to(tl.int64)) * n_heads_q + i_h
+    if D_CHUNKS == 1:  # noqa: SIM114 - a constexpr branch, then a runtime one
+        tl.store(p_lse, b_lse, mask=m_row)
+    elif tl.program_id(2) == 0:
+        tl.store(p_lse, b_lse, mask=m_row)
+
+
+def heads_per_tile(problem: VarlenProblem) -> int:
+    """Query heads of one GQA group packed into a decode tile: the group, rounded up to a power
+    of two, at most the tile's rows."""
+    return min(triton.next_power_of_2(problem.group), problem.cfg.decode_tiles().block_m)
+
+
+def decode_fits(problem: VarlenProblem) -> bool:
+    """Whether the decode kernel is the faster forward of an unpaged call: every query row of a
+    sequence's group fits one tile, so each K/V tile is read once per kv head. (Paged calls
+    always run it; either kernel gives the same bits.)"""
+    tiles = problem.cfg.decode_tiles()
+    return problem.max_seqlen_q * heads_per_tile(problem) <= tiles.block_m
+
+
+def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                block_table, page_size: int) -> KernelLaunch:
+    """The decode launch writing ``out`` / ``lse`` (see ``forward.plan_forward``).
+
+    q: [total_q, Hq, D]; k, v: packed [total_k, Hkv, D] (``page_size`` 0) or paged caches
+    [num_pages, page_size, Hkv, D]; block_table: int32 [B, pages_per_seq] (paged) or None.
+    """
+    p, cfg = problem, problem.cfg
+    tiles = cfg.decode_tiles()
+    heads = heads_per_tile(p)
+    rows = tiles.block_m // heads
+    if page_size:
+        stride_kp, stride_kt, stride_kh = k.stride(0), k.stride(1), k.stride(2)
+        stride_vp, stride_vt, stride_vh = v.stride(0), v.stride(1), v.stride(2)
+        table, stride_bt = block_table, block_table.stride(0)
+    else:
+        stride_kp, stride_kt, stride_kh = 0, k.stride(0), k.stride(1)
+        stride_vp, stride_vt, stride_vh = 0, v.stride(0), v.stride(1)
+        table, stride_bt = cu_seqlens_k, 0  # not read
+    args = (
+        q, k, v, out, lse, table,
+        cu_seqlens_q, cu_seqlens_k,
+        q.stride(0), q.stride(1), stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
+        stride_vh, out.stride(0), out.stride(1), stride_bt,
+        p.batch, p.n_heads_q, p.group, p.scale_log2,
+    )
+    slices = triton.cdiv(p.group, heads)
+    grid = (triton.cdiv(p.max_seqlen_q, rows) * p.batch, p.n_heads_k * slices, cfg.fwd_chunks)
+    params = dict(
+        HEAD_DIM=p.head_dim, BLOCK_D=triton.next_power_of_2(p.head_dim),
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
+        CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret, D_CHUNKS=cfg.fwd_chunks,
+        **tiles.launch_kwargs(),
+    )
+    return KernelLaunch("decode", attn_decode_kernel, grid, args, params, tma=False)

@@ -1,0 +1,286 @@
+"""``flash_attn_with_kvcache``: flash-attn 2's decode entry point, computed by portattn.
+
+Same argument order, defaults and return conventions as flash-attn 2.6-2.8's
+``flash_attn_with_kvcache``, so a rollout engine written against flash-attn changes only its
+import. The attention runs on the forward's paged path (``kernels/decode.py``): a dense cache
+[B_cache, S_cache, Hkv, D] is read as a paged cache of one page of ``S_cache`` rows per
+sequence (its block table is ``cache_batch_idx``), a paged cache through ``block_table``. A
+query row gets the bytes of the same row of the trainer's packed prefill (design §3).
+
+Everything it does is device work (no host copy): it can be captured in a CUDA graph, where the
+value checks of ``cache_seqlens`` / ``block_table`` / ``cache_batch_idx``, which need their
+host values, are skipped; in eager mode they run before anything is written (once per tensor
+version, see ``validation.host_values``).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from portattn.api import _capturing, _needs_grad, _run_fwd
+from portattn.validation import (
+    DTypeError,
+    check_block_table_meta,
+    check_bool,
+    check_common,
+    check_key_counts,
+    check_pages,
+    host_values,
+    type_name,
+)
+
+__all__ = ["flash_attn_with_kvcache"]
+
+
+def _unsupported(feature: str, arg: str) -> ValueError:
+    return ValueError(f"{feature} is not supported by portattn's flash_attn_with_kvcache ({arg})")
+
+
+def _check_features(
+    rotary_cos, rotary_sin, cache_leftpad, window_size, softcap, alibi_slopes, num_splits
+) -> None:
+    if rotary_cos is not None or rotary_sin is not None:
+        raise _unsupported("rotary embedding inside attention", "rotary_cos / rotary_sin")
+    if cache_leftpad is not None:
+        raise _unsupported("left-padded caches", "cache_leftpad")
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a pair (left, right), got {window_size!r}")
+    if tuple(window_size) != (-1, -1):
+        raise _unsupported("sliding window attention", f"window_size={tuple(window_size)}")
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float, got {type_name(softcap)}")
+    if softcap != 0:
+        raise _unsupported("softcapping", f"softcap={softcap}")
+    if alibi_slopes is not None:
+        raise _unsupported("ALiBi", "alibi_slopes")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
+        raise TypeError(f"num_splits must be an int, got {type_name(num_splits)}")
+    if num_splits not in (0, 1):
+        raise ValueError(
+            f"num_splits must be 0 (choose) or 1: portattn never splits a sequence's keys over "
+            f"programs (its rows keep the trainer's key order), got {num_splits}"
+        )
+
+
+def _index_tensor(name: str, x, batch: int, device: torch.device) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type_name(x)}")
+    if x.dtype != torch.int32:
+        raise DTypeError(f"{name} must have dtype torch.int32, got {x.dtype}")
+    if x.shape != (batch,):
+        raise ValueError(f"{name} must be [B] = [{batch}], got shape {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"{name} must be on {device} like q, got {x.device}")
+    return x
+
+
+def _cache_seqlens(cache_seqlens, batch: int, capacity: int, device) -> torch.Tensor:
+    """[B] int32 keys already in the cache: a tensor, an int for all, or None (full cache)."""
+    if cache_seqlens is None:
+        return torch.full((batch,), capacity, dtype=torch.int32, device=device)
+    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        if not 0 <= cache_seqlens <= capacity:
+            raise ValueError(f"cache_seqlens must be in [0, {capacity}], got {cache_seqlens}")
+        return torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
+    return _index_tensor("cache_seqlens", cache_seqlens, batch, device)
+
+
+def _check_new_kv(k, v, q, k_cache) -> int:
+    """The new keys and values to append, [B, S_new, Hkv, D] like the cache's rows; returns
+    S_new (0 without them)."""
+    if k is None and v is None:
+        return 0
+    if k is None or v is None:
+        raise ValueError("k and v must be given together (the new keys and values to append)")
+    for name, x in (("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type_name(x)}")
+        if x.dtype != k_cache.dtype:
+            raise DTypeError(f"{name} must have the cache's dtype {k_cache.dtype}, got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name} must be on {q.device} like q, got {x.device}")
+        want = (q.shape[0], x.shape[1] if x.dim() == 4 else -1, *k_cache.shape[2:])
+        if x.dim() != 4 or tuple(x.shape) != want:
+            raise ValueError(
+                f"{name} must be [B, S_new, Hkv, D] = [{q.shape[0]}, S_new, "
+                f"{k_cache.shape[2]}, {k_cache.shape[3]}], got shape {tuple(x.shape)}"
+            )
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape, got {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    return k.shape[1]
+
+
+def _check_values(
+    cache_seqlens,
+    new: int,
+    capacity: int,
+    block_table,
+    page_size: int,
+    num_pages: int,
+    batch_idx,
+    n_cache_rows: int,
+) -> None:
+    """The eager checks of the index tensors' values (host copies, once per tensor version),
+    before anything is written."""
+    lens = host_values(cache_seqlens)
+    bad = [n for n in lens if n < 0]
+    if bad:
+        raise ValueError(f"cache_seqlens must be >= 0, got {bad[0]}")
+    counts = [n + new for n in lens]
+    check_key_counts("cache_seqlens + new keys", counts, capacity)
+    if block_table is not None:
+        check_pages(block_table, counts, page_size, num_pages)
+    if batch_idx is not None:
+        rows = host_values(batch_idx)
+        outside = [r for r in rows if not 0 <= r < n_cache_rows]
+        if outside:
+            raise ValueError(
+                f"cache_batch_idx names cache row {outside[0]}, outside the cache's "
+                f"{n_cache_rows} rows"
+            )
+        if new and len(set(rows)) != len(rows):
+            raise ValueError("cache_batch_idx must not repeat a row when new keys are appended")
+
+
+def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, page_size, batch_idx) -> None:
+    """Write the new rows in place at positions ``cache_seqlens[b] + i`` (device ops only)."""
+    batch, new = k.shape[:2]
+    pos = cache_seqlens.long()[:, None] + torch.arange(new, device=k.device)  # [B, S_new]
+    if block_table is not None:
+        rows = torch.gather(block_table.long(), 1, torch.div(pos, page_size, rounding_mode="floor"))
+        slots = pos % page_size
+    else:
+        rows = batch_idx.long()[:, None].expand(batch, new)
+        slots = pos
+    k_cache[rows, slots] = k
+    v_cache[rows, slots] = v
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+    *,
+    kernel: str = "varlen",
+):
+    """flash-attn 2's ``flash_attn_with_kvcache``: attention of new query rows against a KV
+    cache, optionally appending new keys and values to it first (in place).
+
+    Args:
+        q: [B, Sq, Hq, D] float16 or bfloat16 (Sq from 1, a decode step, to a few hundred).
+        k_cache, v_cache: dense [B_cache, S_cache, Hkv, D] (``Hq % Hkv == 0``), or with
+            ``block_table`` paged [num_pages, page_size, Hkv, D] (page_size a power of two
+            from 16 to 256). Written in place when ``k``/``v`` are given.
+        k, v: None, or [B, S_new, Hkv, D]: appended at positions ``cache_seqlens[b]`` onwards
+            of sequence ``b``'s cache before the attention (``cache_seqlens`` is not updated,
+            as in flash-attn).
+        rotary_cos, rotary_sin, cache_leftpad, alibi_slopes: must be None (ValueError).
+        cache_seqlens: int32 [B] (or an int for all, or None for the full cache): the keys in
+            each sequence's cache before the append; the attention sees ``cache_seqlens[b] +
+            S_new`` keys.
+        cache_batch_idx: int32 [B] or None (``0..B-1``): the cache row of each sequence
+            (dense caches only; rows must not repeat when appending).
+        block_table: int32 [B, pages_per_seq] or None: the pages of each sequence (paged).
+        softmax_scale: default ``1 / sqrt(D)``.
+        causal: bottom-right aligned: query row ``i`` sees keys ``j <= i + Sk - Sq``.
+        window_size: must be (-1, -1); softcap: must be 0.0.
+        rotary_interleaved: accepted (it only matters with rotary_cos).
+        num_splits: 0 or 1 (portattn never splits a sequence's keys: ValueError otherwise).
+        return_softmax_lse: also return the lse, float32 [B, Hq, Sq] (natural log).
+        kernel: ``"varlen"`` or ``"fixed_order"`` (keyword only, not in flash-attn).
+
+    Returns:
+        out [B, Sq, Hq, D], or ``(out, softmax_lse)``. Rows that see no key get out 0 and lse
+        ``-inf`` (flash-attn: ``+inf``). Inference only: no argument may require grad.
+
+    Eager calls check the values of ``cache_seqlens``, ``block_table`` and ``cache_batch_idx``
+    (every count within its cache, every page used inside the cache) before writing anything;
+    while a CUDA graph is captured they are skipped and the caller guarantees them.
+    """
+    _check_features(
+        rotary_cos, rotary_sin, cache_leftpad, window_size, softcap, alibi_slopes, num_splits
+    )
+    check_bool("rotary_interleaved", rotary_interleaved)
+    scale = check_common(
+        q, k_cache, v_cache, causal, softmax_scale, return_softmax_lse, kernel, token_dims=2
+    )
+    causal, return_lse = bool(causal), bool(return_softmax_lse)
+    if _needs_grad(q, k_cache, v_cache, *(x for x in (k, v) if isinstance(x, torch.Tensor))):
+        raise ValueError(
+            "flash_attn_with_kvcache is inference-only: its tensors must not require grad "
+            "(use torch.no_grad(), or detach them)"
+        )
+    batch, seqlen_q, n_heads_q, head_dim = q.shape
+    new = _check_new_kv(k, v, q, k_cache)
+    if block_table is not None:
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx applies to dense caches, not with a block_table")
+        page_size = check_block_table_meta(block_table, k_cache, batch, q.device)
+        capacity = block_table.shape[1] * page_size
+        table, batch_idx = block_table, None
+    else:
+        page_size, capacity = k_cache.shape[1], k_cache.shape[1]
+        if cache_batch_idx is None:
+            if k_cache.shape[0] < batch:
+                raise ValueError(
+                    f"k_cache has {k_cache.shape[0]} rows for a batch of {batch}: pass "
+                    "cache_batch_idx, or a cache with a row per sequence"
+                )
+            batch_idx = torch.arange(batch, dtype=torch.int32, device=q.device)
+        else:
+            batch_idx = _index_tensor("cache_batch_idx", cache_batch_idx, batch, q.device)
+        table = batch_idx[:, None]  # a dense cache: one page of S_cache rows per sequence
+    seqlens = _cache_seqlens(cache_seqlens, batch, capacity, q.device)
+    if not _capturing(q):
+        _check_values(
+            seqlens,
+            new,
+            capacity,
+            block_table,
+            page_size,
+            k_cache.shape[0],
+            None if cache_batch_idx is None else batch_idx,
+            k_cache.shape[0],
+        )
+    if new:
+        _append(k_cache, v_cache, k, v, seqlens, block_table, page_size, batch_idx)
+    cu_seqlens_k = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
+    cu_seqlens_k[1:] = torch.cumsum(seqlens + new, 0)
+    cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * seqlen_q
+    out, lse = _run_fwd(
+        q.reshape(batch * seqlen_q, n_heads_q, head_dim),
+        k_cache,
+        v_cache,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        seqlen_q,
+        capacity,
+        causal,
+        scale,
+        kernel,
+        block_table=table,
+    )
+    out = out.view(batch, seqlen_q, n_heads_q, head_dim)
+    if not return_lse:
+        return out
+    return out, lse.view(batch, seqlen_q, n_heads_q).permute(0, 2, 1).contiguous()
