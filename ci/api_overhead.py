@@ -4,7 +4,7 @@ The eager ``varlen_attention`` reads ``cu_seqlens`` on the host before each laun
 checks, design §1 in docs/design.md), so the GPU waits for that host work on every call; under
 ``torch.compile`` those checks are skipped (docs/api.md) and launches queue up like the peers'.
 This script times, in one run and on the benchmark's own workloads and timer
-(``portattn.bench``): the eager API, the same call compiled with ``fullgraph=True``,
+(``portattn.tools.bench``): the eager API, the same call compiled with ``fullgraph=True``,
 FlexAttention and (equal packs) SDPA cuDNN, plus the forward kernel's own CUDA time from
 ``torch.profiler``.
 
@@ -21,7 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import portattn
-from portattn import bench
+from portattn.tools import bench
 
 WORKLOADS = ("equal 2x8192 h16 d128", "skewed 32k h16 d128")
 

@@ -1,7 +1,7 @@
 """Variant timing for the sm90 configuration table (docs/perf-notes.md records the results).
 
 Each variant replaces one sm90 bfloat16 entry of the table in this process only, is checked
-against float64 (``portattn.check``'s small packed case, at the entry's head dim, causal and
+against float64 (``portattn.tools.check``'s small packed case, at the entry's head dim, causal and
 not), and is timed on the skewed 32k-token pack (16 heads, bf16): forward alone and backward
 alone (``autograd.grad`` on a kept graph), medians of ``triton.testing.do_bench``. The table in
 ``portattn/configs.py`` is edited by hand afterwards; nothing here picks a configuration at run
@@ -24,8 +24,9 @@ import torch
 import triton
 
 import portattn
-from portattn import check, configs
-from portattn.bench import skewed_lengths
+from portattn import configs
+from portattn.tools import check
+from portattn.tools.bench import skewed_lengths
 from portattn.configs import Tiles
 
 # Rounds of variants, named by the docs/perf-notes.md row that records them. A variant is

@@ -1,5 +1,5 @@
-"""``python -m portattn``: see ``portattn.cli``."""
+"""``python -m portattn``: see ``portattn.tools.cli``."""
 
-from portattn.cli import main
+from portattn.tools.cli import main
 
 raise SystemExit(main())

@@ -16,7 +16,7 @@ Two ways to split one attention call over the ranks of a process group:
 that causal context parallelism needs.
 
 ``python -m portattn.distributed --demo`` runs both on 2 processes and checks them (see
-``portattn/_distributed_demo.py`` and ``docs/distributed.md``).
+``portattn/tools/_distributed_demo.py`` and ``docs/distributed.md``).
 """
 
 from __future__ import annotations
@@ -298,4 +298,4 @@ if __name__ == "__main__":
     # imports this module like any user does; this module never imports the demo (no cycle).
     import runpy
 
-    runpy.run_module("portattn._distributed_demo", run_name="__main__", alter_sys=True)
+    runpy.run_module("portattn.tools._distributed_demo", run_name="__main__", alter_sys=True)

@@ -1,6 +1,6 @@
 """Shared test helpers: random packs, running kernel and reference, the accuracy rule.
 
-Running the kernels and the reference is ``portattn.harness`` (shared with ``check``, golden
+Running the kernels and the reference is ``portattn.tools.harness`` (shared with ``check``, golden
 and the distributed demo); what is here is the tests' view of it: ``Pack`` in, ``dict`` out.
 """
 
@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from portattn import accuracy, harness
+from portattn import accuracy
 from portattn.accuracy import rel_err  # noqa: F401  (the tests import it from here)
+from portattn.tools import harness
 
 HAS_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_GPU else "cpu"

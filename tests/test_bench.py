@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from portattn import bench, bench_report, cli
-from portattn.bench import Impl, Workload
-from portattn.bench_report import CUDNN, FIXED, FLASH, FLEX, VARLEN
+from portattn.tools import bench, bench_report, cli
+from portattn.tools.bench import Impl, Workload
+from portattn.tools.bench_report import CUDNN, FIXED, FLASH, FLEX, VARLEN
 
 # --- FLOPs ------------------------------------------------------------------------------------
 

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from portattn import bench_decode as bd
-from portattn import bench_report, cli
-from portattn.bench_decode import DecodeImpl, DecodeWorkload
+from portattn.tools import bench_decode as bd
+from portattn.tools import bench_report, cli
+from portattn.tools.bench_decode import DecodeImpl, DecodeWorkload
 
 # --- workloads --------------------------------------------------------------------------------
 

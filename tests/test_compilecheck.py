@@ -1,4 +1,4 @@
-"""The ahead-of-time compile check (``portattn.compilecheck``).
+"""The ahead-of-time compile check (``portattn.tools.compilecheck``).
 
 Compiling needs Triton's compiler, while this test session may run under its interpreter
 (``TRITON_INTERPRET=1``, set by conftest on CPU): compiles run in child processes without it.
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from portattn import compilecheck as cc
 from portattn.configs import HEAD_DIMS, KERNELS, Tiles
 from portattn.families import FAMILIES
+from portattn.tools import compilecheck as cc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def twice() -> dict:
         import json
         from triton.compiler.compiler import make_backend
         from triton.runtime.jit import create_function_from_signature
-        from portattn import compilecheck as cc
+        from portattn.tools import compilecheck as cc
         from portattn.families import FAMILIES
 
         out = {}
@@ -121,7 +121,7 @@ def test_fingerprint_ignores_the_environment(twice):
     hostile = run_child(
         """
         import json, os
-        from portattn import compilecheck as cc
+        from portattn.tools import compilecheck as cc
         out = {}
         for fam, kernel, stage in [("sm90", "varlen", "fwd"), ("cdna3", "fixed_order", "bwd_dq")]:
             out[fam] = cc.check_entry(cc.Entry(fam, kernel, 64, "bf16"), stages=[stage])[0].record()
@@ -148,7 +148,7 @@ def broken() -> dict:
     return run_child(
         """
         import dataclasses, json
-        from portattn import compilecheck as cc
+        from portattn.tools import compilecheck as cc
         from portattn.configs import Tiles
         from portattn.families import FAMILIES
 
@@ -393,7 +393,7 @@ def test_sm90_dq_ws_compiles():
     out = run_child(
         """
         import json
-        from portattn import compilecheck as cc
+        from portattn.tools import compilecheck as cc
         rows = []
         for kernel in ("varlen", "fixed_order"):
             entry = cc.Entry("sm90", kernel, 128, "bf16")
@@ -420,7 +420,7 @@ def test_sm90_varlen_wgmma_not_serialized():
     out = run_child(
         """
         import json
-        from portattn import compilecheck as cc
+        from portattn.tools import compilecheck as cc
         rows = []
         for d in (128, 64):
             entry = cc.Entry("sm90", "varlen", d, "bf16")

@@ -28,6 +28,21 @@ def _decode_batch(lens_k: list[int], seed: int):
     return q, k, v, cu_q, cu_k
 
 
+def _capture(step):
+    """``step`` warmed on a side stream (as torch.cuda.graph's docs ask), then captured:
+    returns (graph, the captured outputs)."""
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return graph, outputs
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_decode_step_captures_and_replays_bitwise(kernel):
     lens = [513, 1, 64, 1000, 17]  # the replays keep the total (the buffers' sizes)
@@ -39,15 +54,7 @@ def test_decode_step_captures_and_replays_bitwise(kernel):
             *static, 1, max_k, causal=True, return_lse=True, kernel=kernel
         )
 
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()  # warm-up on a side stream, as torch.cuda.graph's docs ask
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = step()
+    graph, (out, lse) = _capture(step)
     for seed, new_lens in ((2, lens), (3, [1000, 2, 1, 528, 64])):  # new data, new lengths
         fresh = _decode_batch(new_lens, seed)
         for buf, src in zip(static, fresh):
@@ -89,33 +96,11 @@ def test_forward_backward_captures(kernel):
         out = portattn.varlen_attention(q, k, v, cu, cu, 256, 256, causal=True, kernel=kernel)
         return torch.autograd.grad(out, (q, k, v), dout)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        grads = step()
+    graph, grads = _capture(step)
     graph.replay()
     torch.cuda.synchronize()
     for got, want in zip(grads, step()):
         assert torch.equal(got, want)
-
-
-def _capture(step):
-    """``step`` warmed on a side stream (as torch.cuda.graph's docs ask), then captured:
-    returns (graph, the captured outputs)."""
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = step()
-    return graph, outputs
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -20,8 +20,8 @@ import pytest
 import torch
 from helpers import DEVICE, HAS_GPU, Pack, lse_err, rel_err, run_kernel, run_reference
 
-from portattn import _distributed_demo as demo
 from portattn.distributed import shard_heads, shard_keys
+from portattn.tools import _distributed_demo as demo
 
 NAMES = ("out", "lse", "dq", "dk", "dv")
 CPU_CASES = demo.default_cases("cpu")

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import portattn
-from portattn import compilecheck, configs, families
+from portattn import configs, families
 from portattn.configs import DTYPES, HEAD_DIMS, INTERPRETER, KERNELS, KernelConfig, Tiles
 from portattn.families import FAMILIES, family_from_properties, nearest_family
+from portattn.tools import compilecheck
 
 ROOT = Path(__file__).resolve().parents[1]
 AMD_KNOBS = {"waves_per_eu", "matrix_instr_nonkdim", "kpack"}

@@ -119,13 +119,13 @@ def test_package_imports_are_acyclic():
 def test_graph_sees_top_level_lazy_and_relative_imports():
     """The graph is not vacuous: known edges of each kind are in it."""
     graph = import_graph()
-    assert len(graph) > 20 and "portattn.golden.run" in graph and "portattn" in graph
-    assert "portattn.harness" in graph["portattn.check"]  # top level
-    assert "portattn.distributed" in graph["portattn._distributed_demo"]  # top level
-    assert "portattn.check" in graph["portattn.cli"]  # inside a function
-    assert "portattn.harness" in graph["portattn.golden.run"]
+    assert len(graph) > 20 and "portattn.tools.golden.run" in graph and "portattn" in graph
+    assert "portattn.tools.harness" in graph["portattn.tools.check"]  # top level
+    assert "portattn.distributed" in graph["portattn.tools._distributed_demo"]  # top level
+    assert "portattn.tools.check" in graph["portattn.tools.cli"]  # inside a function
+    assert "portattn.tools.harness" in graph["portattn.tools.golden.run"]
     # the demo is run, not imported, by distributed.py's __main__ block
-    assert "portattn._distributed_demo" not in graph["portattn.distributed"]
+    assert "portattn.tools._distributed_demo" not in graph["portattn.distributed"]
 
 
 def test_find_cycle():
@@ -160,3 +160,18 @@ def test_graph_resolves_import_forms(tmp_path):
         "pkg.sub.d": {"pkg.a": 1, "pkg.sub.e": 3},
         "pkg.sub.e": {},
     }
+
+
+def test_product_does_not_import_the_tools():
+    """The product's modules (everything outside ``portattn.tools``) read alone: none imports
+    the tooling, at top level or inside a function (``python -m portattn`` is the one door:
+    ``portattn/__main__.py``)."""
+    graph = import_graph()
+    tools = "portattn.tools"
+    leaks = {
+        mod: sorted(dep for dep in deps if dep == tools or dep.startswith(tools + "."))
+        for mod, deps in graph.items()
+        if not (mod == tools or mod.startswith(tools + ".")) and mod != "portattn.__main__"
+    }
+    assert not {mod: deps for mod, deps in leaks.items() if deps}
+    assert "portattn.tools.cli" in graph["portattn.__main__"]  # the graph sees the door

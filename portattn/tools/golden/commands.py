@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from portattn.golden.cases import CASES, CASES_VERSION, DTYPES, Case, cases_by_name
-from portattn.golden.provenance import REPO_ROOT, device_name, provenance, toolchain_key
-from portattn.golden.run import CaseResult, accuracy, compute_case, make_inputs
-from portattn.golden.store import (
+from portattn.tools.golden.cases import CASES, CASES_VERSION, DTYPES, Case, cases_by_name
+from portattn.tools.golden.provenance import REPO_ROOT, device_name, provenance, toolchain_key
+from portattn.tools.golden.run import CaseResult, accuracy, compute_case, make_inputs
+from portattn.tools.golden.store import (
     GoldenConflict,
     GoldenError,
     build_record,
@@ -88,7 +88,7 @@ def compile_fingerprints(family: str) -> dict[str, dict[str, str | None]]:
 
     if family not in FAMILIES:
         return {}
-    from portattn.compilecheck import fingerprints
+    from portattn.tools.compilecheck import fingerprints
 
     return fingerprints(family)
 

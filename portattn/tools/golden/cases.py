@@ -15,7 +15,7 @@ import torch
 CASES_VERSION = 2  # 2: the paged decode / append cases (page_size)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
-# Tensor ids of the input generator (see portattn.golden.inputs).
+# Tensor ids of the input generator (see portattn.tools.golden.inputs).
 TENSOR_IDS = {"q": 1, "k": 2, "v": 3, "do": 4, "dlse": 5}
 OUTPUTS = ("out", "lse", "dq", "dk", "dv")
 

@@ -32,8 +32,8 @@ Before timing, each output on a few sequences is compared with a float32 referen
 Metric: K/V bytes read, ``sum(kv_len) * Hkv * D * 2 (K and V) * 2 (bf16)``, per second (TB/s),
 and its ratio to the copy bandwidth measured in the same run, (read + write bytes) / time of
 ``dst.copy_(src)`` on 1 GiB of bf16 ("copy BW (read+write)"). vs FA4 det: FA4 det's time / this
-time. Timing as :mod:`portattn.bench`: ``do_bench`` medians with L2 flushed per repeat (a B = 1
-cache fits in the 50 MiB L2), a GPU warm-up, first calls untimed, two passes in alternating
+time. Timing as :mod:`portattn.tools.bench`: ``do_bench`` medians with L2 flushed per repeat
+(a B = 1 cache fits in the 50 MiB L2), a GPU warm-up, first calls untimed, two passes in alternating
 order, the better kept; random inputs, never zeros. B = 1 and 8 are launch-bound.
 """
 
@@ -52,8 +52,8 @@ from typing import Any
 
 import torch
 
-from portattn import bench_report as report
-from portattn.bench import _no_recompile, attempt, metadata
+from portattn.tools import bench_report as report
+from portattn.tools.bench import _no_recompile, attempt, metadata
 
 PAGE_SIZE = 64
 KV_RANGE = (512, 8192)
@@ -355,7 +355,7 @@ Timer = Callable[[Callable[[], object]], tuple[float, float | None, float | None
 
 
 def gpu_timer(step: Callable[[], object]) -> tuple[float, float | None, float | None]:
-    """:func:`portattn.bench.gpu_timer` with shorter budgets (``WARMUP_MS``, ``REP_MS``: calls
+    """:func:`portattn.tools.bench.gpu_timer` with shorter budgets (``WARMUP_MS``, ``REP_MS``: calls
     here take 0.01-2 ms, so 150 ms is 75+ repeats): median ms, peak and resident GiB."""
     import triton.testing
 

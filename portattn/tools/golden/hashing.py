@@ -15,7 +15,9 @@ import torch
 DIGEST_HEX = 16  # hex digits of a per-sequence, per-head digest
 
 if sys.byteorder != "little":  # pragma: no cover - no such platform runs the kernels
-    raise ImportError("portattn.golden hashes raw little-endian bytes; this machine is big-endian")
+    raise ImportError(
+        "portattn.tools.golden hashes raw little-endian bytes; this machine is big-endian"
+    )
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:

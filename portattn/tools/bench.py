@@ -32,7 +32,7 @@ and sequence, halved for causal; forward+backward 3.5x forward. Peak memory:
 ``torch.cuda.max_memory_allocated`` over one call after a reset (outside ``do_bench``, whose
 256 MB flush buffer would otherwise count), in GiB, with the resident inputs counted.
 
-Reports (markdown, JSON, PNG chart): :mod:`portattn.bench_report`.
+Reports (markdown, JSON, PNG chart): :mod:`portattn.tools.bench_report`.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ from typing import Any
 
 import torch
 
-from portattn import bench_report as report
-from portattn.bench_report import CUDNN, FIXED, FLASH, FLEX, MODES, VARLEN
+from portattn.tools import bench_report as report
+from portattn.tools.bench_report import CUDNN, FIXED, FLASH, FLEX, MODES, VARLEN
 
 WARMUP_MS = 50  # do_bench's warm-up and repetition budgets: about 0.4 s per do_bench call
 REP_MS = 300
@@ -338,7 +338,7 @@ def _first_call(impl: Impl, mode: str, args: tuple, do: torch.Tensor | None):
 
 
 def _row(w: Workload, mode: str, impl: str, pass_: int | None, **fields: Any) -> dict[str, Any]:
-    """One row of the results (fields described in :mod:`portattn.bench_report`)."""
+    """One row of the results (fields described in :mod:`portattn.tools.bench_report`)."""
     row = {"workload": w.name, "mode": mode, "impl": impl, "pass": pass_, "ms": None}
     row.update(tflops=None, peak_gib=None, resident_gib=None, error=None)
     row.update(fields)
@@ -485,7 +485,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--decode",
         action="store_true",
-        help="the decode/append benchmark against a KV cache instead (portattn.bench_decode, "
+        help="the decode/append benchmark against a KV cache instead (portattn.tools.bench_decode, "
         "dispatched by the CLI; --quick, --workloads, --list, --json, --markdown and --docs "
         "apply to it)",
     )

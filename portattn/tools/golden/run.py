@@ -13,10 +13,10 @@ from typing import Any
 import torch
 
 from portattn.api import varlen_attention
-from portattn.golden.cases import TENSOR_IDS, Case
-from portattn.golden.hashing import inputs_sha256, tensor_record
-from portattn.golden.inputs import generate
-from portattn.harness import cu_seqlens, measure, run_kernel, run_reference, zero_where_no_key
+from portattn.tools.golden.cases import TENSOR_IDS, Case
+from portattn.tools.golden.hashing import inputs_sha256, tensor_record
+from portattn.tools.golden.inputs import generate
+from portattn.tools.harness import cu_seqlens, measure, run_kernel, run_reference, zero_where_no_key
 
 
 @dataclass

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from portattn.golden.commands import (
+from portattn.tools.golden.commands import (
     compile_fingerprints,
     default_golden_dir,
     run_fingerprints,

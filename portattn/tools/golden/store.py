@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from portattn.golden.cases import Case
+from portattn.tools.golden.cases import Case
 
 SCHEMA = 1
 LOCK_TIMEOUT_S = 300.0

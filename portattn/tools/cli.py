@@ -30,7 +30,7 @@ def rerun_under_interpreter(python_args: list[str]) -> int:
     """Run ``python <python_args>`` in a child process with TRITON_INTERPRET=1 (set for that
     process from its start; the package itself never sets it) and return its exit code, or 2
     when this numpy is too new for Triton's interpreter."""
-    from portattn.check import numpy_problem
+    from portattn.tools.check import numpy_problem
 
     problem = numpy_problem()
     if problem:
@@ -45,29 +45,29 @@ def _cmd_check(args: argparse.Namespace) -> int:
         return rerun_under_interpreter(
             ["-m", "portattn", "check"] + (["--verbose"] if args.verbose else [])
         )
-    from portattn.check import run_check
+    from portattn.tools.check import run_check
 
     return run_check(verbose=args.verbose)
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from portattn.compilecheck import main as compile_main
+    from portattn.tools.compilecheck import main as compile_main
 
     return compile_main(args)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     if getattr(args, "decode", False):
-        from portattn.bench_decode import main as decode_main
+        from portattn.tools.bench_decode import main as decode_main
 
         return decode_main(args)
-    from portattn.bench import main as bench_main
+    from portattn.tools.bench import main as bench_main
 
     return bench_main(args)
 
 
 def _cmd_golden(args: argparse.Namespace) -> int:
-    from portattn.golden.cli import main as golden_main
+    from portattn.tools.golden.cli import main as golden_main
 
     return golden_main(args)
 
@@ -90,9 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_compile = sub.add_parser(
         "compile",
         help="compile every configuration for every GPU family on this machine and check it",
-        description="Ahead-of-time compile check: see portattn.compilecheck.",
+        description="Ahead-of-time compile check: see portattn.tools.compilecheck.",
     )
-    from portattn.compilecheck import add_arguments
+    from portattn.tools.compilecheck import add_arguments
 
     add_arguments(p_compile)
     p_compile.set_defaults(func=_cmd_compile)
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         "table, optionally writes JSON, markdown and a PNG chart. `bench plot` renders the "
         "chart (and markdown) from a JSON file, on any machine with matplotlib.",
     )
-    from portattn.bench import add_arguments as add_bench_arguments
+    from portattn.tools.bench import add_arguments as add_bench_arguments
 
     add_bench_arguments(p_bench)
     p_bench.set_defaults(func=_cmd_bench)
@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Golden output hashes per GPU family: verify them bitwise on this GPU, "
         "refresh them, or check the compile fingerprints beside them (CPU).",
     )
-    from portattn.golden.cli import add_arguments as add_golden_arguments
+    from portattn.tools.golden.cli import add_arguments as add_golden_arguments
 
     add_golden_arguments(p_golden)
     p_golden.set_defaults(func=_cmd_golden)

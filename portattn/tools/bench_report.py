@@ -1,6 +1,6 @@
 """Reports of ``python -m portattn bench``: JSON file, markdown summary, PNG bar chart.
 
-Everything here works on the plain data of a run (the dict that :func:`portattn.bench.run`
+Everything here works on the plain data of a run (the dict that :func:`portattn.tools.bench.run`
 returns and :func:`write_json` stores), so a report can be rendered on another machine than the
 one that measured: this module imports neither torch nor triton, and matplotlib only inside
 :func:`plot` (the GPU machine may not have it; render the PNG later with

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from portattn.accuracy import LSE_MARGIN, REL_MARGIN
-from portattn.harness import (
+from portattn.tools.harness import (
     NAMES,
     cu_seqlens,
     measure,

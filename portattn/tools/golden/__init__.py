@@ -2,14 +2,14 @@
 hashing, the golden files and the verify / refresh / fingerprints commands (design §5 in
 docs/design.md).
 
-``import portattn.golden`` does no GPU work; see ``docs/golden.md`` for the workflow.
+``import portattn.tools.golden`` does no GPU work; see ``docs/golden.md`` for the workflow.
 """
 
-from portattn.golden.cases import CASES, CASES_VERSION, Case, cases_by_name
-from portattn.golden.commands import run_fingerprints, run_refresh, run_verify
-from portattn.golden.inputs import generate
-from portattn.golden.run import CaseResult, accuracy, compute_case, make_inputs
-from portattn.golden.store import (
+from portattn.tools.golden.cases import CASES, CASES_VERSION, Case, cases_by_name
+from portattn.tools.golden.commands import run_fingerprints, run_refresh, run_verify
+from portattn.tools.golden.inputs import generate
+from portattn.tools.golden.run import CaseResult, accuracy, compute_case, make_inputs
+from portattn.tools.golden.store import (
     SCHEMA,
     GoldenConflict,
     GoldenError,

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]  # portattn/tools/golden/ -> the checkout
 
 
 def toolchain_key() -> str:

@@ -24,11 +24,11 @@ The parent then checks: CP out, lse, dq, dk, dv against the float64 reference wi
 CP identical on every rank, and every rank's TP heads bitwise equal (``torch.equal``) to those
 heads of rank 0's single call. Exit 0 if everything passes, 1 otherwise, 2 if it cannot run.
 The test suite (``tests/test_distributed.py``) reuses :func:`launch` and :func:`make_inputs`.
-The forward + backward runs and the float64 reference are those of ``portattn.harness``.
+The forward + backward runs and the float64 reference are those of ``portattn.tools.harness``.
 
 ``portattn/distributed.py`` does not import this module: run as a program it hands the process
 over to this one (``runpy``), so ``python -m portattn.distributed --demo`` and
-``python -m portattn._distributed_demo --demo`` are the same command.
+``python -m portattn.tools._distributed_demo --demo`` are the same command.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ import torch
 
 from portattn.accuracy import error
 from portattn.api import varlen_attention
-from portattn.check import numpy_problem
 from portattn.configs import interpreter_active
 from portattn.distributed import context_parallel_attention, shard_heads, shard_keys
-from portattn.harness import (
+from portattn.tools.check import numpy_problem
+from portattn.tools.harness import (
     NAMES,
     cu_seqlens,
     forward_backward,
@@ -125,8 +125,8 @@ def _cpu(result: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _fwd_bwd(fn, leaves, dout, dlse) -> dict[str, torch.Tensor]:
-    """:func:`portattn.harness.forward_backward` (upstream gradients dout on out, dlse on lse),
-    as CPU copies."""
+    """:func:`portattn.tools.harness.forward_backward` (upstream gradients dout on out, dlse on
+    lse), as CPU copies."""
     return _cpu(forward_backward(fn, leaves, dout, dlse))
 
 
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.world_size < 1:
         parser.error("--world-size must be >= 1")
-    from portattn.cli import needs_interpreter_rerun, rerun_under_interpreter
+    from portattn.tools.cli import needs_interpreter_rerun, rerun_under_interpreter
 
     if needs_interpreter_rerun():  # CPU ranks: the interpreter must be on from the start
         return rerun_under_interpreter(["-m", "portattn.distributed", *argv])

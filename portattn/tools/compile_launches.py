@@ -1,0 +1,162 @@
+"""The launches the compile check compiles: the configuration-table entries, and per entry the
+kernel launches the real planners make for a representative call on CPU tensors (nothing is
+launched). Kept apart from the compiling and checking (:mod:`portattn.tools.compilecheck`), which
+re-exports these names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from portattn.configs import KernelConfig, config_table
+
+# KernelConfig fields, one kernel each; "decode" is the paged decode kernel (its tiles:
+# KernelConfig.decode_tiles).
+STAGES = ("fwd", "bwd_pre", "bwd_dkdv", "bwd_dq", "decode")
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+# The warp-specialised Gluon kernels: launched with ``ws_launch_options``, not the tiles' own.
+WS_KERNELS = ("attn_fwd_ws_kernel", "attn_bwd_dkdv_ws_kernel", "attn_bwd_dq_ws_kernel")
+
+# The representative launch whose specialisation is compiled: contiguous packed tensors, GQA
+# (a query-head group of 4 is a runtime loop bound; MHA's group of 1 would be a constexpr).
+REPRESENTATIVE = {"batch": 2, "seqlen": 256, "heads_q": 16, "heads_k": 4, "causal": True}
+# The decode stage's launch: one query row per sequence of the representative batch against a
+# paged cache of this page size (a constexpr of the decode kernel).
+DECODE_PAGE_SIZE = 64
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One configuration-table entry (family, kernel, head_dim, dtype name)."""
+
+    family: str
+    kernel: str
+    head_dim: int
+    dtype: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernel}/d{self.head_dim}/{self.dtype}"
+
+    def torch_dtype(self) -> torch.dtype:
+        return {v: k for k, v in DTYPE_NAMES.items()}[self.dtype]
+
+    def config(self) -> KernelConfig:
+        return config_table()[(self.family, self.kernel, self.head_dim, self.torch_dtype())]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One recorded kernel launch: the jit function, its bound arguments and launch options."""
+
+    stage: str
+    fn: Any
+    args: dict[str, Any]
+    options: dict[str, Any]
+
+
+@contextlib.contextmanager
+def _unset_env(names: Iterable[str]) -> Iterator[None]:
+    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _bind(stage: str, fn: Any, args: tuple, params: dict) -> Launch:
+    """Split a planned launch's parameters into bound kernel arguments and launch options."""
+    kernel_params = {k: v for k, v in params.items() if k in fn.arg_names}
+    options = {k: v for k, v in params.items() if k not in fn.arg_names}
+    bound = inspect.signature(fn.fn).bind(*args, **kernel_params)  # jit and interpreted fns
+    bound.apply_defaults()
+    return Launch(stage, fn, dict(bound.arguments), options)
+
+
+def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, tuple[Launch, ...]]:
+    """The kernel launches the real planners (``plan_forward`` / ``plan_backward``) make for
+    ``entry``'s configuration (or ``cfg``) on CPU tensors of the representative launch, per
+    stage in launch order: one each, except dK/dV with ``dkdv_passes`` > 1 (a dV launch, then
+    a dK launch). Nothing is launched."""
+    from portattn.kernels.backward import plan_backward
+    from portattn.kernels.forward import plan_forward
+    from portattn.kernels.plan import describe, splits_p
+
+    rep = REPRESENTATIVE
+    n_tok, dim, dtype = rep["batch"] * rep["seqlen"], entry.head_dim, entry.torch_dtype()
+    q, do = (torch.zeros(n_tok, rep["heads_q"], dim, dtype=dtype) for _ in range(2))
+    k, v = (torch.zeros(n_tok, rep["heads_k"], dim, dtype=dtype) for _ in range(2))
+    cu = torch.arange(rep["batch"] + 1, dtype=torch.int32) * rep["seqlen"]
+    seq, causal, scale = rep["seqlen"], rep["causal"], dim**-0.5
+    split_p, cfg = splits_p(entry.kernel), cfg or entry.config()
+    # The launches a GPU run makes: the planners choose some kernels by whether the CPU
+    # interpreter is on (the pytest harness sets it), so it is off while planning.
+    with _unset_env(["TRITON_INTERPRET"]):
+        problem = describe(q, k, cu, seq, seq, causal, scale, entry.kernel, cfg)
+        fwd = plan_forward(problem, q, k, v, cu, cu, store_o32=split_p)
+        o_for_delta = fwd.out32 if split_p else fwd.out
+        dlse = torch.zeros_like(fwd.lse)
+        bwd = plan_backward(problem, do, q, k, v, o_for_delta, fwd.lse, dlse, cu, cu)
+        decode = _plan_paged_decode(entry, cfg, q, k, scale)
+    launches: dict[str, tuple[Launch, ...]] = {}
+    for planned in (*fwd.launches, *bwd.launches, *decode.launches):
+        launch = _bind(planned.stage, planned.kernel, planned.args, planned.params)
+        launches[launch.stage] = (*launches.get(launch.stage, ()), launch)
+    missing = set(STAGES) - set(launches)
+    if missing:
+        raise RuntimeError(f"planners did not launch {sorted(missing)}")
+    return launches
+
+
+def _plan_paged_decode(entry: Entry, cfg: KernelConfig, q, k, scale: float):
+    """The decode launch of the representative batch: one row per sequence, paged K/V."""
+    from portattn.kernels.forward import plan_forward
+    from portattn.kernels.plan import describe
+
+    rep, page = REPRESENTATIVE, DECODE_PAGE_SIZE
+    pages_per_seq = rep["seqlen"] // page
+    q1 = q[: rep["batch"]]
+    cache = torch.zeros(rep["batch"] * pages_per_seq, page, *k.shape[1:], dtype=k.dtype)
+    table = torch.arange(rep["batch"] * pages_per_seq, dtype=torch.int32).view(rep["batch"], -1)
+    cu_q = torch.arange(rep["batch"] + 1, dtype=torch.int32)
+    cu_k = cu_q * rep["seqlen"]
+    problem = describe(
+        q1,
+        cache,
+        cu_q,
+        1,
+        rep["seqlen"],
+        rep["causal"],
+        scale,
+        entry.kernel,
+        cfg,
+        block_table=table,
+    )
+    return plan_forward(problem, q1, cache, cache, cu_q, cu_k, store_o32=False, block_table=table)
+
+
+def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
+    """Where a recorded launch differs from the table's tiles (empty when it reads the table)."""
+    if launch.stage == "bwd_dkdv":
+        tiles = cfg.dkdv_launch_tiles(bool(launch.args.get("WANT_DK", True)))
+    else:
+        tiles = cfg.stage_tiles(launch.stage)
+    problems = []
+    expected = tiles.launch_kwargs()
+    if getattr(launch.fn, "__name__", None) in WS_KERNELS:
+        from portattn.kernels.ws_common import ws_launch_options
+
+        expected = ws_launch_options(tiles)
+    if launch.options != expected:
+        problems.append(f"launch options {launch.options} != table {expected}")
+    for param, value in (("BLOCK_M", tiles.block_m), ("BLOCK_N", tiles.block_n)):
+        if param in launch.args and launch.args[param] != value:
+            problems.append(f"{param}={launch.args[param]} != table {value}")
+    return problems
