@@ -75,7 +75,7 @@ def tests_newest(session: nox.Session) -> None:
 
 
 def _cpu_suite(session: nox.Session, triton: str) -> None:
-    _install_cpu_stack(session, "[test]", triton)
+    _install_cpu_stack(session, "[test,transformers]", triton)
     _pytest(session, "-m", "not gpu", *(session.posargs or ["-q"]))
     # Resources and instructions (spills, shared memory / LDS, mma.sync / wgmma / v_mfma) of the
     # CI subset; the fingerprint check below compiles every entry but checks only the bits.

@@ -23,6 +23,30 @@ from portattn.validation import check_bool, type_name
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]  # flash_attn_with_kvcache: kvcache.py
 
 
+def max_seqlen_arg(name: str, value):
+    """A ``max_seqlen_q`` / ``max_seqlen_k`` as callers of flash-attn pass it: an int, a numpy
+    integer, ``None`` (portattn derives it), a symbolic int under ``torch.compile``, or a 0-d
+    integer tensor (what transformers' ``prepare_fa_kwargs_from_position_ids`` returns), which
+    is read to a Python int: ``int(value)`` in eager mode (a device-to-host copy for a GPU
+    tensor), ``value.item()`` while ``torch.compile`` traces (a graph break unless
+    ``torch._dynamo.config.capture_scalar_outputs`` is on, then an unbacked symbolic int).
+    Anything else is left to portattn's own check, which raises a TypeError for bools, floats
+    and other types. A tensor of a bool or floating dtype is a TypeError, a tensor with
+    dimensions a ValueError."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.dtype == torch.bool or value.dtype.is_floating_point or value.dtype.is_complex:
+        raise TypeError(
+            f"{name} must be an int or a 0-d integer tensor, got a tensor of dtype {value.dtype}"
+        )
+    if value.dim() != 0:
+        raise ValueError(
+            f"{name} must be an int or a 0-d integer tensor, got a tensor of shape "
+            f"{tuple(value.shape)}"
+        )
+    return value.item() if torch.compiler.is_compiling() else int(value)
+
+
 def _unsupported(feature: str, arg: str, value) -> ValueError:
     return ValueError(
         f"{feature} is not supported by portattn ({arg}={value!r}); portattn implements plain "
@@ -96,7 +120,11 @@ def flash_attn_varlen_func(
         q: [total_q, Hq, D] float16 or bfloat16, ``stride(-1) == 1``.
         k, v: [total_k, Hkv, D], ``Hq % Hkv == 0`` (GQA/MQA as in flash-attn).
         cu_seqlens_q, cu_seqlens_k: int32 [B + 1] cumulative sequence lengths.
-        max_seqlen_q, max_seqlen_k: ints, at least the longest query / key sequence.
+        max_seqlen_q, max_seqlen_k: ints, at least the longest query / key sequence. Numpy
+            integers and 0-d integer tensors are accepted too (a tensor is read with ``int()``,
+            a host copy; under ``torch.compile`` with ``.item()``, a graph break unless
+            ``torch._dynamo.config.capture_scalar_outputs`` is on); bools and floats, as
+            Python values or tensors, are a TypeError.
         dropout_p: must be 0.0 (dropout is not supported: ValueError).
         softmax_scale: default ``1 / sqrt(D)``.
         causal: bottom-right aligned causal mask (flash-attn >= 2.1 convention).
@@ -133,6 +161,8 @@ def flash_attn_varlen_func(
         deterministic,
         return_attn_probs,
     )
+    max_seqlen_q = max_seqlen_arg("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = max_seqlen_arg("max_seqlen_k", max_seqlen_k)
     out, lse = varlen_attention(
         q,
         k,

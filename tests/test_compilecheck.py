@@ -23,20 +23,22 @@ from portattn.tools import compilecheck as cc
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_child(code: str, extra_env: dict[str, str] | None = None) -> dict:
-    """Run ``code`` in a fresh Python without TRITON_INTERPRET (with ``extra_env``); it prints
-    one JSON line last."""
+def run_python(argv: list[str], extra_env: dict[str, str] | None = None):
+    """``python *argv`` in a fresh process without TRITON_INTERPRET (with ``extra_env``), this
+    checkout first on its path; asserts it exits 0 and returns the completed process."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | (extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def run_child(code: str, extra_env: dict[str, str] | None = None) -> dict:
+    """Run ``code`` in a fresh Python without TRITON_INTERPRET (with ``extra_env``); it prints
+    one JSON line last."""
+    proc = run_python(["-c", textwrap.dedent(code)], extra_env)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -251,17 +253,8 @@ def test_cli_json_and_fingerprints_api(tmp_path):
     """``python -m portattn compile`` for one entry, and ``fingerprints()`` (from this process,
     which may be interpreted: it then compiles in a child) agree bit for bit."""
     path = tmp_path / "cc.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     argv = ["--family", "cdna2", "--kernel", "varlen", "--head-dim", "32", "--dtype", "bf16"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "portattn", "compile", *argv, "--json", str(path), "-j", "1"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_python(["-m", "portattn", "compile", *argv, "--json", str(path), "-j", "1"])
     assert "cdna2" in proc.stdout and "0 failed" in proc.stdout
     data = json.loads(path.read_text())
     records = data["cdna2"]["varlen/d32/bf16"]
@@ -344,6 +337,23 @@ def test_sgpr_spills_to_vgpr_lanes_pass_but_scratch_fails():
     result = cc.KernelResult(entry, "fwd", "0")
     cc.check_artifacts(result, cc.Artifacts(16384, b"x", AMDGCN_META), FAMILIES["cdna3"])
     assert not result.ok
+
+
+def test_blackwell_instruction_is_the_tcgen05_product():
+    """sm100 counts Blackwell's ``tcgen05.mma`` products; its tensor-memory loads, stores and
+    waits, and an ``mma.sync`` fallback (what Triton emits there for 32-row query tiles), do not
+    count, so such a kernel fails the check."""
+    entry = cc.Entry("sm100", "varlen", 64, "bf16")
+    log = PTXAS_LOG.replace("24 bytes", "0 bytes").replace("16 bytes", "0 bytes")
+    log = log.replace("8 bytes", "0 bytes")
+    support = "tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%r1], 128;\n"
+    support += "tcgen05.ld.sync.aligned.32x32b.x64.b32 {%r2}, [%r3];\n"
+    fallback = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r4}, {%r5}, {%f2};\n"
+    product = "tcgen05.mma.cta_group::1.kind::f16 [%r6], %rd1, %rd2, %r7, 1;\n"
+    for asm, count in ((support + fallback, 0), (support + product * 2, 2)):
+        result = cc.KernelResult(entry, "fwd", "0")
+        cc.check_artifacts(result, cc.Artifacts(4096, b"x", asm, log), FAMILIES["sm100"])
+        assert result.mma == count and result.ok == bool(count), result.failures
 
 
 def test_preprocess_needs_no_matrix_instruction():

@@ -275,3 +275,58 @@ def test_rank_and_head_dim_checked_first():
         portattn.flash_attn_func(scalar, dense, dense)
     with pytest.raises(ValueError, match="head dim must be one of .*, got 0"):
         portattn.flash_attn_func(dense[..., :0], dense[..., :0], dense[..., :0])
+
+
+def test_max_seqlen_numpy_and_0d_tensors():
+    """max_seqlen_q / max_seqlen_k as numpy integers or 0-d integer tensors (what transformers'
+    prepare_fa_kwargs_from_position_ids returns): read as ints, the same bits as ints."""
+    import numpy as np
+
+    p = make_pack(LENS_Q, LENS_K, 4, 2, 32, seed=99)
+    args = (p.q, p.k, p.v, p.cu_q, p.cu_k)
+    ref = portattn.flash_attn_varlen_func(*args, max(LENS_Q), max(LENS_K), causal=True)
+    for wrap in (
+        np.int64,
+        np.int32,
+        lambda n: torch.tensor(n),
+        lambda n: torch.tensor(n, dtype=torch.int32, device=DEVICE),
+        lambda n: torch.tensor(n, dtype=torch.uint8),
+    ):
+        got = portattn.flash_attn_varlen_func(
+            *args, wrap(max(LENS_Q)), wrap(max(LENS_K)), causal=True
+        )
+        assert torch.equal(got, ref)
+    # the values are still checked against cu_seqlens
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        portattn.flash_attn_varlen_func(*args, torch.tensor(2), torch.tensor(max(LENS_K)))
+
+
+def test_max_seqlen_bools_and_floats_raise():
+    import numpy as np
+
+    p = make_pack([3], [3], 2, 1, 32, seed=100)
+    args = (p.q, p.k, p.v, p.cu_q, p.cu_k)
+    for bad in (True, np.True_, 3.0, np.float64(3), torch.tensor(True), torch.tensor(3.0), "3"):
+        with pytest.raises(TypeError, match="max_seqlen_q"):
+            portattn.flash_attn_varlen_func(*args, bad, 3)
+        with pytest.raises(TypeError, match="max_seqlen_k"):
+            portattn.flash_attn_varlen_func(*args, 3, bad)
+    with pytest.raises(ValueError, match=r"max_seqlen_q must be .* 0-d .* shape \(1,\)"):
+        portattn.flash_attn_varlen_func(*args, torch.tensor([3]), 3)
+
+
+def test_max_seqlen_0d_tensor_under_compile():
+    """Under torch.compile a 0-d tensor is read with .item(): one graph when scalar outputs are
+    captured (transformers' advice for its flash path), the same bits as eager."""
+    p = make_pack(LENS_Q, LENS_K, 4, 2, 32, seed=101)
+
+    def fn(q, k, v, cu_q, cu_k, max_q, max_k):
+        return portattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
+
+    args = (p.q, p.k, p.v, p.cu_q, p.cu_k, torch.tensor(max(LENS_Q)), torch.tensor(max(LENS_K)))
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("eager")
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        got = torch.compile(fn, fullgraph=True, backend=counter)(*args)
+    assert torch.equal(got, fn(*args))
+    assert counter.frame_count == 1

@@ -6,18 +6,10 @@ from __future__ import annotations
 
 import os
 
+import invariance_checks as checks
 import pytest
 import torch
 from helpers import KERNELS
-from invariance_checks import (
-    check_batch_size,
-    check_causal_chunks,
-    check_decode_steps,
-    check_dense_vs_varlen,
-    check_head_slices,
-    check_pack_positions,
-    check_run_to_run,
-)
 
 pytestmark = pytest.mark.gpu
 
@@ -40,20 +32,20 @@ GRID = pytest.mark.parametrize(
 def test_run_to_run(kernel, dtype, heads, head_dim, causal):
     lens_q = [1000, 1, 0, 63, 257, 129]
     lens_k = [1000, 300, 5, 63, 200, 129]
-    check_run_to_run(kernel, causal, lens_q, lens_k, heads, head_dim, dtype, REPEATS, 100)
+    checks.check_run_to_run(kernel, causal, lens_q, lens_k, heads, head_dim, dtype, REPEATS, 100)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @GRID
 def test_pack_positions(kernel, dtype, heads, head_dim, causal):
-    check_pack_positions(kernel, causal, (300, 300), OTHER_LENS, heads, head_dim, dtype, 110)
-    check_pack_positions(kernel, causal, (77, 500), OTHER_LENS, heads, head_dim, dtype, 120)
+    checks.check_pack_positions(kernel, causal, (300, 300), OTHER_LENS, heads, head_dim, dtype, 110)
+    checks.check_pack_positions(kernel, causal, (77, 500), OTHER_LENS, heads, head_dim, dtype, 120)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @GRID
 def test_batch_size(kernel, dtype, heads, head_dim, causal):
-    check_batch_size(
+    checks.check_batch_size(
         kernel, causal, [129, 1, 1000, 0, 64, 65, 300, 17], heads, head_dim, dtype, 130
     )
 
@@ -63,7 +55,7 @@ def test_batch_size(kernel, dtype, heads, head_dim, causal):
 def test_head_slices(kernel, dtype, heads, head_dim, causal):
     group = heads[0] // heads[1]
     slices = [(0, group), (group, 3 * group), (heads[0] - group, heads[0])]
-    check_head_slices(
+    checks.check_head_slices(
         kernel, causal, [500, 1, 129], [400, 77, 129], heads, head_dim, dtype, 140, slices
     )
 
@@ -71,18 +63,18 @@ def test_head_slices(kernel, dtype, heads, head_dim, causal):
 @GRID
 def test_causal_chunks(kernel, dtype, heads, head_dim):
     chunks = [(0, 128), (128, 256), (256, 700), (1, 64), (63, 65), (100, 333), (699, 700)]
-    check_causal_chunks(kernel, 700, 700, heads, head_dim, dtype, 150, chunks)
-    check_causal_chunks(
+    checks.check_causal_chunks(kernel, 700, 700, heads, head_dim, dtype, 150, chunks)
+    checks.check_causal_chunks(
         kernel, 300, 1000, heads, head_dim, dtype, 151, [(0, 1), (17, 200), (299, 300)]
     )
 
 
 @GRID
 def test_decode_steps(kernel, dtype, heads, head_dim):
-    check_decode_steps(kernel, 777, 16, heads, head_dim, dtype, 160)
+    checks.check_decode_steps(kernel, 777, 16, heads, head_dim, dtype, 160)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @GRID
 def test_dense_vs_varlen(kernel, dtype, heads, head_dim, causal):
-    check_dense_vs_varlen(kernel, causal, 4, 333, 333, heads, head_dim, dtype, 170)
+    checks.check_dense_vs_varlen(kernel, causal, 4, 333, 333, heads, head_dim, dtype, 170)

@@ -8,7 +8,7 @@ per kv head instead of once per query head, and a decode step (one position per 
 
 The bits of a row are those of the prefill forward (``forward.py``): the same key tiles
 (BLOCK_N of the table's forward entry), visited in the same ascending order, through the same
-key loop (``primitives.forward_key_tiles``) and primitives. Which rows share a tile does not enter a
+key loop (``primitives.forward_tile``) and primitives. Which rows share a tile does not enter a
 row's arithmetic (``primitives.mma``: each output element is its own row's dot products), and a
 key tile that a row does not see leaves its (acc, m, l) unchanged (``online_softmax_step``), so
 a row gets the same bytes here as in the trainer's packed prefill (design §3, 2 and 4).
@@ -26,10 +26,9 @@ import triton.language as tl
 
 from portattn.kernels.plan import KernelLaunch, VarlenProblem
 from portattn.kernels.primitives import (
-    forward_key_tiles,
+    forward_tile,
     head_dim_chunk,
     key_range,
-    normalize_rows,
     seq_bounds,
     tile_index,
 )
@@ -89,22 +88,12 @@ def attn_decode_kernel(
     src_v = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
     n_full, n_hi = key_range(m_start, seqlen_k, diag, ROWS, BLOCK_N, CAUSAL)
 
-    b_acc = tl.zeros([BLOCK_M, BLOCK_DC], tl.float32)
-    b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    b_l = tl.zeros([BLOCK_M], tl.float32)
-    b_acc, b_m, b_l = forward_key_tiles(
-        b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
-        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, 0, n_full,
-        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, False,
-        p_pages, stride_kp, stride_vp, PAGE_SIZE,
-    )
-    b_acc, b_m, b_l = forward_key_tiles(
-        b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
+    b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
+        b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi,
-        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, False,
+        BLOCK_M, BLOCK_DC, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False,
         p_pages, stride_kp, stride_vp, PAGE_SIZE,
     )
-    b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
     p_o = o + o_rows * stride_ot + i_h[:, None] * stride_oh + o_dc[None, :]

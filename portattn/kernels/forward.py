@@ -29,11 +29,10 @@ except ImportError:
     attn_fwd_ws_kernel = ws_launch_options = ws_supports = None
 from portattn.kernels.decode import decode_fits, plan_decode
 from portattn.kernels.primitives import (
-    forward_key_tiles,
+    forward_tile,
     head_dim_chunk,
     key_range,
     key_value_tiles,
-    normalize_rows,
     query_tile,
     row_tiles,
 )
@@ -88,22 +87,11 @@ def attn_fwd_kernel(
 
     n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
 
-    b_acc = tl.zeros([BLOCK_M, BLOCK_DC], tl.float32)
-    b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    b_l = tl.zeros([BLOCK_M], tl.float32)
-    b_acc, b_m, b_l = forward_key_tiles(
-        b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
-        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, 0, n_full,
-        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, TMA,
-    )
-    b_acc, b_m, b_l = forward_key_tiles(
-        b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
+    b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
+        b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi,
-        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA,
+        BLOCK_M, BLOCK_DC, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA,
     )
-
-    # Rows that saw no key: out 0, lse -inf.
-    b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
     p_o = o + o_rows * stride_ot + i_h.to(tl.int64) * stride_oh + o_dc[None, :]

@@ -163,11 +163,11 @@ def forward_key_tiles(
                 o_page, o_slot = paged_rows(p_pages, o_k, seqlen_k, PAGE_SIZE)
                 r_k = o_page * stride_kp + o_slot * stride_kt  # [BLOCK_N] int64
                 r_v = o_page * stride_vp + o_slot * stride_vt
-            else:
-                r_k = o_k.to(tl.int64) * stride_kt
-                r_v = o_k.to(tl.int64) * stride_vt
-            p_k = src_k + r_k[:, None] + o_d[None, :]
-            p_v = src_v + r_v[:, None] + o_dc[None, :]
+                p_k = src_k + r_k[:, None] + o_d[None, :]
+                p_v = src_v + r_v[:, None] + o_dc[None, :]
+            else:  # the packed layout's addresses, as the forward has always computed them
+                p_k = src_k + o_k.to(tl.int64)[:, None] * stride_kt + o_d[None, :]
+                p_v = src_v + o_k.to(tl.int64)[:, None] * stride_vt + o_dc[None, :]
             b_k = tl.load(p_k, mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
             b_v = tl.load(p_v, mask=m_v, other=0.0)  # [BLOCK_N, BLOCK_DC]
         b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
@@ -178,6 +178,42 @@ def forward_key_tiles(
         b_acc = b_acc * b_alpha[:, None]
         b_acc = mma_rounded(b_p, b_v, b_acc, SPLIT_P, INTERPRET)  # [BLOCK_M, BLOCK_DC]
     return b_acc, b_m, b_l
+
+
+@triton.jit
+def forward_tile(
+    b_q, src_k, src_v, stride_kt, stride_vt,
+    o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi,
+    BLOCK_M: tl.constexpr,
+    BLOCK_DC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SPLIT_P: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    TMA: tl.constexpr,
+    p_pages=None, stride_kp=0, stride_vp=0,
+    PAGE_SIZE: tl.constexpr = 0,
+):
+    """The forward of one query tile (the Triton forward and decode kernels): the key tiles
+    below ``n_full`` that every row sees whole (no mask), then those up to ``n_hi`` that need
+    the mask (``key_range``), in ascending order; returns (out [BLOCK_M, BLOCK_DC], lse
+    [BLOCK_M]) by ``normalize_rows`` (rows that saw no key: out 0, lse -inf)."""
+    b_acc = tl.zeros([BLOCK_M, BLOCK_DC], tl.float32)
+    b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    b_l = tl.zeros([BLOCK_M], tl.float32)
+    b_acc, b_m, b_l = forward_key_tiles(
+        b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
+        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, 0, n_full,
+        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, TMA,
+        p_pages, stride_kp, stride_vp, PAGE_SIZE,
+    )
+    b_acc, b_m, b_l = forward_key_tiles(
+        b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
+        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi,
+        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA,
+        p_pages, stride_kp, stride_vp, PAGE_SIZE,
+    )
+    return normalize_rows(b_acc, b_m, b_l)
 
 
 @triton.jit

@@ -299,9 +299,12 @@ def _no_recompile() -> Iterator[None]:
         yield
 
 
-def gpu_timer(step: Step) -> tuple[float, float | None, float | None]:
-    """Median ms of ``do_bench`` (L2 flushed before each repeat: see the module docstring), and
-    the peak and resident memory in GiB of one call measured before it."""
+def gpu_timer(
+    step: Step, warmup_ms: int = WARMUP_MS, rep_ms: int = REP_MS
+) -> tuple[float, float | None, float | None]:
+    """Median ms of ``do_bench`` (L2 flushed before each repeat: see the module docstring; its
+    warm-up and repeat budgets in ms), and the peak and resident memory in GiB of one call
+    measured before it."""
     import triton.testing
 
     with _no_recompile():
@@ -311,7 +314,7 @@ def gpu_timer(step: Step) -> tuple[float, float | None, float | None]:
         step()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
-        ms = triton.testing.do_bench(step, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
+        ms = triton.testing.do_bench(step, warmup=warmup_ms, rep=rep_ms, return_mode="median")
     return ms, peak / 2**30, resident / 2**30
 
 

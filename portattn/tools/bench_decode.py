@@ -52,8 +52,9 @@ from typing import Any
 
 import torch
 
+from portattn.tools import bench
 from portattn.tools import bench_report as report
-from portattn.tools.bench import _no_recompile, attempt, metadata
+from portattn.tools.bench import attempt, metadata
 
 PAGE_SIZE = 64
 KV_RANGE = (512, 8192)
@@ -355,19 +356,9 @@ Timer = Callable[[Callable[[], object]], tuple[float, float | None, float | None
 
 
 def gpu_timer(step: Callable[[], object]) -> tuple[float, float | None, float | None]:
-    """:func:`portattn.tools.bench.gpu_timer` with shorter budgets (``WARMUP_MS``, ``REP_MS``: calls
-    here take 0.01-2 ms, so 150 ms is 75+ repeats): median ms, peak and resident GiB."""
-    import triton.testing
-
-    with _no_recompile():
-        torch.cuda.synchronize()
-        resident = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated()
-        ms = triton.testing.do_bench(step, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
-    return ms, peak / 2**30, resident / 2**30
+    """:func:`portattn.tools.bench.gpu_timer` with shorter budgets (``WARMUP_MS``, ``REP_MS``:
+    calls here take 0.01-2 ms, so 150 ms is 75+ repeats): median ms, peak and resident GiB."""
+    return bench.gpu_timer(step, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
 
 
 def _row(w: DecodeWorkload, impl: str, pass_: int | None, **fields: Any) -> dict[str, Any]:

@@ -1,0 +1,320 @@
+"""attn_implementation="portattn" / "portattn_fixed_order" in Hugging Face transformers
+(portattn.integrations.transformers): tiny Llama and Qwen2 models, float16, random weights.
+
+- logits and every parameter gradient against sdpa under the accuracy rule (portattn-fp16 and
+  sdpa-fp16 both measured against an sdpa float64 copy of the model);
+- left padding: the real tokens of a padded batch get the logits of the unpadded run;
+- packing (position_ids that restart, or cu_seq_lens kwargs): each sequence's attention output
+  is bitwise its output alone, and so are its logits;
+- generate with a KV cache equals a no-cache recomputation's argmax;
+- what portattn cannot honour raises a ValueError.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config  # noqa: E402
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS  # noqa: E402
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: E402
+
+import portattn.integrations.transformers as pt_hf  # noqa: E402
+from portattn import accuracy  # noqa: E402
+from portattn.validation import DTypeError  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: Triton's interpreter
+IMPLS = ("portattn", "portattn_fixed_order")
+_FORWARD = pt_hf._forward  # the attention function, also while a test records its calls
+VOCAB = 96
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registered():
+    pt_hf.register()
+
+
+def llama_config(**kw) -> LlamaConfig:
+    base = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=64,
+        initializer_range=0.1,  # larger than the default: attention far from uniform
+    )
+    return LlamaConfig(**{**base, **kw})
+
+
+def qwen2_config(**kw) -> Qwen2Config:
+    base = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,  # not hidden / heads = 16, which is not a portattn head dim
+        max_position_embeddings=64,
+        initializer_range=0.1,
+    )
+    return Qwen2Config(**{**base, **kw})
+
+
+CONFIGS = {"llama": llama_config, "qwen2": qwen2_config}
+
+
+def make_models(cfg, impls, seed: int = 0) -> list:
+    """One model per (attn_implementation, dtype), all with the same random weights. Each gets
+    its own copy of the config (from_config writes the implementation into it)."""
+    torch.manual_seed(seed)
+    master = AutoModelForCausalLM.from_config(
+        copy.deepcopy(cfg), attn_implementation="sdpa", dtype=torch.float64
+    )
+    state = master.state_dict()
+    models = []
+    for impl, dtype in impls:
+        model = AutoModelForCausalLM.from_config(
+            copy.deepcopy(cfg), attn_implementation=impl, dtype=dtype
+        )
+        model.load_state_dict(state)
+        models.append(model.to(DEVICE).eval())
+    return models
+
+
+def assert_rule(name: str, got: torch.Tensor, eager: torch.Tensor, ref: torch.Tensor):
+    """The accuracy rule: error against float64 at most 2x that of sdpa in the same dtype."""
+    err, base = accuracy.rel_err(got, ref), accuracy.rel_err(eager, ref)
+    bound = accuracy.limit(name, base)
+    assert err <= bound, f"{name}: error {err:.3g} > {bound:.3g} (2 x sdpa-fp16 {base:.3g} + 1e-4)"
+
+
+def assert_same_logits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    """Logits of one sequence from two batch shapes: bitwise on the CPU, where the attention is
+    (portattn) and so are torch's linear layers; on a GPU the linear layers may pick other
+    matrix-product kernels for another batch shape, so only close there."""
+    if DEVICE == "cpu":
+        assert torch.equal(a, b), f"{what}: not bitwise equal"
+    else:
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=what)
+
+
+def ids(batch: int, length: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (batch, length), generator=gen).to(DEVICE)
+
+
+def test_register_and_lazy_import():
+    assert pt_hf.register() == IMPLS  # idempotent
+    for name in IMPLS:
+        assert name in ALL_ATTENTION_FUNCTIONS.valid_keys()
+        assert name in ALL_MASK_ATTENTION_FUNCTIONS  # else padding would be ignored silently
+    code = "import sys, portattn, portattn.integrations; assert 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_logits_and_grads_match_sdpa(family, impl):
+    cfg = CONFIGS[family]()
+    models = make_models(
+        cfg, [(impl, torch.float16), ("sdpa", torch.float16), ("sdpa", torch.float64)]
+    )
+    x = ids(2, 20, seed=1)
+    results = []
+    for model in models:
+        out = model(x, labels=x)
+        out.loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters()}
+        results.append((out.logits, grads))
+    (got, got_g), (eager, eager_g), (ref, ref_g) = results
+    assert_rule("out", got, eager, ref)
+    assert got_g.keys() == ref_g.keys()
+    for name in ref_g:
+        assert_rule(name, got_g[name], eager_g[name], ref_g[name])
+
+
+def _left_padded(lengths: list[int], seed: int):
+    """A left-padded batch: ids, 2-D mask and the position_ids transformers' generate uses."""
+    width = max(lengths)
+    rows = [ids(1, n, seed + i)[0] for i, n in enumerate(lengths)]
+    x = torch.zeros(len(lengths), width, dtype=torch.long, device=DEVICE)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long, device=DEVICE)
+    for i, row in enumerate(rows):
+        x[i, width - len(row) :] = row
+        mask[i, width - len(row) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return rows, x, mask, positions
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_left_padding(impl):
+    """The real tokens of a left-padded batch get the logits of each sequence run alone, within
+    the accuracy rule (and bitwise: the same attention bits, see test_packed_*)."""
+    got_m, eager_m, ref_m = make_models(
+        llama_config(), [(impl, torch.float16), ("sdpa", torch.float16), ("sdpa", torch.float64)]
+    )
+    rows, x, mask, positions = _left_padded([16, 9, 12], seed=10)
+    with torch.no_grad():
+        padded = got_m(x, attention_mask=mask, position_ids=positions).logits
+        assert not torch.isnan(padded).any()
+        for i, row in enumerate(rows):
+            real = padded[i, x.shape[1] - len(row) :]
+            alone = got_m(row[None]).logits[0]
+            eager, ref = (m(row[None]).logits[0] for m in (eager_m, ref_m))
+            assert_rule(f"sequence {i}", real, eager, ref)
+            assert_rule(f"sequence {i} alone", alone, eager, ref)
+            assert_same_logits(real, alone, f"sequence {i}: padded vs alone")
+
+
+def _record_attention(monkeypatch) -> list:
+    """Record (kernel, module, q, k, v, args, kwargs, out) of every call of the attention
+    function (``pt_hf._forward`` stays callable as ``_FORWARD``, unrecorded)."""
+    calls = []
+    forward = _FORWARD
+
+    def spy(kernel, module, query, key, value, attention_mask, *args, **kwargs):
+        out = forward(kernel, module, query, key, value, attention_mask, *args, **kwargs)
+        calls.append((kernel, module, query, key, value, args, kwargs, out[0]))
+        return out
+
+    monkeypatch.setattr(pt_hf, "_forward", spy)
+    return calls
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_packed_position_ids_bitwise(impl, monkeypatch):
+    """Packed sequences (position_ids restarting at 0): in every layer, each sequence's rows
+    of the attention output are bitwise those of the same q, k, v attended alone; the packed
+    logits are bitwise the logits of each sequence run alone; and the cu_seq_lens kwargs
+    (0-d tensor max_length) give the same bits as position_ids."""
+    (model,) = make_models(llama_config(), [(impl, torch.float16)])
+    lengths = [7, 12, 5]
+    seqs = [ids(1, n, 20 + i)[0] for i, n in enumerate(lengths)]
+    packed_ids = torch.cat(seqs)[None]
+    positions = torch.cat([torch.arange(n, device=DEVICE) for n in lengths])[None]
+    calls = _record_attention(monkeypatch)
+    with torch.no_grad():
+        packed = model(packed_ids, position_ids=positions).logits
+    assert len(calls) == 2
+    starts = [0, 7, 19, 24]
+    for kernel, module, q, k, v, args, kwargs, out in calls:
+        for a, b in zip(starts, starts[1:]):
+            qkv = (x[:, :, a:b] for x in (q, k, v))
+            alone, _ = _FORWARD(kernel, module, *qkv, None, *args, scaling=kwargs["scaling"])
+            assert torch.equal(out[:, a:b], alone), f"attention rows {a}:{b} differ"
+    calls.clear()
+    cu = torch.tensor(starts, dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        for a, b, seq in zip(starts, starts[1:], seqs):
+            alone = model(seq[None]).logits[0]
+            assert_same_logits(packed[0, a:b], alone, f"logits {a}:{b}: packed vs alone")
+        by_kwargs = model(
+            packed_ids,
+            position_ids=positions,
+            cu_seq_lens_q=cu,
+            cu_seq_lens_k=cu.long(),
+            max_length_q=torch.tensor(12, device=DEVICE),
+            max_length_k=12,
+        ).logits
+    assert torch.equal(by_kwargs, packed)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_generate_with_kv_cache(impl):
+    """Greedy generate with a KV cache (decode rows: bottom-right causal, the padded path for
+    a left-padded batch) equals the argmax of a no-cache recomputation of the whole text."""
+    (model,) = make_models(llama_config(), [(impl, torch.float16)])
+    new = 4
+    for lengths in ([8], [8, 5]):
+        _, x, mask, _ = _left_padded(lengths, seed=30)
+        with torch.no_grad():
+            out = model.generate(
+                x, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0
+            )
+            full_mask = torch.cat([mask, torch.ones_like(mask[:, :new])], 1)
+            positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+            logits = model(
+                out, attention_mask=full_mask, position_ids=positions, use_cache=False
+            ).logits
+        width = x.shape[1]
+        assert out.shape == (len(lengths), width + new)
+        assert torch.equal(out[:, width:], logits[:, width - 1 : -1].argmax(-1))
+
+
+def test_unsupported_raise():
+    (model,) = make_models(llama_config(attention_dropout=0.1), [("portattn", torch.float16)])
+    x = ids(1, 8, seed=40)
+    model.train()
+    with pytest.raises(ValueError, match="attention dropout"):
+        model(x)
+    model.eval()
+    with torch.no_grad():
+        plain = model(x).logits
+        # a 4-D mask that is the causal pattern is honoured (bool and additive float) ...
+        causal = torch.ones(8, 8, dtype=torch.bool, device=DEVICE).tril()[None, None]
+        assert torch.equal(model(x, attention_mask=causal).logits, plain)
+        additive = torch.zeros_like(causal, dtype=torch.float16).masked_fill(~causal, -65504.0)
+        assert torch.equal(model(x, attention_mask=additive).logits, plain)
+        # ... any other 4-D mask is not
+        with pytest.raises(ValueError, match="custom 4-D attention mask"):
+            model(x, attention_mask=torch.ones_like(causal))
+        with pytest.raises(ValueError, match="additive bias"):
+            model(x, attention_mask=torch.randn_like(additive))
+        with pytest.raises(ValueError, match="not both"):
+            cu = torch.tensor([0, 4, 8], dtype=torch.int32, device=DEVICE)
+            pad = torch.tensor([[0, 1, 1, 1, 1, 1, 1, 1]], device=DEVICE)
+            model(x, attention_mask=pad, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+
+    attn = model.model.layers[0].self_attn
+    q = torch.randn(1, 4, 8, 32, dtype=torch.float16, device=DEVICE)
+    kv = torch.randn(1, 2, 8, 32, dtype=torch.float16, device=DEVICE)
+    for kwargs, match in (
+        (dict(softcap=30.0), "softcapping"),
+        (dict(s_aux=torch.zeros(4, device=DEVICE)), "attention sinks"),
+        (dict(sliding_window=4), "sliding-window"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            pt_hf.portattn_attention_forward(attn, q, kv, kv, None, **kwargs)
+    with pytest.raises(ValueError, match="value head dim"):
+        pt_hf.portattn_attention_forward(attn, q, kv, kv[..., :16].contiguous(), None)
+
+    (qwen,) = make_models(
+        qwen2_config(use_sliding_window=True, sliding_window=4, max_window_layers=0),
+        [("portattn", torch.float16)],
+    )
+    with pytest.raises(ValueError, match="sliding-window"), torch.no_grad():
+        qwen(x)
+    (fp32,) = make_models(llama_config(), [("portattn", torch.float32)])
+    with pytest.raises(DTypeError, match="float16 or bfloat16"), torch.no_grad():
+        fp32(x)
+
+
+def test_compile_fullgraph():
+    """The dense path (a batch of two, no padding) and a packed batch given by cu_seq_lens
+    kwargs with int max_length compile into one graph (no host reads), same bits as eager.
+    (Unpadding and the position_ids packing check read host values: graph breaks.)"""
+    (model,) = make_models(llama_config(), [("portattn", torch.float16)])
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32, device=DEVICE)
+    packed = dict(
+        position_ids=torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]], device=DEVICE),
+        cu_seq_lens_q=cu,
+        cu_seq_lens_k=cu,
+        max_length_q=7,
+        max_length_k=7,
+    )
+    with torch.no_grad():
+        for x, kwargs in ((ids(2, 12, seed=50), {}), (ids(1, 12, seed=51), packed)):
+            torch._dynamo.reset()
+            compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+            assert torch.equal(compiled(x, **kwargs).logits, model(x, **kwargs).logits)
+    torch._dynamo.reset()
