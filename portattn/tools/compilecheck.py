@@ -436,19 +436,20 @@ def interpreter_active() -> bool:
 
 
 def run_entries(entries: list[Entry], jobs: int, progress=None) -> list[KernelResult]:
-    """Check ``entries`` on ``jobs`` worker processes (in this process when ``jobs == 1``);
-    ``progress(done, total, entry_results)`` is called as each entry finishes."""
-    results: list[KernelResult] = []
-    if jobs <= 1:
-        for i, entry in enumerate(entries):
-            results.extend(part := check_entry(entry))
-            if progress:
-                progress(i + 1, len(entries), part)
-        return results
+    """Check ``entries`` on ``jobs`` worker processes, each entry in a fresh one.
+
+    A fresh process per entry, because Triton 3.9's AMD codegen library keeps state from one
+    compile to the next: after another entry compiled in the same process, cdna3's
+    fixed_order/d96/bf16 ``bwd_dkdv`` schedules and reassociates a few integer adds
+    differently (other machine code, so another fingerprint). An entry's stages always compile
+    in :data:`STAGES` order within its process. ``progress(done, total, entry_results)`` is
+    called as each entry finishes."""
     import multiprocessing
 
+    results: list[KernelResult] = []
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+    workers = max(1, min(jobs, len(entries)))
+    with ProcessPoolExecutor(workers, mp_context=ctx, max_tasks_per_child=1) as pool:
         futures = [pool.submit(check_entry, entry) for entry in entries]
         for i, future in enumerate(as_completed(futures)):
             results.extend(part := future.result())
