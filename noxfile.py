@@ -26,6 +26,8 @@ Default (plain ``nox``): lint and tests.
 
 from __future__ import annotations
 
+import re
+
 import nox
 
 # The CPU CI and the GPU toolchain use the same Triton (TRITON); TRITON_NEWEST is the newest one
@@ -85,7 +87,30 @@ def _cpu_suite(session: nox.Session, triton: str) -> None:
     # families whose output hashes it marks stale). Exit 1: a fingerprint differs; 2: a family
     # has no fingerprints for this Triton version (record them with --update under it; for
     # TRITON the pin must also equal the GPU's Triton, whose output hashes golden/ holds).
-    session.run("python", "-m", "portattn", "golden", "fingerprints")
+    fingerprints = ("python", "-m", "portattn", "golden", "fingerprints")
+    if triton == TRITON:
+        session.run(*fingerprints)
+        return
+    # Triton 3.9's AMD backend: an entry compiled after others in one process got other
+    # machine code (its codegen library keeps state; the compile check now gives every entry a
+    # fresh process), and beyond that, rarely, one entry differs in one run and not in the
+    # next (cdna4 varlen/d32/fp16 decode once in a full run, 2026-12-01; five single compiles,
+    # four of them concurrent, gave the recorded code). So an entry fails only if it differs in
+    # every one of up to three passes: a change of the code differs every time.
+    differing: set[str] | None = None
+    for attempt in range(3):
+        out = session.run(*fingerprints, silent=True, success_codes=[0, 1]) or ""
+        print(out)
+        found = set()
+        for line in out.splitlines():
+            match = re.match(r"(\w+): \d+ fingerprint\(s\) differ from .*?: (.*?); if the", line)
+            if match:
+                found |= {f"{match[1]}:{e.strip()}" for e in match[2].split(",")}
+        differing = found if differing is None else differing & found
+        if not differing:
+            return
+        session.warn(f"pass {attempt + 1} under {triton}: still differing {sorted(differing)}")
+    session.error(f"fingerprints differ in every pass under {triton}: {sorted(differing)}")
 
 
 @nox.session
