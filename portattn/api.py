@@ -26,6 +26,7 @@ from portattn.validation import (
     check_paged_values,
     check_varlen,
     check_varlen_without_values,
+    check_window,
 )
 
 
@@ -53,9 +54,11 @@ def _run_fwd(
     kernel,
     check_values: bool = False,
     block_table: torch.Tensor | None = None,
+    window: tuple[int, int] = (-1, -1),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The checked arguments into the forward op; returns (out, lse), both differentiable.
-    ``check_values``: the op runs the value checks of ``cu_seqlens`` right before its launch."""
+    ``check_values``: the op runs the value checks of ``cu_seqlens`` right before its launch;
+    ``window``: (left, right) as :func:`check_window` normalizes it."""
     # fixed_order's backward reads a float32 copy of out: store it only when a backward can run.
     store_o32 = splits_p(kernel) and _needs_grad(q, k, v)
     out, lse, _ = varlen_fwd(
@@ -72,6 +75,8 @@ def _run_fwd(
         store_o32=store_o32,
         check_values=check_values,
         block_table=block_table,
+        window_left=window[0],
+        window_right=window[1],
     )
     return out, lse
 
@@ -90,6 +95,7 @@ def varlen_attention(
     return_lse: bool = False,
     kernel: str = "varlen",
     block_table: torch.Tensor | None = None,
+    window_size: tuple[int, int] = (-1, -1),
 ):
     """Attention over a packed batch of variable-length sequences (flash-attn varlen layout).
 
@@ -120,6 +126,12 @@ def varlen_attention(
             pages a sequence uses are read; the rest of its row may hold anything. A row's
             out and lse are the bytes of the same row computed from packed k/v (design §3).
             Inference only: q, k, v must not require grad (ValueError).
+        window_size: ``(left, right)`` sliding window, flash-attn's convention: query row
+            ``i`` sees keys ``j`` with ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``
+            (-1: unbounded on that side; ints up to 2**30 - 1). With ``causal`` the right side
+            is 0 whatever is given; ``right == 0`` means causal. Key tiles that no row of a
+            query tile sees are skipped (cost O(T * W)). Each distinct window compiles its own
+            kernels (the sizes are compile-time constants, as a model has one or two).
 
     Returns:
         out [total_q, Hq, D] in q's dtype; with ``return_lse``, ``(out, lse)`` where lse is
@@ -153,6 +165,7 @@ def varlen_attention(
         kv_token_dims=2 if paged else None,
     )
     causal, return_lse = bool(causal), bool(return_lse)  # checked: bools or numpy bools
+    causal, *window = check_window(window_size, causal)
     traced = torch.compiler.is_compiling() or _capturing(q)
     if paged:
         max_seqlen_q, max_seqlen_k, check_values = _check_paged(
@@ -182,6 +195,7 @@ def varlen_attention(
         kernel,
         check_values,
         block_table,
+        tuple(window),
     )
     return (out, lse) if return_lse else out
 
@@ -227,6 +241,7 @@ def attention(
     softmax_scale: float | None = None,
     return_lse: bool = False,
     kernel: str = "varlen",
+    window_size: tuple[int, int] = (-1, -1),
 ):
     """Dense attention in BSHD layout, computed on the varlen path (same bits as
     ``varlen_attention`` on equal-length sequences).
@@ -234,8 +249,8 @@ def attention(
     Args:
         q: [B, Sq, Hq, D] float16 or bfloat16, ``stride(-1) == 1``.
         k, v: [B, Sk, Hkv, D], ``Hq % Hkv == 0``.
-        causal, softmax_scale, kernel: as in :func:`varlen_attention` (bottom-right causal:
-            row ``i`` sees keys ``j <= i + Sk - Sq``).
+        causal, softmax_scale, kernel, window_size: as in :func:`varlen_attention`
+            (bottom-right causal: row ``i`` sees keys ``j <= i + Sk - Sq``).
         return_lse: also return lse, float32 [B, Hq, Sq] (flash-attn's and FlexAttention's
             layout; a view of the varlen ``[B * Sq, Hq]`` buffer, no copy).
 
@@ -249,6 +264,7 @@ def attention(
     q, k, v = autocast_inputs(q, k, v)  # float32 under autocast -> its dtype, as SDPA
     softmax_scale = check_common(q, k, v, causal, softmax_scale, return_lse, kernel, token_dims=2)
     causal, return_lse = bool(causal), bool(return_lse)  # checked: bools or numpy bools
+    causal, *window = check_window(window_size, causal)
     if k.shape[0] != q.shape[0]:
         raise ValueError(
             f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}"
@@ -267,6 +283,7 @@ def attention(
         causal,
         softmax_scale,
         kernel,
+        window=tuple(window),
     )
     out = out.view(batch, seqlen_q, n_heads_q, head_dim)
     if not return_lse:

@@ -7,7 +7,7 @@ Same argument order, defaults and return conventions as ``flash_attn.flash_attn_
     from portattn import flash_attn_varlen_func
 
 is the only change a caller needs, as long as it uses the supported features. Features portattn
-does not implement (dropout, sliding window, softcap, ALiBi) raise a ValueError naming
+does not implement (dropout, softcap, ALiBi) raise a ValueError naming
 the feature; nothing is silently ignored except ``deterministic``, which portattn always is.
 """
 
@@ -18,7 +18,7 @@ import numbers
 import torch
 
 from portattn.api import attention, varlen_attention
-from portattn.validation import check_bool, type_name
+from portattn.validation import check_bool, check_window, type_name
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]  # flash_attn_with_kvcache: kvcache.py
 
@@ -64,20 +64,13 @@ def _resolve_features(
     return_attn_probs,
 ) -> tuple[bool, bool]:
     """Reject what portattn does not implement and check the flags (bools or numpy bools);
-    returns the effective ``causal`` and ``return_attn_probs`` as Python bools.
-
-    ``window_size == (-1, 0)`` is accepted as causal, which is what flash-attn makes of it."""
+    returns ``causal`` and ``return_attn_probs`` as Python bools. ``window_size`` is checked
+    (and ``(-1, 0)`` made causal, as flash-attn does) by ``validation.check_window``."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"dropout_p must be a float, got {type_name(dropout_p)}")
     if dropout_p != 0:
         raise _unsupported("attention dropout (dropout_p > 0)", "dropout_p", dropout_p)
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        raise TypeError(f"window_size must be a pair (left, right), got {window_size!r}")
-    window = tuple(window_size)
-    if window not in ((-1, -1), (-1, 0)):
-        raise _unsupported(
-            "sliding window attention (window_size != (-1, -1))", "window_size", window
-        )
+    check_window(window_size, False)
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"softcap must be a float, got {type_name(softcap)}")
     if softcap != 0:
@@ -86,7 +79,7 @@ def _resolve_features(
         raise _unsupported("ALiBi (alibi_slopes)", "alibi_slopes", type_name(alibi_slopes))
     causal = check_bool("causal", causal)
     check_bool("deterministic", deterministic)  # ignored, but a flag all the same
-    return causal or window == (-1, 0), check_bool("return_attn_probs", return_attn_probs)
+    return causal, check_bool("return_attn_probs", return_attn_probs)
 
 
 def _no_attn_probs(q: torch.Tensor) -> torch.Tensor:
@@ -128,8 +121,8 @@ def flash_attn_varlen_func(
         dropout_p: must be 0.0 (dropout is not supported: ValueError).
         softmax_scale: default ``1 / sqrt(D)``.
         causal: bottom-right aligned causal mask (flash-attn >= 2.1 convention).
-        window_size: must be ``(-1, -1)``; ``(-1, 0)`` is accepted and means causal, as in
-            flash-attn. Any other window: ValueError.
+        window_size: ``(left, right)`` sliding window, -1 unbounded (flash-attn's
+            convention; ``(-1, 0)`` is causal): see :func:`portattn.varlen_attention`.
         softcap: must be 0.0 (ValueError otherwise).
         alibi_slopes: must be None (ValueError otherwise).
         deterministic: accepted and ignored: portattn's forward and backward are always
@@ -176,6 +169,7 @@ def flash_attn_varlen_func(
         return_lse=True,
         kernel=kernel,
         block_table=block_table,
+        window_size=window_size,
     )
     if not return_attn_probs:
         return out
@@ -213,7 +207,14 @@ def flash_attn_func(
         dropout_p, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
     )
     out, lse = attention(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, kernel=kernel
+        q,
+        k,
+        v,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        return_lse=True,
+        kernel=kernel,
+        window_size=window_size,
     )
     if not return_attn_probs:
         return out

@@ -58,12 +58,14 @@ def _empty_o32(q: torch.Tensor) -> torch.Tensor:
 _FWD_SCHEMA = (
     "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
     "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float softmax_scale, str kernel, "
-    "bool store_o32, bool check_values=False, Tensor? block_table=None) -> (Tensor, Tensor, Tensor)"
+    "bool store_o32, bool check_values=False, Tensor? block_table=None, int window_left=-1, "
+    "int window_right=-1) -> (Tensor, Tensor, Tensor)"
 )
 _BWD_SCHEMA = (
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o_for_delta, Tensor lse, Tensor? dlse, "
     "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
-    "bool causal, float softmax_scale, str kernel) -> (Tensor, Tensor, Tensor)"
+    "bool causal, float softmax_scale, str kernel, int window_left=-1, int window_right=-1) "
+    "-> (Tensor, Tensor, Tensor)"
 )
 
 
@@ -82,6 +84,8 @@ def varlen_fwd(
     store_o32: bool,
     check_values: bool = False,
     block_table: torch.Tensor | None = None,
+    window_left: int = -1,
+    window_right: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward attention over a packed batch.
 
@@ -95,6 +99,8 @@ def varlen_fwd(
     launch itself, not for the op's dispatch and the launcher's set-up. block_table: int32
     [B, pages_per_seq], or None; with it k and v are paged caches [num_pages, page_size, Hkv,
     D] and cu_seqlens_k counts each sequence's keys (forward only: no backward).
+    window_left, window_right: a sliding window as ``validation.check_window`` normalizes it
+    (-1: unbounded; with causal, window_right is -1).
 
     Returns (out [total_q, Hq, D] in q's dtype, lse float32 [total_q, Hq],
     out32 float32 [total_q, Hq, D] when store_o32, else an empty [0, Hq, D]); all contiguous.
@@ -109,6 +115,7 @@ def varlen_fwd(
         softmax_scale,
         kernel,
         block_table=block_table,
+        window=(window_left, window_right),
     )
     before_launch = None
     if check_values and block_table is not None:
@@ -162,6 +169,8 @@ def _varlen_fwd_fake(
     store_o32,
     check_values=False,
     block_table=None,
+    window_left=-1,
+    window_right=-1,
 ):
     total_q, n_heads_q, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -187,6 +196,8 @@ def varlen_bwd(
     causal: bool,
     softmax_scale: float,
     kernel: str,
+    window_left: int = -1,
+    window_right: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of :func:`varlen_fwd`.
 
@@ -196,8 +207,9 @@ def varlen_bwd(
     All with ``stride(-1) == 1``. Returns contiguous (dq [total_q, Hq, D], dk, dv
     [total_k, Hkv, D]) in the input dtype.
     """
+    window = (window_left, window_right)
     problem = describe(
-        q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, softmax_scale, kernel
+        q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, softmax_scale, kernel, window=window
     )
     return attn_bwd(problem, dout, q, k, v, o_for_delta, lse, dlse, cu_seqlens_q, cu_seqlens_k)
 
@@ -218,6 +230,8 @@ def _varlen_bwd_fake(
     causal,
     softmax_scale,
     kernel,
+    window_left=-1,
+    window_right=-1,
 ):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -237,6 +251,7 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
     ctx.meta = (max_seqlen_q, max_seqlen_k, causal, scale, kernel)
     ctx.missing_o32 = splits_p(kernel) and not store_o32
     ctx.paged = inputs[12] is not None if len(inputs) > 12 else False
+    ctx.window = tuple(inputs[13:15]) if len(inputs) > 14 else (-1, -1)
 
 
 def _fwd_backward(ctx, dout, dlse, _dout32):
@@ -266,8 +281,9 @@ def _fwd_backward(ctx, dout, dlse, _dout32):
         causal,
         scale,
         kernel,
+        *ctx.window,
     )
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+    return dq, dk, dv, *([None] * 12)
 
 
 varlen_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

@@ -11,7 +11,7 @@ import math
 import torch
 
 
-def _attention_one(q, k, v, causal: bool, scale: float):
+def _attention_one(q, k, v, causal: bool, scale: float, window: tuple[int, int] = (-1, -1)):
     """q: [Sq, Hq, D], k/v: [Sk, Hkv, D] (float64) -> out [Sq, Hq, D], lse [Sq, Hq]."""
     seqlen_q, n_heads_q, head_dim = q.shape
     seqlen_k, n_heads_k = k.shape[0], k.shape[1]
@@ -19,11 +19,16 @@ def _attention_one(q, k, v, causal: bool, scale: float):
     k = k.repeat_interleave(group, dim=1)  # query head h reads kv head h // group
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale  # [Hq, Sq, Sk]
+    rows = torch.arange(seqlen_q, device=q.device)[:, None] + (seqlen_k - seqlen_q)
+    cols = torch.arange(seqlen_k, device=q.device)[None, :]
     visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
-    if causal:
-        rows = torch.arange(seqlen_q, device=q.device)[:, None]
-        cols = torch.arange(seqlen_k, device=q.device)[None, :]
-        visible = cols <= rows + (seqlen_k - seqlen_q)  # bottom-right aligned
+    left, right = window
+    if causal or right == 0:  # bottom-right aligned; flash-attn: a window's right 0 is causal
+        visible = cols <= rows
+    elif right > 0:
+        visible = cols <= rows + right
+    if left >= 0:
+        visible = visible & (cols >= rows - left)
     scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [Hq, Sq]; -inf where a row sees no key
     seen = torch.isfinite(lse)
@@ -43,12 +48,14 @@ def reference_varlen_attention(
     causal: bool = False,
     softmax_scale: float | None = None,
     compute_dtype: torch.dtype = torch.float64,
+    window_size: tuple[int, int] = (-1, -1),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 reference of ``portattn.varlen_attention``.
 
     q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: [B + 1].
     Returns (out float64 [total_q, Hq, D], lse float64 [total_q, Hq]). Rows that see no key get
-    out 0 and lse -inf. Gradients flow to q, k, v (through out and lse).
+    out 0 and lse -inf. Gradients flow to q, k, v (through out and lse). ``window_size``:
+    flash-attn's sliding window (see ``varlen_attention``).
 
     ``compute_dtype`` other than float64 gives the same math done eagerly in that dtype: the
     yardstick for "as accurate as eager attention in the input dtype".
@@ -61,7 +68,7 @@ def reference_varlen_attention(
     for b in range(len(bounds_q) - 1):
         sq = slice(bounds_q[b], bounds_q[b + 1])
         sk = slice(bounds_k[b], bounds_k[b + 1])
-        out, lse = _attention_one(q[sq], k[sk], v[sk], causal, scale)
+        out, lse = _attention_one(q[sq], k[sk], v[sk], causal, scale, tuple(window_size))
         outs.append(out)
         lses.append(lse)
     if not outs:
@@ -69,7 +76,9 @@ def reference_varlen_attention(
     return torch.cat(outs), torch.cat(lses)
 
 
-def reference_attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None):
+def reference_attention(
+    q, k, v, *, causal: bool = False, softmax_scale: float | None = None, window_size=(-1, -1)
+):
     """Float64 reference of the dense ``portattn.attention``: q [B, Sq, Hq, D], k/v
     [B, Sk, Hkv, D] -> (out [B, Sq, Hq, D], lse [B, Hq, Sq])."""
     batch, seqlen_q = q.shape[:2]
@@ -83,5 +92,6 @@ def reference_attention(q, k, v, *, causal: bool = False, softmax_scale: float |
         steps * seqlen_k,
         causal=causal,
         softmax_scale=softmax_scale,
+        window_size=window_size,
     )
     return out.view(*q.shape), lse.view(batch, seqlen_q, -1).permute(0, 2, 1)

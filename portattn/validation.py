@@ -57,6 +57,31 @@ def check_bool(name: str, value: object) -> bool:
     raise TypeError(f"{name} must be a bool, got {type_name(value)}")
 
 
+WINDOW_MAX = 2**30 - 1  # window bounds stay far from int32 overflow in the kernels' positions
+
+
+def check_window(window_size, causal: bool) -> tuple[bool, int, int]:
+    """flash-attn's ``window_size=(left, right)``: query row ``i`` of a sequence sees keys
+    ``j`` with ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``; -1 leaves a side unbounded.
+    Returns ``(causal, left, right)`` normalized as flash-attn does: with ``causal`` the right
+    side is 0, which the causal mask already is, so ``right`` becomes -1; a right side of 0
+    without ``causal`` is causal (``(-1, 0)`` is plain causal attention). A pair of ints from
+    -1 to 2**30 - 1 (TypeError / ValueError otherwise)."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a pair (left, right), got {window_size!r}")
+    for side, value in zip(("left", "right"), window_size):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"window_size {side} must be an int, got {type_name(value)}")
+        if not -1 <= value <= WINDOW_MAX:
+            raise ValueError(
+                f"window_size {side} must be -1 (unbounded) or from 0 to {WINDOW_MAX}, got {value}"
+            )
+    left, right = (int(x) for x in window_size)
+    if causal or right == 0:
+        return True, left, -1
+    return False, left, right
+
+
 def _check_tensor(name: str, x) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type_name(x)}")

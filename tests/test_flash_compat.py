@@ -144,10 +144,22 @@ def test_deterministic_and_causal_window_accepted():
     assert torch.equal(det, causal)
 
 
+def test_window_size_is_varlen_attentions():
+    """A sliding window goes through to ``varlen_attention`` / ``attention`` (same bits)."""
+    p = make_pack([9, 30], [20, 30], 2, 1, 32, seed=96)
+    args = (p.q, p.k, p.v, p.cu_q, p.cu_k, 30, 30)
+    for causal, window in ((True, (5, -1)), (False, (7, 3)), (False, (-1, 4))):
+        got = portattn.flash_attn_varlen_func(*args, causal=causal, window_size=window)
+        want = portattn.varlen_attention(*args, causal=causal, window_size=window)
+        assert torch.equal(got, want), (causal, window)
+    dense = p.q[9:].view(1, 30, 2, 32), p.k[20:].view(1, 30, 1, 32), p.v[20:].view(1, 30, 1, 32)
+    got = portattn.flash_attn_func(*dense, causal=True, window_size=(6, 0))
+    want = portattn.attention(*dense, causal=True, window_size=(6, 0))
+    assert torch.equal(got, want)
+
+
 UNSUPPORTED = [
     (dict(dropout_p=0.1), "dropout"),
-    (dict(window_size=(128, 0)), "sliding window"),
-    (dict(window_size=(-1, 8)), "sliding window"),
     (dict(softcap=30.0), "softcap"),
     (dict(alibi_slopes="tensor"), "ALiBi"),
 ]

@@ -54,6 +54,8 @@ from portattn.kernels.primitives import (
     seq_bounds,
     tile_index,
     visible_mask,
+    window_key_range,
+    window_query_range,
 )
 
 
@@ -115,6 +117,8 @@ def attn_bwd_dkdv_kernel(
     WANT_DV: tl.constexpr,
     D_CHUNKS: tl.constexpr,
     TMA: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
 ):
     """One program per (key tile of one sequence, kv head, head-dim chunk). It sums dK and/or
     dV (``WANT_DK`` / ``WANT_DV``) over ``BLOCK_D // D_CHUNKS`` columns (chunk
@@ -170,7 +174,14 @@ def attn_bwd_dkdv_kernel(
                       mask=m_krow[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         b_v = tl.load(v + o_krows * stride_vt + i_hk.to(tl.int64) * stride_vh + o_d[None, :],
                       mask=m_krow[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-    m_lo, m_full = query_range(n_start, seqlen_q, diag, BLOCK_M, BLOCK_N, CAUSAL)
+    WINDOWED: tl.constexpr = WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0
+    if WINDOWED:  # only the query tiles that see the key tile, each with the mask
+        m_lo, m_hi = window_query_range(n_start, seqlen_q, diag, BLOCK_M, BLOCK_N, CAUSAL,
+                                        WINDOW_LEFT, WINDOW_RIGHT)
+        m_full = m_hi
+    else:
+        m_lo, m_full = query_range(n_start, seqlen_q, diag, BLOCK_M, BLOCK_N, CAUSAL)
+        m_hi = seqlen_q
     p_dk = dk + o_krows * stride_dkt + i_hk.to(tl.int64) * stride_dkh
     p_dv = dv + o_krows * stride_dvt + i_hk.to(tl.int64) * stride_dvh
     BLOCK_DC: tl.constexpr = BLOCK_D // D_CHUNKS  # columns of this program
@@ -184,7 +195,7 @@ def attn_bwd_dkdv_kernel(
     # diagonal) take the mask.
     b_dk = tl.zeros([BLOCK_N, BLOCK_DC], tl.float32)
     b_dv = tl.zeros([BLOCK_N, BLOCK_DC], tl.float32)
-    n_tiles = tl.cdiv(seqlen_q - m_lo, BLOCK_M)
+    n_tiles = tl.cdiv(m_hi - m_lo, BLOCK_M)
     for i_it in range(group * n_tiles):
         i_g = i_it // n_tiles
         m_start = m_lo + (i_it - i_g * n_tiles) * BLOCK_M
@@ -203,10 +214,11 @@ def attn_bwd_dkdv_kernel(
             o_hm = i_h * stride_hm + o_rows  # [BLOCK_M] head-major lse2 / delta offsets
             b_lse2 = load_row_lse2(lse2 + o_hm, m_row)  # [BLOCK_M]
         b_qkT = mma(b_k, tl.trans(b_q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
-        if CAUSAL:  # noqa: SIM102 - a constexpr branch around a runtime one
+        if CAUSAL or WINDOWED:  # noqa: SIM102 - a constexpr branch around a runtime one
             if m_start < m_full:
                 b_qkT = mask_scores(b_qkT, visible_mask(o_q[None, :], o_k[:, None], seqlen_k,
-                                                        diag, CAUSAL))
+                                                        diag, CAUSAL, WINDOW_LEFT,
+                                                        WINDOW_RIGHT))
         b_pT = recompute_p(b_qkT, b_lse2[None, :], scale_log2)  # [BLOCK_N, BLOCK_M]
         if WANT_DK or BLOCK_DC == BLOCK_D:
             b_do = load_head_rows(desc_do, p_do, m_start, i_h32, 0, o_d, m_row, m_d, BLOCK_M,
@@ -268,6 +280,8 @@ def _dq_key_tiles(
     SPLIT_P: tl.constexpr,
     INTERPRET: tl.constexpr,
     TMA: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr = -1,
+    WINDOW_RIGHT: tl.constexpr = -1,
 ):
     """Accumulate key tiles [n_lo, n_hi) (ascending) into dQ."""
     for n_start in range(n_lo, n_hi, BLOCK_N):
@@ -279,7 +293,7 @@ def _dq_key_tiles(
         b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
         if MASKED:
             b_qk = mask_scores(b_qk, visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag,
-                                                  CAUSAL))
+                                                  CAUSAL, WINDOW_LEFT, WINDOW_RIGHT))
         b_p = recompute_p(b_qk, b_lse2[:, None], scale_log2)  # [BLOCK_M, BLOCK_N]
         b_dp = mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
         b_ds = b_p * (b_dp - b_delta[:, None])  # [BLOCK_M, BLOCK_N]
@@ -303,6 +317,8 @@ def attn_bwd_dq_kernel(
     INTERPRET: tl.constexpr,
     TMA: tl.constexpr,
     PADDED: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
 ):
     """One program per (query tile of one sequence, query head). ``TMA``: K and V tiles are
     read through per-sequence tensor descriptors (``row_tiles``). ``PADDED``: lse2 and delta
@@ -329,19 +345,27 @@ def attn_bwd_dq_kernel(
     b_delta = tl.load(delta + o_hm, mask=m_row, other=0.0)  # [BLOCK_M]
     src_k, src_v = key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt,
                                    stride_vh, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_D, TMA)
-    n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
-
     b_dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    b_dq = _dq_key_tiles(
-        b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
-        o_q, o_d, m_d, seqlen_k, diag, scale_log2, 0, n_full,
-        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, TMA,
-    )
-    b_dq = _dq_key_tiles(
-        b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
-        o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_full, n_hi,
-        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA,
-    )
+    if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:  # the forward's key tiles, each masked
+        n_lo, n_hi = window_key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL,
+                                      WINDOW_LEFT, WINDOW_RIGHT)
+        b_dq = _dq_key_tiles(
+            b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
+            o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_lo, n_hi,
+            BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
+        )
+    else:
+        n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+        b_dq = _dq_key_tiles(
+            b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
+            o_q, o_d, m_d, seqlen_k, diag, scale_log2, 0, n_full,
+            BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, TMA,
+        )
+        b_dq = _dq_key_tiles(
+            b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
+            o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_full, n_hi,
+            BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA,
+        )
     b_dq = b_dq * scale
     tl.store(dq + o_rows * stride_dqt + i_h.to(tl.int64) * stride_dqh + o_d[None, :],
              b_dq.to(dq.dtype.element_ty), mask=m_q)
@@ -406,7 +430,8 @@ def plan_backward(problem: VarlenProblem, do, q, k, v, o_for_delta, lse, dlse, c
     lse2 = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
     delta = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
     common = dict(HEAD_DIM=p.head_dim, BLOCK_D=triton.next_power_of_2(p.head_dim))
-    kernel_flags = dict(CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret)
+    kernel_flags = dict(CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret,
+                        WINDOW_LEFT=p.window_left, WINDOW_RIGHT=p.window_right)
     launches = []
     if p.total_q > 0:
         pre = cfg.bwd_pre

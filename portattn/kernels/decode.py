@@ -31,6 +31,7 @@ from portattn.kernels.primitives import (
     key_range,
     seq_bounds,
     tile_index,
+    window_key_range,
 )
 
 
@@ -51,6 +52,8 @@ def attn_decode_kernel(
     SPLIT_P: tl.constexpr,
     INTERPRET: tl.constexpr,
     D_CHUNKS: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
 ):
     """Program ids: 0 = (position tile, sequence) as ``tile_index`` decodes it; 1 = kv head
     times the group's head slices (``HEADS`` query heads each, a power of two); 2 = head-dim
@@ -86,13 +89,19 @@ def attn_decode_kernel(
     p_pages = block_table + i_b.to(tl.int64) * stride_bt
     src_k = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
     src_v = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
-    n_full, n_hi = key_range(m_start, seqlen_k, diag, ROWS, BLOCK_N, CAUSAL)
+    if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:  # as the forward (``window_key_range``)
+        n_lo, n_hi = window_key_range(m_start, seqlen_k, diag, ROWS, BLOCK_N, CAUSAL,
+                                      WINDOW_LEFT, WINDOW_RIGHT)
+        n_full = n_lo
+    else:
+        n_lo = 0
+        n_full, n_hi = key_range(m_start, seqlen_k, diag, ROWS, BLOCK_N, CAUSAL)
 
     b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
         b_q, src_k, src_v, stride_kt, stride_vt,
-        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi,
+        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
         BLOCK_M, BLOCK_DC, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False,
-        p_pages, stride_kp, stride_vp, PAGE_SIZE,
+        p_pages, stride_kp, stride_vp, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT,
     )
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
@@ -151,6 +160,6 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
         HEAD_DIM=p.head_dim, BLOCK_D=triton.next_power_of_2(p.head_dim),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
         CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret, D_CHUNKS=cfg.fwd_chunks,
-        **tiles.launch_kwargs(),
+        WINDOW_LEFT=p.window_left, WINDOW_RIGHT=p.window_right, **tiles.launch_kwargs(),
     )
     return KernelLaunch("decode", attn_decode_kernel, grid, args, params, tma=False)

@@ -35,6 +35,7 @@ from portattn.kernels.primitives import (
     key_value_tiles,
     query_tile,
     row_tiles,
+    window_key_range,
 )
 
 
@@ -55,12 +56,16 @@ def attn_fwd_kernel(
     INTERPRET: tl.constexpr,
     D_CHUNKS: tl.constexpr,
     TMA: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr,
 ):
     """One program per (query tile of one sequence, query head, head-dim chunk). With
     ``D_CHUNKS`` = 2 each program computes the scores and softmax over the whole head dim and
     the output for half of its columns (one [BLOCK_M, D / 2] accumulator), for head dims whose
     full accumulator does not fit beside the tiles; program 0 of the pair writes lse. ``TMA``:
-    Q, K and V tiles are read through per-sequence tensor descriptors (``row_tiles``)."""
+    Q, K and V tiles are read through per-sequence tensor descriptors (``row_tiles``).
+    ``WINDOW_LEFT`` / ``WINDOW_RIGHT`` >= 0: a sliding window (``visible_mask``); only the key
+    tiles some row of the tile sees are visited (``window_key_range``)."""
     i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
         cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
     if m_start >= seqlen_q:
@@ -85,12 +90,19 @@ def attn_fwd_kernel(
     src_k, src_v = key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt,
                                    stride_vh, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_DC, TMA)
 
-    n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+    if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:
+        n_lo, n_hi = window_key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL,
+                                      WINDOW_LEFT, WINDOW_RIGHT)
+        n_full = n_lo  # every visited tile takes the mask
+    else:
+        n_lo = 0
+        n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
 
     b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
         b_q, src_k, src_v, stride_kt, stride_vt,
-        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi,
+        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
         BLOCK_M, BLOCK_DC, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA,
+        WINDOW_LEFT=WINDOW_LEFT, WINDOW_RIGHT=WINDOW_RIGHT,
     )
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
@@ -159,6 +171,7 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     tma = "fwd" in cfg.tma and rows_aligned(q, k, v)
     flags = dict(HEAD_DIM=p.head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                  CAUSAL=p.causal, SPLIT_P=p.split_p, STORE_O32=store_o32)
+    window = dict(WINDOW_LEFT=p.window_left, WINDOW_RIGHT=p.window_right)
     # The warp-specialised Gluon kernel computes the same bits; it reads through descriptors
     # and has no interpreter.
     if use_warp_specialized(p, tma):
@@ -166,7 +179,7 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
         launch = KernelLaunch("fwd", attn_fwd_ws_kernel, grid, args, params, tma)
     else:
         params = dict(flags, BLOCK_D=triton.next_power_of_2(p.head_dim), INTERPRET=p.interpret,
-                      D_CHUNKS=cfg.fwd_chunks, TMA=tma, **tiles.launch_kwargs())
+                      D_CHUNKS=cfg.fwd_chunks, TMA=tma, **window, **tiles.launch_kwargs())
         launch = KernelLaunch("fwd", attn_fwd_kernel, grid, args, params, tma)
     return ForwardPlan(out, lse, out32, (launch,))
 

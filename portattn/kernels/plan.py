@@ -61,6 +61,14 @@ class VarlenProblem:
     interpret: bool  # the CPU interpreter runs the kernels (no Gluon, BLAS-free products)
     # Paged K/V ([num_pages, page_size, Hkv, D] with a block table): the page size, else 0.
     page_size: int = 0
+    # Sliding window (flash-attn's window_size, as ``validation.check_window`` normalizes it:
+    # -1 unbounded; with causal the right side is -1, the causal mask bounds it).
+    window_left: int = -1
+    window_right: int = -1
+
+    @property
+    def windowed(self) -> bool:
+        return self.window_left >= 0 or self.window_right >= 0
 
     @property
     def group(self) -> int:
@@ -83,9 +91,11 @@ def describe(
     kernel: str,
     cfg: KernelConfig | None = None,
     block_table: torch.Tensor | None = None,
+    window: tuple[int, int] = (-1, -1),
 ) -> VarlenProblem:
     """The problem of one call (``cfg``: the table entry, looked up for q's device if None).
-    With ``block_table``, k is a paged cache [num_pages, page_size, Hkv, D]."""
+    With ``block_table``, k is a paged cache [num_pages, page_size, Hkv, D]. ``window``: the
+    normalized (left, right) sliding window."""
     total_q, n_heads_q, head_dim = q.shape
     paged = block_table is not None
     return VarlenProblem(
@@ -105,6 +115,8 @@ def describe(
         cfg=cfg if cfg is not None else resolve_config(q.device, kernel, head_dim, q.dtype),
         interpret=interpreter_active(),
         page_size=k.shape[1] if paged else 0,
+        window_left=window[0],
+        window_right=window[1],
     )
 
 
@@ -146,9 +158,12 @@ def gluon_applies(
 ) -> bool:
     """Whether the warp-specialised Gluon kernel of a stage runs, for the table field ``name``
     (``fwd_ws``, ``bwd_ws``, ``dq_ws``): the entry selects it, the inputs take the descriptor
-    path (``tma``) and the interpreter is off (it has no Gluon). Either kernel gives the same
-    bits. An entry that selects it where Gluon is missing or its tiles do not fit raises."""
+    path (``tma``), the interpreter is off (it has no Gluon) and there is no sliding
+    window. Either kernel gives the same bits. An entry that selects it where Gluon is missing
+    or its tiles do not fit raises."""
     if not selected or not tma or problem.interpret:
+        return False
+    if problem.windowed:  # the Gluon kernels have no window; the Triton ones, same tiles, do
         return False
     if gluon_kernel is None or supports is None:
         raise RuntimeError(

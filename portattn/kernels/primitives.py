@@ -61,14 +61,21 @@ def split_p_lo(b_x, b_hi):
 
 
 @triton.jit
-def visible_mask(o_q, o_k, seqlen_k, diag, CAUSAL: tl.constexpr):
+def visible_mask(o_q, o_k, seqlen_k, diag, CAUSAL: tl.constexpr,
+                 WINDOW_LEFT: tl.constexpr = -1, WINDOW_RIGHT: tl.constexpr = -1):
     """Which (query, key) pairs are visible. ``o_q`` and ``o_k`` are positions local to the
     sequence, already shaped to broadcast ([M, 1] and [1, N], or transposed for the dK/dV
     program). Causal is bottom-right aligned: query ``i`` sees key ``j`` iff
-    ``j <= i + diag`` with ``diag = seqlen_k - seqlen_q``."""
+    ``j <= i + diag`` with ``diag = seqlen_k - seqlen_q``. A sliding window (flash-attn's
+    ``window_size``; -1: unbounded on that side) also needs
+    ``i + diag - WINDOW_LEFT <= j <= i + diag + WINDOW_RIGHT``."""
     m_vis = o_k < seqlen_k
     if CAUSAL:
         m_vis = m_vis & (o_k <= o_q + diag)
+    if WINDOW_RIGHT >= 0:
+        m_vis = m_vis & (o_k <= o_q + diag + WINDOW_RIGHT)
+    if WINDOW_LEFT >= 0:
+        m_vis = m_vis & (o_k >= o_q + diag - WINDOW_LEFT)
     return m_vis
 
 
@@ -88,6 +95,25 @@ def key_range(m_start, seqlen_k, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 
 @triton.jit
+def window_key_range(m_start, seqlen_k, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
+                     WINDOW_RIGHT: tl.constexpr):
+    """``key_range`` under a sliding window: (n_lo, n_hi). Key tiles below ``n_lo`` (a multiple
+    of BLOCK_N, so the tiles keep their anchoring at the sequence start) and from ``n_hi`` on
+    are seen by no row of the query tile; every tile in between takes the mask (a fully
+    visible tile gives the same bits masked, ``mask_scores``)."""
+    n_hi = seqlen_k
+    if CAUSAL:
+        n_hi = tl.minimum(n_hi, tl.maximum(m_start + BLOCK_M + diag, 0))
+    if WINDOW_RIGHT >= 0:
+        n_hi = tl.minimum(n_hi, tl.maximum(m_start + BLOCK_M + diag + WINDOW_RIGHT, 0))
+    n_lo = 0
+    if WINDOW_LEFT >= 0:
+        n_lo = tl.minimum(tl.maximum(m_start + diag - WINDOW_LEFT, 0), n_hi) // BLOCK_N * BLOCK_N
+    return n_lo, n_hi
+
+
+@triton.jit
 def query_range(n_start, seqlen_q, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 CAUSAL: tl.constexpr):
     """For the key tile starting at ``n_start``: (m_lo, m_full). Query tiles below ``m_lo`` see
@@ -102,6 +128,25 @@ def query_range(n_start, seqlen_q, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
         m_lo = 0
         m_full = 0
     return m_lo, m_full
+
+
+@triton.jit
+def window_query_range(n_start, seqlen_q, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
+                       WINDOW_RIGHT: tl.constexpr):
+    """``query_range`` under a sliding window: (m_lo, m_hi). Query tiles below ``m_lo`` (a
+    multiple of BLOCK_M) and rows from ``m_hi`` on see no key of the key tile at ``n_start``;
+    every tile in between takes the mask."""
+    m_lo = 0
+    if CAUSAL:
+        m_lo = tl.minimum(tl.maximum(n_start - diag, 0), seqlen_q) // BLOCK_M * BLOCK_M
+    elif WINDOW_RIGHT >= 0:
+        m_lo = tl.minimum(tl.maximum(n_start - diag - WINDOW_RIGHT, 0), seqlen_q)
+        m_lo = m_lo // BLOCK_M * BLOCK_M
+    m_hi = seqlen_q
+    if WINDOW_LEFT >= 0:
+        m_hi = tl.minimum(m_hi, tl.maximum(n_start + BLOCK_N + WINDOW_LEFT - diag, 0))
+    return m_lo, tl.maximum(m_hi, m_lo)
 
 
 @triton.jit
@@ -144,6 +189,8 @@ def forward_key_tiles(
     TMA: tl.constexpr,
     p_pages=None, stride_kp=0, stride_vp=0,
     PAGE_SIZE: tl.constexpr = 0,
+    WINDOW_LEFT: tl.constexpr = -1,
+    WINDOW_RIGHT: tl.constexpr = -1,
 ):
     """The key loop of the Triton forward and decode kernels: accumulate key tiles
     [n_lo, n_hi) (ascending) into (acc, m, l); the scores use all head-dim columns ``o_d``, the
@@ -172,7 +219,8 @@ def forward_key_tiles(
             b_v = tl.load(p_v, mask=m_v, other=0.0)  # [BLOCK_N, BLOCK_DC]
         b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
         if MASKED:
-            m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, CAUSAL)
+            m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, CAUSAL,
+                                 WINDOW_LEFT, WINDOW_RIGHT)
             b_qk = mask_scores(b_qk, m_vis)
         b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, scale_log2)
         b_acc = b_acc * b_alpha[:, None]
@@ -183,7 +231,7 @@ def forward_key_tiles(
 @triton.jit
 def forward_tile(
     b_q, src_k, src_v, stride_kt, stride_vt,
-    o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi,
+    o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
     BLOCK_M: tl.constexpr,
     BLOCK_DC: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -193,17 +241,20 @@ def forward_tile(
     TMA: tl.constexpr,
     p_pages=None, stride_kp=0, stride_vp=0,
     PAGE_SIZE: tl.constexpr = 0,
+    WINDOW_LEFT: tl.constexpr = -1,
+    WINDOW_RIGHT: tl.constexpr = -1,
 ):
     """The forward of one query tile (the Triton forward and decode kernels): the key tiles
-    below ``n_full`` that every row sees whole (no mask), then those up to ``n_hi`` that need
-    the mask (``key_range``), in ascending order; returns (out [BLOCK_M, BLOCK_DC], lse
-    [BLOCK_M]) by ``normalize_rows`` (rows that saw no key: out 0, lse -inf)."""
+    from ``n_lo`` below ``n_full`` that every row sees whole (no mask), then those up to
+    ``n_hi`` that need the mask (``key_range``, or ``window_key_range`` with ``n_full =
+    n_lo``), in ascending order; returns (out [BLOCK_M, BLOCK_DC], lse [BLOCK_M]) by
+    ``normalize_rows`` (rows that saw no key: out 0, lse -inf)."""
     b_acc = tl.zeros([BLOCK_M, BLOCK_DC], tl.float32)
     b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     b_l = tl.zeros([BLOCK_M], tl.float32)
     b_acc, b_m, b_l = forward_key_tiles(
         b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
-        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, 0, n_full,
+        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full,
         BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, TMA,
         p_pages, stride_kp, stride_vp, PAGE_SIZE,
     )
@@ -211,7 +262,7 @@ def forward_tile(
         b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi,
         BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA,
-        p_pages, stride_kp, stride_vp, PAGE_SIZE,
+        p_pages, stride_kp, stride_vp, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT,
     )
     return normalize_rows(b_acc, b_m, b_l)
 

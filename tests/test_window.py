@@ -1,0 +1,196 @@
+"""Sliding window attention (``window_size=(left, right)``, flash-attn's convention): accuracy
+against the float64 reference, the bitwise invariances of design §3 with a window, the paged /
+decode path, the dense entry point and the argument checks. CPU: float16 under the
+interpreter; on a GPU the same tests run in bfloat16 too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import (
+    DEVICE,
+    HAS_GPU,
+    KERNELS,
+    assert_accurate,
+    assert_bitwise_equal,
+    cu_seqlens,
+    make_pack,
+    run_kernel,
+)
+from invariance_checks import pack_of, rows_of
+
+import portattn
+
+DTYPES = (torch.float16, torch.bfloat16) if HAS_GPU else (torch.float16,)
+# (causal, window): causal with a left window (Mistral, Gemma, gpt-oss), two-sided local
+# windows, one-sided ones, and a window of one key.
+WINDOWS = [
+    (True, (7, -1)),
+    (True, (0, -1)),
+    (False, (5, 3)),
+    (False, (-1, 4)),
+    (False, (20, -1)),
+    (False, (0, 0)),
+]
+# Odd lengths, an empty sequence, Sq > Sk (causal rows that see no key), Sq < Sk.
+LENS_Q = [1, 17, 0, 63, 40, 113]
+LENS_K = [5, 17, 3, 40, 90, 113]
+
+
+def _ids(cases):
+    return [f"causal{int(c)}-w{w[0]}_{w[1]}" for c, w in cases]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("causal, window", WINDOWS, ids=_ids(WINDOWS))
+def test_window_accuracy(causal, window, kernel, dtype):
+    """out, lse, dq, dk, dv against the float64 reference with the same window, by the usual
+    rule (2x the eager error in the input dtype plus a margin); GQA 4/2, d32 (d64 on a GPU)."""
+    p = make_pack(LENS_Q, LENS_K, 4, 2, 64 if HAS_GPU else 32, dtype, seed=11)
+    assert_accurate(p, kernel, causal, window_size=window)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_window_wider_than_every_sequence_is_no_window(kernel, causal):
+    """A window no row reaches past gives the bytes of the unwindowed call: the windowed path
+    masks every tile it visits, and a fully visible tile gives the same bits masked."""
+    p = make_pack(LENS_Q, LENS_K, 4, 2, 32, seed=12)
+    full = run_kernel(p, kernel, causal)
+    right = -1 if causal else 200
+    assert_bitwise_equal(full, run_kernel(p, kernel, causal, window_size=(200, right)))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_causal_window_spellings_agree(kernel):
+    """flash-attn's normalization: with causal the right side is 0 whatever is given, and a
+    right side of 0 is causal; every spelling gives the same bytes."""
+    p = make_pack([30, 9], [30, 20], 2, 1, 32, seed=13)
+    want = run_kernel(p, kernel, True, window_size=(6, -1))
+    for causal, window in ((True, (6, 0)), (True, (6, 9)), (False, (6, 0))):
+        assert_bitwise_equal(want, run_kernel(p, kernel, causal, window_size=window))
+    assert_bitwise_equal(
+        run_kernel(p, kernel, True), run_kernel(p, kernel, False, window_size=(-1, 0))
+    )
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("causal, window", [(True, (9, -1)), (False, (6, 11))], ids=str)
+def test_window_pack_positions(kernel, causal, window):
+    """A sequence alone gives the bytes it gets first, in the middle or last of a pack (the
+    window does not change the tiles' anchoring at each sequence's start)."""
+    target = make_pack([45], [50], 4, 2, 32, seed=14)
+    others = [
+        make_pack([n], [m], 4, 2, 32, seed=15 + i)
+        for i, (n, m) in enumerate([(7, 7), (33, 20), (1, 60)])
+    ]
+    alone = run_kernel(target, kernel, causal, window_size=window)
+    for j in range(len(others) + 1):
+        seqs = others[:j] + [target] + others[j:]
+        res = run_kernel(pack_of(seqs), kernel, causal, window_size=window)
+        q0 = sum(s.q.shape[0] for s in seqs[:j])
+        k0 = sum(s.k.shape[0] for s in seqs[:j])
+        assert_bitwise_equal(alone, rows_of(res, q0, q0 + 45, k0, k0 + 50))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_window_head_slices(kernel):
+    """Whole GQA groups alone give the bytes of those heads in the full call."""
+    p = make_pack([21, 40], [30, 40], 4, 2, 32, seed=16)
+    full = run_kernel(p, kernel, True, window_size=(8, -1))
+    part = type(p)(p.q[:, 2:], p.k[:, 1:], p.v[:, 1:], p.cu_q, p.cu_k, p.do[:, 2:], p.dlse[:, 2:])
+    res = run_kernel(part, kernel, True, window_size=(8, -1))
+    for name in ("out", "lse", "dq"):
+        assert torch.equal(res[name], full[name][:, 2:]), name
+    for name in ("dk", "dv"):
+        assert torch.equal(res[name], full[name][:, 1:]), name
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_window_decode_rows_equal_prefill_rows(kernel):
+    """The last rows of each sequence through a paged cache (the decode kernel) with a window
+    are the bytes of those rows of the windowed prefill."""
+    lens = [1, 17, 63, 100]
+    left, page = 10, 16
+    p = make_pack(lens, lens, 4, 2, 32, seed=17)
+    with torch.no_grad():
+        out, lse = portattn.varlen_attention(
+            p.q,
+            p.k,
+            p.v,
+            p.cu_q,
+            p.cu_k,
+            causal=True,
+            window_size=(left, -1),
+            return_lse=True,
+            kernel=kernel,
+        )
+        n_pages = [-(-n // page) for n in lens]
+        k_cache = torch.randn(sum(n_pages) + 1, page, 2, 32, device=DEVICE).to(p.k.dtype)
+        v_cache = torch.randn_like(k_cache)
+        table = torch.zeros(len(lens), max(n_pages), dtype=torch.int32)
+        free = list(range(sum(n_pages) + 1))[::-1]  # pages in reverse order
+        for b, n in enumerate(lens):
+            start = int(p.cu_k[b])
+            for j in range(n_pages[b]):
+                table[b, j] = free.pop(0)
+                rows = slice(j * page, min(n, (j + 1) * page))
+                k_cache[table[b, j], : rows.stop - rows.start] = p.k[
+                    start + rows.start : start + rows.stop
+                ]
+                v_cache[table[b, j], : rows.stop - rows.start] = p.v[
+                    start + rows.start : start + rows.stop
+                ]
+        steps = [min(3, n) for n in lens]
+        sel = torch.cat(
+            [torch.arange(int(p.cu_q[b + 1]) - s, int(p.cu_q[b + 1])) for b, s in enumerate(steps)]
+        ).to(DEVICE)
+        got, got_lse = portattn.varlen_attention(
+            p.q[sel],
+            k_cache,
+            v_cache,
+            cu_seqlens(steps),
+            p.cu_k,
+            causal=True,
+            window_size=(left, -1),
+            return_lse=True,
+            kernel=kernel,
+            block_table=table.to(DEVICE),
+        )
+    assert torch.equal(got, out[sel]) and torch.equal(got_lse, lse[sel])
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_dense_window_is_varlen_window(kernel):
+    """``attention`` on [B, S, H, D] with a window == ``varlen_attention`` on B equal-length
+    sequences with it (forward and backward)."""
+    batch, seqlen = 2, 37
+    p = make_pack([seqlen] * batch, [seqlen] * batch, 2, 1, 32, seed=18)
+    var = run_kernel(p, kernel, False, use_dlse=False, window_size=(5, 2))
+    qd, kd, vd = (x.detach().view(batch, seqlen, -1, 32).requires_grad_() for x in (p.q, p.k, p.v))
+    out = portattn.attention(qd, kd, vd, window_size=(5, 2), kernel=kernel)
+    out.backward(p.do.view(batch, seqlen, 2, 32))
+    assert torch.equal(out.reshape(-1, 2, 32), var["out"])
+    assert torch.equal(qd.grad.reshape(-1, 2, 32), var["dq"])
+    assert torch.equal(kd.grad.reshape(-1, 1, 32), var["dk"])
+
+
+BAD_WINDOWS = [
+    (-1, TypeError, "pair"),
+    ((1, 2, 3), TypeError, "pair"),
+    ((True, -1), TypeError, "left must be an int"),
+    ((4, 2.0), TypeError, "right must be an int"),
+    ((-2, -1), ValueError, "left must be -1"),
+    ((3, 2**30), ValueError, "right must be -1"),
+]
+
+
+@pytest.mark.parametrize("window, error, match", BAD_WINDOWS, ids=[str(w) for w, *_ in BAD_WINDOWS])
+def test_bad_window_raises(window, error, match):
+    p = make_pack([3], [3], 2, 1, 32, seed=19)
+    with pytest.raises(error, match=match):
+        portattn.varlen_attention(p.q, p.k, p.v, p.cu_q, p.cu_k, window_size=window)
+    dense = p.q.view(1, 3, 2, 32), p.k.view(1, 3, 1, 32), p.v.view(1, 3, 1, 32)
+    with pytest.raises(error, match=match):
+        portattn.attention(*dense, window_size=window)
