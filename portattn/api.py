@@ -24,6 +24,7 @@ from portattn.validation import (
     check_block_table_meta,
     check_common,
     check_paged_values,
+    check_softcap,
     check_varlen,
     check_varlen_without_values,
     check_window,
@@ -55,10 +56,11 @@ def _run_fwd(
     check_values: bool = False,
     block_table: torch.Tensor | None = None,
     window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The checked arguments into the forward op; returns (out, lse), both differentiable.
     ``check_values``: the op runs the value checks of ``cu_seqlens`` right before its launch;
-    ``window``: (left, right) as :func:`check_window` normalizes it."""
+    ``window``: (left, right) as :func:`check_window` normalizes it; ``softcap``: checked."""
     # fixed_order's backward reads a float32 copy of out: store it only when a backward can run.
     store_o32 = splits_p(kernel) and _needs_grad(q, k, v)
     out, lse, _ = varlen_fwd(
@@ -77,6 +79,7 @@ def _run_fwd(
         block_table=block_table,
         window_left=window[0],
         window_right=window[1],
+        softcap=softcap,
     )
     return out, lse
 
@@ -96,6 +99,7 @@ def varlen_attention(
     kernel: str = "varlen",
     block_table: torch.Tensor | None = None,
     window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
 ):
     """Attention over a packed batch of variable-length sequences (flash-attn varlen layout).
 
@@ -132,6 +136,10 @@ def varlen_attention(
             is 0 whatever is given; ``right == 0`` means causal. Key tiles that no row of a
             query tile sees are skipped (cost O(T * W)). Each distinct window compiles its own
             kernels (the sizes are compile-time constants, as a model has one or two).
+        softcap: 0.0 (off) or a finite float ``c > 0``: the scores become
+            ``c * tanh(softmax_scale * q.k / c)`` before the mask and the softmax (Gemma 2's
+            softcapping, flash-attn's ``softcap``), forward and backward. Each distinct cap
+            compiles its own kernels.
 
     Returns:
         out [total_q, Hq, D] in q's dtype; with ``return_lse``, ``(out, lse)`` where lse is
@@ -166,6 +174,7 @@ def varlen_attention(
     )
     causal, return_lse = bool(causal), bool(return_lse)  # checked: bools or numpy bools
     causal, *window = check_window(window_size, causal)
+    softcap = check_softcap(softcap)
     traced = torch.compiler.is_compiling() or _capturing(q)
     if paged:
         max_seqlen_q, max_seqlen_k, check_values = _check_paged(
@@ -196,6 +205,7 @@ def varlen_attention(
         check_values,
         block_table,
         tuple(window),
+        softcap,
     )
     return (out, lse) if return_lse else out
 
@@ -242,6 +252,7 @@ def attention(
     return_lse: bool = False,
     kernel: str = "varlen",
     window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
 ):
     """Dense attention in BSHD layout, computed on the varlen path (same bits as
     ``varlen_attention`` on equal-length sequences).
@@ -249,7 +260,7 @@ def attention(
     Args:
         q: [B, Sq, Hq, D] float16 or bfloat16, ``stride(-1) == 1``.
         k, v: [B, Sk, Hkv, D], ``Hq % Hkv == 0``.
-        causal, softmax_scale, kernel, window_size: as in :func:`varlen_attention`
+        causal, softmax_scale, kernel, window_size, softcap: as in :func:`varlen_attention`
             (bottom-right causal: row ``i`` sees keys ``j <= i + Sk - Sq``).
         return_lse: also return lse, float32 [B, Hq, Sq] (flash-attn's and FlexAttention's
             layout; a view of the varlen ``[B * Sq, Hq]`` buffer, no copy).
@@ -265,6 +276,7 @@ def attention(
     softmax_scale = check_common(q, k, v, causal, softmax_scale, return_lse, kernel, token_dims=2)
     causal, return_lse = bool(causal), bool(return_lse)  # checked: bools or numpy bools
     causal, *window = check_window(window_size, causal)
+    softcap = check_softcap(softcap)
     if k.shape[0] != q.shape[0]:
         raise ValueError(
             f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}"
@@ -284,6 +296,7 @@ def attention(
         softmax_scale,
         kernel,
         window=tuple(window),
+        softcap=softcap,
     )
     out = out.view(batch, seqlen_q, n_heads_q, head_dim)
     if not return_lse:

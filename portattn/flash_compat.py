@@ -7,7 +7,7 @@ Same argument order, defaults and return conventions as ``flash_attn.flash_attn_
     from portattn import flash_attn_varlen_func
 
 is the only change a caller needs, as long as it uses the supported features. Features portattn
-does not implement (dropout, softcap, ALiBi) raise a ValueError naming
+does not implement (dropout, ALiBi) raise a ValueError naming
 the feature; nothing is silently ignored except ``deterministic``, which portattn always is.
 """
 
@@ -18,7 +18,7 @@ import numbers
 import torch
 
 from portattn.api import attention, varlen_attention
-from portattn.validation import check_bool, check_window, type_name
+from portattn.validation import check_bool, check_softcap, check_window, type_name
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]  # flash_attn_with_kvcache: kvcache.py
 
@@ -65,16 +65,14 @@ def _resolve_features(
 ) -> tuple[bool, bool]:
     """Reject what portattn does not implement and check the flags (bools or numpy bools);
     returns ``causal`` and ``return_attn_probs`` as Python bools. ``window_size`` is checked
-    (and ``(-1, 0)`` made causal, as flash-attn does) by ``validation.check_window``."""
+    (and ``(-1, 0)`` made causal, as flash-attn does) by ``validation.check_window``,
+    ``softcap`` by ``check_softcap``."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"dropout_p must be a float, got {type_name(dropout_p)}")
     if dropout_p != 0:
         raise _unsupported("attention dropout (dropout_p > 0)", "dropout_p", dropout_p)
     check_window(window_size, False)
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise TypeError(f"softcap must be a float, got {type_name(softcap)}")
-    if softcap != 0:
-        raise _unsupported("softcapping (softcap != 0)", "softcap", softcap)
+    check_softcap(softcap)
     if alibi_slopes is not None:
         raise _unsupported("ALiBi (alibi_slopes)", "alibi_slopes", type_name(alibi_slopes))
     causal = check_bool("causal", causal)
@@ -123,7 +121,7 @@ def flash_attn_varlen_func(
         causal: bottom-right aligned causal mask (flash-attn >= 2.1 convention).
         window_size: ``(left, right)`` sliding window, -1 unbounded (flash-attn's
             convention; ``(-1, 0)`` is causal): see :func:`portattn.varlen_attention`.
-        softcap: must be 0.0 (ValueError otherwise).
+        softcap: 0.0 (off) or the cap ``c > 0`` of the scores ``c * tanh(scale * q.k / c)``.
         alibi_slopes: must be None (ValueError otherwise).
         deterministic: accepted and ignored: portattn's forward and backward are always
             deterministic (atomic-free, fixed order).
@@ -170,6 +168,7 @@ def flash_attn_varlen_func(
         kernel=kernel,
         block_table=block_table,
         window_size=window_size,
+        softcap=softcap,
     )
     if not return_attn_probs:
         return out
@@ -215,6 +214,7 @@ def flash_attn_func(
         return_lse=True,
         kernel=kernel,
         window_size=window_size,
+        softcap=softcap,
     )
     if not return_attn_probs:
         return out

@@ -27,6 +27,8 @@ from portattn.validation import (
     check_common,
     check_key_counts,
     check_pages,
+    check_softcap,
+    check_window,
     host_values,
     type_name,
 )
@@ -38,21 +40,11 @@ def _unsupported(feature: str, arg: str) -> ValueError:
     return ValueError(f"{feature} is not supported by portattn's flash_attn_with_kvcache ({arg})")
 
 
-def _check_features(
-    rotary_cos, rotary_sin, cache_leftpad, window_size, softcap, alibi_slopes, num_splits
-) -> None:
+def _check_features(rotary_cos, rotary_sin, cache_leftpad, alibi_slopes, num_splits) -> None:
     if rotary_cos is not None or rotary_sin is not None:
         raise _unsupported("rotary embedding inside attention", "rotary_cos / rotary_sin")
     if cache_leftpad is not None:
         raise _unsupported("left-padded caches", "cache_leftpad")
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        raise TypeError(f"window_size must be a pair (left, right), got {window_size!r}")
-    if tuple(window_size) != (-1, -1):
-        raise _unsupported("sliding window attention", f"window_size={tuple(window_size)}")
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise TypeError(f"softcap must be a float, got {type_name(softcap)}")
-    if softcap != 0:
-        raise _unsupported("softcapping", f"softcap={softcap}")
     if alibi_slopes is not None:
         raise _unsupported("ALiBi", "alibi_slopes")
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
@@ -195,6 +187,9 @@ def flash_attn_with_kvcache(
             of sequence ``b``'s cache before the attention (``cache_seqlens`` is not updated,
             as in flash-attn).
         rotary_cos, rotary_sin, cache_leftpad, alibi_slopes: must be None (ValueError).
+        window_size, softcap: a sliding window and the scores' cap, as in
+            :func:`portattn.varlen_attention` (a row's bytes are those of the prefill with
+            them).
         cache_seqlens: int32 [B] (or an int for all, or None for the full cache): the keys in
             each sequence's cache before the append; the attention sees ``cache_seqlens[b] +
             S_new`` keys.
@@ -203,7 +198,6 @@ def flash_attn_with_kvcache(
         block_table: int32 [B, pages_per_seq] or None: the pages of each sequence (paged).
         softmax_scale: default ``1 / sqrt(D)``.
         causal: bottom-right aligned: query row ``i`` sees keys ``j <= i + Sk - Sq``.
-        window_size: must be (-1, -1); softcap: must be 0.0.
         rotary_interleaved: accepted (it only matters with rotary_cos).
         num_splits: 0 or 1 (portattn never splits a sequence's keys: ValueError otherwise).
         return_softmax_lse: also return the lse, float32 [B, Hq, Sq] (natural log).
@@ -217,14 +211,14 @@ def flash_attn_with_kvcache(
     (every count within its cache, every page used inside the cache) before writing anything;
     while a CUDA graph is captured they are skipped and the caller guarantees them.
     """
-    _check_features(
-        rotary_cos, rotary_sin, cache_leftpad, window_size, softcap, alibi_slopes, num_splits
-    )
+    _check_features(rotary_cos, rotary_sin, cache_leftpad, alibi_slopes, num_splits)
     check_bool("rotary_interleaved", rotary_interleaved)
     scale = check_common(
         q, k_cache, v_cache, causal, softmax_scale, return_softmax_lse, kernel, token_dims=2
     )
     causal, return_lse = bool(causal), bool(return_softmax_lse)
+    causal, *window = check_window(window_size, causal)
+    softcap = check_softcap(softcap)
     if _needs_grad(q, k_cache, v_cache, *(x for x in (k, v) if isinstance(x, torch.Tensor))):
         raise ValueError(
             "flash_attn_with_kvcache is inference-only: its tensors must not require grad "
@@ -279,6 +273,8 @@ def flash_attn_with_kvcache(
         scale,
         kernel,
         block_table=table,
+        window=tuple(window),
+        softcap=softcap,
     )
     out = out.view(batch, seqlen_q, n_heads_q, head_dim)
     if not return_lse:

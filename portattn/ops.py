@@ -59,13 +59,13 @@ _FWD_SCHEMA = (
     "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
     "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float softmax_scale, str kernel, "
     "bool store_o32, bool check_values=False, Tensor? block_table=None, int window_left=-1, "
-    "int window_right=-1) -> (Tensor, Tensor, Tensor)"
+    "int window_right=-1, float softcap=0.0) -> (Tensor, Tensor, Tensor)"
 )
 _BWD_SCHEMA = (
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o_for_delta, Tensor lse, Tensor? dlse, "
     "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
-    "bool causal, float softmax_scale, str kernel, int window_left=-1, int window_right=-1) "
-    "-> (Tensor, Tensor, Tensor)"
+    "bool causal, float softmax_scale, str kernel, int window_left=-1, int window_right=-1, "
+    "float softcap=0.0) -> (Tensor, Tensor, Tensor)"
 )
 
 
@@ -86,6 +86,7 @@ def varlen_fwd(
     block_table: torch.Tensor | None = None,
     window_left: int = -1,
     window_right: int = -1,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward attention over a packed batch.
 
@@ -100,7 +101,8 @@ def varlen_fwd(
     [B, pages_per_seq], or None; with it k and v are paged caches [num_pages, page_size, Hkv,
     D] and cu_seqlens_k counts each sequence's keys (forward only: no backward).
     window_left, window_right: a sliding window as ``validation.check_window`` normalizes it
-    (-1: unbounded; with causal, window_right is -1).
+    (-1: unbounded; with causal, window_right is -1). softcap: 0.0 (off) or the cap ``c`` of
+    the scores ``c * tanh(softmax_scale * q.k / c)``.
 
     Returns (out [total_q, Hq, D] in q's dtype, lse float32 [total_q, Hq],
     out32 float32 [total_q, Hq, D] when store_o32, else an empty [0, Hq, D]); all contiguous.
@@ -116,6 +118,7 @@ def varlen_fwd(
         kernel,
         block_table=block_table,
         window=(window_left, window_right),
+        softcap=softcap,
     )
     before_launch = None
     if check_values and block_table is not None:
@@ -171,6 +174,7 @@ def _varlen_fwd_fake(
     block_table=None,
     window_left=-1,
     window_right=-1,
+    softcap=0.0,
 ):
     total_q, n_heads_q, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -198,6 +202,7 @@ def varlen_bwd(
     kernel: str,
     window_left: int = -1,
     window_right: int = -1,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of :func:`varlen_fwd`.
 
@@ -207,9 +212,9 @@ def varlen_bwd(
     All with ``stride(-1) == 1``. Returns contiguous (dq [total_q, Hq, D], dk, dv
     [total_k, Hkv, D]) in the input dtype.
     """
-    window = (window_left, window_right)
+    features = dict(window=(window_left, window_right), softcap=softcap)
     problem = describe(
-        q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, softmax_scale, kernel, window=window
+        q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, softmax_scale, kernel, **features
     )
     return attn_bwd(problem, dout, q, k, v, o_for_delta, lse, dlse, cu_seqlens_q, cu_seqlens_k)
 
@@ -232,6 +237,7 @@ def _varlen_bwd_fake(
     kernel,
     window_left=-1,
     window_right=-1,
+    softcap=0.0,
 ):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -251,7 +257,8 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
     ctx.meta = (max_seqlen_q, max_seqlen_k, causal, scale, kernel)
     ctx.missing_o32 = splits_p(kernel) and not store_o32
     ctx.paged = inputs[12] is not None if len(inputs) > 12 else False
-    ctx.window = tuple(inputs[13:15]) if len(inputs) > 14 else (-1, -1)
+    # The optional features, in the schema's order: window_left, window_right, softcap.
+    ctx.features = tuple(inputs[13:16]) + (-1, -1, 0.0)[len(inputs[13:16]) :]
 
 
 def _fwd_backward(ctx, dout, dlse, _dout32):
@@ -281,9 +288,9 @@ def _fwd_backward(ctx, dout, dlse, _dout32):
         causal,
         scale,
         kernel,
-        *ctx.window,
+        *ctx.features,
     )
-    return dq, dk, dv, *([None] * 12)
+    return dq, dk, dv, *([None] * 13)
 
 
 varlen_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

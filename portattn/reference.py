@@ -11,7 +11,9 @@ import math
 import torch
 
 
-def _attention_one(q, k, v, causal: bool, scale: float, window: tuple[int, int] = (-1, -1)):
+def _attention_one(
+    q, k, v, causal: bool, scale: float, window: tuple[int, int] = (-1, -1), softcap: float = 0.0
+):
     """q: [Sq, Hq, D], k/v: [Sk, Hkv, D] (float64) -> out [Sq, Hq, D], lse [Sq, Hq]."""
     seqlen_q, n_heads_q, head_dim = q.shape
     seqlen_k, n_heads_k = k.shape[0], k.shape[1]
@@ -19,6 +21,8 @@ def _attention_one(q, k, v, causal: bool, scale: float, window: tuple[int, int] 
     k = k.repeat_interleave(group, dim=1)  # query head h reads kv head h // group
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale  # [Hq, Sq, Sk]
+    if softcap > 0:  # Gemma 2 / flash-attn: c * tanh(scale * q.k / c), before the mask
+        scores = softcap * torch.tanh(scores / softcap)
     rows = torch.arange(seqlen_q, device=q.device)[:, None] + (seqlen_k - seqlen_q)
     cols = torch.arange(seqlen_k, device=q.device)[None, :]
     visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
@@ -49,13 +53,14 @@ def reference_varlen_attention(
     softmax_scale: float | None = None,
     compute_dtype: torch.dtype = torch.float64,
     window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 reference of ``portattn.varlen_attention``.
 
     q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: [B + 1].
     Returns (out float64 [total_q, Hq, D], lse float64 [total_q, Hq]). Rows that see no key get
     out 0 and lse -inf. Gradients flow to q, k, v (through out and lse). ``window_size``:
-    flash-attn's sliding window (see ``varlen_attention``).
+    flash-attn's sliding window, ``softcap``: the scores' cap (see ``varlen_attention``).
 
     ``compute_dtype`` other than float64 gives the same math done eagerly in that dtype: the
     yardstick for "as accurate as eager attention in the input dtype".
@@ -68,7 +73,8 @@ def reference_varlen_attention(
     for b in range(len(bounds_q) - 1):
         sq = slice(bounds_q[b], bounds_q[b + 1])
         sk = slice(bounds_k[b], bounds_k[b + 1])
-        out, lse = _attention_one(q[sq], k[sk], v[sk], causal, scale, tuple(window_size))
+        window = tuple(window_size)
+        out, lse = _attention_one(q[sq], k[sk], v[sk], causal, scale, window, softcap)
         outs.append(out)
         lses.append(lse)
     if not outs:
@@ -77,7 +83,14 @@ def reference_varlen_attention(
 
 
 def reference_attention(
-    q, k, v, *, causal: bool = False, softmax_scale: float | None = None, window_size=(-1, -1)
+    q,
+    k,
+    v,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    window_size=(-1, -1),
+    softcap: float = 0.0,
 ):
     """Float64 reference of the dense ``portattn.attention``: q [B, Sq, Hq, D], k/v
     [B, Sk, Hkv, D] -> (out [B, Sq, Hq, D], lse [B, Hq, Sq])."""
@@ -93,5 +106,6 @@ def reference_attention(
         causal=causal,
         softmax_scale=softmax_scale,
         window_size=window_size,
+        softcap=softcap,
     )
     return out.view(*q.shape), lse.view(batch, seqlen_q, -1).permute(0, 2, 1)

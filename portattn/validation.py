@@ -82,6 +82,16 @@ def check_window(window_size, causal: bool) -> tuple[bool, int, int]:
     return False, left, right
 
 
+def check_softcap(softcap) -> float:
+    """``softcap``: 0 (off) or a finite cap ``c > 0`` of the scores ``c * tanh(s / c)`` (a
+    real number, not a bool: TypeError; negative, NaN or infinite: ValueError)."""
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float, got {type_name(softcap)}")
+    if not (math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be 0 (off) or a finite float > 0, got {softcap}")
+    return float(softcap)
+
+
 def _check_tensor(name: str, x) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type_name(x)}")

@@ -158,9 +158,19 @@ def test_window_size_is_varlen_attentions():
     assert torch.equal(got, want)
 
 
+def test_softcap_is_varlen_attentions():
+    """``softcap`` goes through to ``varlen_attention`` / ``attention`` (same bits)."""
+    p = make_pack([9, 30], [20, 30], 2, 1, 32, seed=97)
+    args = (p.q, p.k, p.v, p.cu_q, p.cu_k, 30, 30)
+    got = portattn.flash_attn_varlen_func(*args, causal=True, softcap=2.5)
+    assert torch.equal(got, portattn.varlen_attention(*args, causal=True, softcap=2.5))
+    dense = p.q[9:].view(1, 30, 2, 32), p.k[20:].view(1, 30, 1, 32), p.v[20:].view(1, 30, 1, 32)
+    got = portattn.flash_attn_func(*dense, softcap=2.5, window_size=(4, 4))
+    assert torch.equal(got, portattn.attention(*dense, softcap=2.5, window_size=(4, 4)))
+
+
 UNSUPPORTED = [
     (dict(dropout_p=0.1), "dropout"),
-    (dict(softcap=30.0), "softcap"),
     (dict(alibi_slopes="tensor"), "ALiBi"),
 ]
 

@@ -274,8 +274,6 @@ def test_paged_needs_no_grad():
     [
         (dict(rotary_cos="x"), "rotary"),
         (dict(cache_leftpad="x"), "left-padded"),
-        (dict(window_size=(8, 0)), "sliding window"),
-        (dict(softcap=30.0), "softcapping"),
         (dict(alibi_slopes="x"), "ALiBi"),
         (dict(num_splits=4), "never splits"),
         (dict(cache_seqlens=40), r"cache_seqlens must be in \[0, 16\]"),
@@ -307,3 +305,48 @@ def test_host_values_copied_once_per_version(monkeypatch):
     assert len(calls) == 1
     cu.add_(0)  # an in-place op: a new version
     assert validation.host_values(cu) == [0, 3, 7] and len(calls) == 2
+
+
+@pytest.mark.parametrize("kernel", ("varlen", "fixed_order"))
+def test_kvcache_window_and_softcap_rows_equal_prefill(kernel):
+    """flash_attn_with_kvcache with a sliding window and a cap: the appended rows are the
+    byte-equal rows of the prefill of the whole sequences with them (dense cache)."""
+    gen = torch.Generator().manual_seed(5)
+    lens, new = [9, 30], 3
+    total = sum(lens)
+    q = torch.randn(total, HQ, D, generator=gen).to(DTYPE).to(DEVICE)
+    k = torch.randn(total, HKV, D, generator=gen).to(DTYPE).to(DEVICE)
+    v = torch.randn(total, HKV, D, generator=gen).to(DTYPE).to(DEVICE)
+    cu = torch.tensor([0, lens[0], total], dtype=torch.int32, device=DEVICE)
+    features = dict(window_size=(7, -1), softcap=2.0)
+    with torch.no_grad():
+        out, lse = portattn.varlen_attention(
+            q, k, v, cu, cu, causal=True, return_lse=True, kernel=kernel, **features
+        )
+        k_cache = torch.zeros(2, 32, HKV, D, dtype=DTYPE, device=DEVICE)
+        v_cache = torch.zeros_like(k_cache)
+        rows, k_new, v_new, q_new = [], [], [], []
+        for b, n in enumerate(lens):
+            start = int(cu[b])
+            k_cache[b, : n - new] = k[start : start + n - new]
+            v_cache[b, : n - new] = v[start : start + n - new]
+            rows.append(torch.arange(start + n - new, start + n))
+            k_new.append(k[start + n - new : start + n])
+            v_new.append(v[start + n - new : start + n])
+            q_new.append(q[start + n - new : start + n])
+        seqlens = torch.tensor([n - new for n in lens], dtype=torch.int32, device=DEVICE)
+        got, got_lse = portattn.flash_attn_with_kvcache(
+            torch.stack(q_new),
+            k_cache,
+            v_cache,
+            torch.stack(k_new),
+            torch.stack(v_new),
+            cache_seqlens=seqlens,
+            causal=True,
+            return_softmax_lse=True,
+            kernel=kernel,
+            **features,
+        )
+    sel = torch.cat(rows).to(DEVICE)
+    assert torch.equal(got.reshape(-1, HQ, D), out[sel])
+    assert torch.equal(got_lse.permute(0, 2, 1).reshape(-1, HQ), lse[sel])

@@ -1,8 +1,10 @@
 """attn_implementation="portattn" / "portattn_fixed_order" in Hugging Face transformers
-(portattn.integrations.transformers): tiny Llama and Qwen2 models, float16, random weights.
+(portattn.integrations.transformers): tiny Llama, Qwen2 and Gemma 2 models, float16, random
+weights.
 
 - logits and every parameter gradient against sdpa under the accuracy rule (portattn-fp16 and
   sdpa-fp16 both measured against an sdpa float64 copy of the model);
+- sliding windows and softcapping (Qwen2, Gemma 2) against eager attention, same rule;
 - left padding: the real tokens of a padded batch get the logits of the unpadded run;
 - packing (position_ids that restart, or cu_seq_lens kwargs): each sequence's attention output
   is bitwise its output alone, and so are its logits;
@@ -21,7 +23,12 @@ import torch
 
 pytest.importorskip("transformers")
 
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    Gemma2Config,
+    LlamaConfig,
+    Qwen2Config,
+)
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS  # noqa: E402
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: E402
 
@@ -40,34 +47,27 @@ def _registered():
     pt_hf.register()
 
 
+# Tiny models: head_dim 32 (not hidden / heads = 16, which is not a portattn head dim); a
+# larger initializer range than the default, so the attention is far from uniform.
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=64,
+    initializer_range=0.1,
+)
+
+
 def llama_config(**kw) -> LlamaConfig:
-    base = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=64,
-        initializer_range=0.1,  # larger than the default: attention far from uniform
-    )
-    return LlamaConfig(**{**base, **kw})
+    return LlamaConfig(**{**TINY, **kw})
 
 
 def qwen2_config(**kw) -> Qwen2Config:
-    base = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,  # not hidden / heads = 16, which is not a portattn head dim
-        max_position_embeddings=64,
-        initializer_range=0.1,
-    )
-    return Qwen2Config(**{**base, **kw})
+    return Qwen2Config(**{**TINY, **kw})
 
 
 CONFIGS = {"llama": llama_config, "qwen2": qwen2_config}
@@ -129,18 +129,67 @@ def test_logits_and_grads_match_sdpa(family, impl):
     models = make_models(
         cfg, [(impl, torch.float16), ("sdpa", torch.float16), ("sdpa", torch.float64)]
     )
-    x = ids(2, 20, seed=1)
+    assert_model_rule(models, ids(2, 20, seed=1))
+
+
+def assert_model_rule(models: list, x: torch.Tensor) -> torch.Tensor:
+    """Logits and every parameter gradient of ``models`` = (portattn, yardstick in its dtype,
+    float64 reference) on ``x`` under the accuracy rule; returns (portattn's logits, the
+    reference's)."""
     results = []
     for model in models:
         out = model(x, labels=x)
         out.loss.backward()
-        grads = {n: p.grad for n, p in model.named_parameters()}
-        results.append((out.logits, grads))
+        results.append((out.logits, {n: p.grad for n, p in model.named_parameters()}))
     (got, got_g), (eager, eager_g), (ref, ref_g) = results
     assert_rule("out", got, eager, ref)
     assert got_g.keys() == ref_g.keys()
     for name in ref_g:
         assert_rule(name, got_g[name], eager_g[name], ref_g[name])
+    return got, ref
+
+
+def gemma2_config(**kw) -> Gemma2Config:
+    """Two layers: one with a sliding window of 6, one global; scores capped at 4."""
+    base = dict(
+        query_pre_attn_scalar=32,
+        sliding_window=6,
+        attn_logit_softcapping=4.0,
+        final_logit_softcapping=None,
+    )
+    return Gemma2Config(**{**TINY, **base, **kw})
+
+
+WINDOWED = {
+    "qwen2-window": lambda: qwen2_config(
+        use_sliding_window=True, sliding_window=6, max_window_layers=0
+    ),
+    "gemma2-window-softcap": gemma2_config,
+}
+
+UNWINDOWED = {
+    "qwen2-window": qwen2_config,
+    "gemma2-window-softcap": lambda: gemma2_config(sliding_window=64, attn_logit_softcapping=None),
+}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("family", sorted(WINDOWED))
+def test_sliding_window_and_softcap_match_eager(family, impl):
+    """Layers with a sliding window (Qwen2, Gemma 2) and softcapped scores (Gemma 2): logits
+    and every gradient against transformers' eager attention (which applies both) under the
+    accuracy rule, sequences of 20 tokens against windows of 6."""
+    cfg = WINDOWED[family]()
+    models = make_models(
+        cfg, [(impl, torch.float16), ("eager", torch.float16), ("eager", torch.float64)]
+    )
+    x = ids(2, 20, seed=3)
+    got, ref = assert_model_rule(models, x)
+    # the windows (and the cap) must matter, or this test could not fail: the same weights
+    # without them give other logits
+    (plain,) = make_models(UNWINDOWED[family](), [("eager", torch.float64)])
+    with torch.no_grad():
+        assert accuracy.rel_err(plain(x).logits, ref) > 10 * accuracy.rel_err(got, ref)
 
 
 def _left_padded(lengths: list[int], seed: int):
@@ -278,22 +327,17 @@ def test_unsupported_raise():
     attn = model.model.layers[0].self_attn
     q = torch.randn(1, 4, 8, 32, dtype=torch.float16, device=DEVICE)
     kv = torch.randn(1, 2, 8, 32, dtype=torch.float16, device=DEVICE)
-    for kwargs, match in (
-        (dict(softcap=30.0), "softcapping"),
-        (dict(s_aux=torch.zeros(4, device=DEVICE)), "attention sinks"),
-        (dict(sliding_window=4), "sliding-window"),
+    for kwargs, error, match in (
+        (dict(s_aux=torch.zeros(4, device=DEVICE)), ValueError, "attention sinks"),
+        (dict(sliding_window=0), ValueError, "sliding_window must be at least 1"),
+        (dict(sliding_window=4.0), TypeError, "sliding_window must be an int"),
+        (dict(softcap=-1.0), ValueError, "softcap must be 0"),
     ):
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(error, match=match):
             pt_hf.portattn_attention_forward(attn, q, kv, kv, None, **kwargs)
     with pytest.raises(ValueError, match="value head dim"):
         pt_hf.portattn_attention_forward(attn, q, kv, kv[..., :16].contiguous(), None)
 
-    (qwen,) = make_models(
-        qwen2_config(use_sliding_window=True, sliding_window=4, max_window_layers=0),
-        [("portattn", torch.float16)],
-    )
-    with pytest.raises(ValueError, match="sliding-window"), torch.no_grad():
-        qwen(x)
     (fp32,) = make_models(llama_config(), [("portattn", torch.float32)])
     with pytest.raises(DTypeError, match="float16 or bfloat16"), torch.no_grad():
         fp32(x)

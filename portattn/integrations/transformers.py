@@ -30,9 +30,13 @@ does (``modeling_flash_attention_utils._flash_attention_forward``):
 - otherwise ``portattn.attention`` (dense); with a KV cache ``Sq < Sk`` and the causal mask is
   bottom-right aligned, which is what decoding needs.
 
+A layer's ``sliding_window`` W becomes ``window_size=(W - 1, W - 1)`` (as transformers'
+flash-attention path passes it) and its ``softcap`` portattn's ``softcap`` (Gemma 2, Mistral,
+Qwen2 with sliding windows).
+
 Raised as ``ValueError`` (portattn would not compute what was asked): attention dropout
-(``dropout > 0``: a model in training mode with ``config.attention_dropout > 0``), a sliding
-window, softcapping, attention sinks (``s_aux``), a position bias, a 4-D attention mask other
+(``dropout > 0``: a model in training mode with ``config.attention_dropout > 0``), attention
+sinks (``s_aux``), a position bias, a 4-D attention mask other
 than the plain causal (or, for non-causal layers, the all-visible) pattern, a value head dim
 different from the query's, and an attention mask next to ``cu_seq_lens`` kwargs.
 """
@@ -73,18 +77,6 @@ def _refuse_unsupported(query, key, value, dropout, sliding_window, softcap, s_a
             "mode)",
             "set config.attention_dropout = 0.0, or call model.eval()",
         )
-    if sliding_window is not None:
-        raise _unsupported(
-            f"sliding-window attention (sliding_window={sliding_window})",
-            "portattn has no windows yet; if no sequence is longer than the window, set "
-            "config.sliding_window = None (Qwen2: use_sliding_window=False), else use "
-            "attn_implementation='sdpa'",
-        )
-    if softcap is not None and softcap != 0:
-        raise _unsupported(
-            f"softcapping of the attention scores (softcap={softcap})",
-            "portattn has no softcap yet; use attn_implementation='sdpa' or 'eager'",
-        )
     sinks = s_aux if s_aux is not None else kwargs.get("sinks")
     if sinks is not None:
         raise _unsupported(
@@ -102,6 +94,21 @@ def _refuse_unsupported(query, key, value, dropout, sliding_window, softcap, s_a
             f"a value head dim ({value.shape[-1]}) different from the query's ({query.shape[-1]})",
             "use attn_implementation='sdpa'",
         )
+
+
+def _window(sliding_window) -> tuple[int, int]:
+    """transformers' ``sliding_window`` W (a token sees itself and the W - 1 before it; the
+    masks' ``kv_idx > q_idx - W``) as portattn's window: ``(W - 1, W - 1)``, what transformers'
+    flash-attention path passes (the right side is 0 for causal layers). transformers passes it
+    only where keys outnumber the window; a wider window gives the same bytes, so portattn
+    always takes it."""
+    if sliding_window is None:
+        return (-1, -1)
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int):
+        raise TypeError(f"sliding_window must be an int or None, got {sliding_window!r}")
+    if sliding_window < 1:
+        raise ValueError(f"sliding_window must be at least 1, got {sliding_window}")
+    return (sliding_window - 1, sliding_window - 1)
 
 
 def _half_dtype(query: torch.Tensor, module: torch.nn.Module) -> torch.dtype | None:
@@ -259,6 +266,7 @@ def _forward(
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))
     batch, q_len = q.shape[:2]
     args = dict(causal=causal, softmax_scale=scaling, kernel=kernel)
+    args.update(window_size=_window(sliding_window), softcap=float(softcap or 0.0))
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if attention_mask is not None:

@@ -52,6 +52,7 @@ from portattn.kernels.primitives import (
     recompute_p,
     row_tiles,
     seq_bounds,
+    softcap_scores,
     tile_index,
     visible_mask,
     window_key_range,
@@ -119,6 +120,7 @@ def attn_bwd_dkdv_kernel(
     TMA: tl.constexpr,
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """One program per (key tile of one sequence, kv head, head-dim chunk). It sums dK and/or
     dV (``WANT_DK`` / ``WANT_DV``) over ``BLOCK_D // D_CHUNKS`` columns (chunk
@@ -214,12 +216,17 @@ def attn_bwd_dkdv_kernel(
             o_hm = i_h * stride_hm + o_rows  # [BLOCK_M] head-major lse2 / delta offsets
             b_lse2 = load_row_lse2(lse2 + o_hm, m_row)  # [BLOCK_M]
         b_qkT = mma(b_k, tl.trans(b_q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
+        if SOFTCAP > 0:  # capped scores in log2 units; tanh for dS (``softcap_scores``)
+            b_qkT, b_tanhT = softcap_scores(b_qkT, scale_log2, SOFTCAP)
+            p_scale = 1.0
+        else:
+            p_scale = scale_log2
         if CAUSAL or WINDOWED:  # noqa: SIM102 - a constexpr branch around a runtime one
             if m_start < m_full:
                 b_qkT = mask_scores(b_qkT, visible_mask(o_q[None, :], o_k[:, None], seqlen_k,
                                                         diag, CAUSAL, WINDOW_LEFT,
                                                         WINDOW_RIGHT))
-        b_pT = recompute_p(b_qkT, b_lse2[None, :], scale_log2)  # [BLOCK_N, BLOCK_M]
+        b_pT = recompute_p(b_qkT, b_lse2[None, :], p_scale)  # [BLOCK_N, BLOCK_M]
         if WANT_DK or BLOCK_DC == BLOCK_D:
             b_do = load_head_rows(desc_do, p_do, m_start, i_h32, 0, o_d, m_row, m_d, BLOCK_M,
                                   BLOCK_D, TMA)  # [BLOCK_M, BLOCK_D]
@@ -240,6 +247,8 @@ def attn_bwd_dkdv_kernel(
                 b_delta = tl.load(delta + o_hm, mask=m_row, other=0.0)
             b_dpT = mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
             b_dsT = b_pT * (b_dpT - b_delta[None, :])  # [BLOCK_N, BLOCK_M]
+            if SOFTCAP > 0:  # through the cap: d(c tanh(u)) / d(scale qk) = 1 - tanh(u)**2
+                b_dsT = b_dsT * (1.0 - b_tanhT * b_tanhT)
             if BLOCK_DC == BLOCK_D:
                 b_qc = b_q
             else:
@@ -282,6 +291,7 @@ def _dq_key_tiles(
     TMA: tl.constexpr,
     WINDOW_LEFT: tl.constexpr = -1,
     WINDOW_RIGHT: tl.constexpr = -1,
+    SOFTCAP: tl.constexpr = 0.0,
 ):
     """Accumulate key tiles [n_lo, n_hi) (ascending) into dQ."""
     for n_start in range(n_lo, n_hi, BLOCK_N):
@@ -291,12 +301,19 @@ def _dq_key_tiles(
         b_v = load_key_tile(src_v, n_start, 0, o_k, seqlen_k, stride_vt, o_d, m_d,
                             TMA)  # [BLOCK_N, BLOCK_D]
         b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
+        if SOFTCAP > 0:  # as in the dK/dV kernel
+            b_qk, b_tanh = softcap_scores(b_qk, scale_log2, SOFTCAP)
+            p_scale = 1.0
+        else:
+            p_scale = scale_log2
         if MASKED:
             b_qk = mask_scores(b_qk, visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag,
                                                   CAUSAL, WINDOW_LEFT, WINDOW_RIGHT))
-        b_p = recompute_p(b_qk, b_lse2[:, None], scale_log2)  # [BLOCK_M, BLOCK_N]
+        b_p = recompute_p(b_qk, b_lse2[:, None], p_scale)  # [BLOCK_M, BLOCK_N]
         b_dp = mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
         b_ds = b_p * (b_dp - b_delta[:, None])  # [BLOCK_M, BLOCK_N]
+        if SOFTCAP > 0:
+            b_ds = b_ds * (1.0 - b_tanh * b_tanh)
         b_dq = mma_rounded(b_ds, b_k, b_dq, SPLIT_P, INTERPRET)  # [BLOCK_M, BLOCK_D]
     return b_dq
 
@@ -319,6 +336,7 @@ def attn_bwd_dq_kernel(
     PADDED: tl.constexpr,
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """One program per (query tile of one sequence, query head). ``TMA``: K and V tiles are
     read through per-sequence tensor descriptors (``row_tiles``). ``PADDED``: lse2 and delta
@@ -353,18 +371,19 @@ def attn_bwd_dq_kernel(
             b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
             o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_lo, n_hi,
             BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
+            SOFTCAP,
         )
     else:
         n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
         b_dq = _dq_key_tiles(
             b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
             o_q, o_d, m_d, seqlen_k, diag, scale_log2, 0, n_full,
-            BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, TMA,
+            BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, TMA, SOFTCAP=SOFTCAP,
         )
         b_dq = _dq_key_tiles(
             b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
             o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_full, n_hi,
-            BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA,
+            BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA, SOFTCAP=SOFTCAP,
         )
     b_dq = b_dq * scale
     tl.store(dq + o_rows * stride_dqt + i_h.to(tl.int64) * stride_dqh + o_d[None, :],
@@ -431,7 +450,7 @@ def plan_backward(problem: VarlenProblem, do, q, k, v, o_for_delta, lse, dlse, c
     delta = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
     common = dict(HEAD_DIM=p.head_dim, BLOCK_D=triton.next_power_of_2(p.head_dim))
     kernel_flags = dict(CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret,
-                        WINDOW_LEFT=p.window_left, WINDOW_RIGHT=p.window_right)
+                        **p.feature_flags())
     launches = []
     if p.total_q > 0:
         pre = cfg.bwd_pre

@@ -54,6 +54,7 @@ def attn_decode_kernel(
     D_CHUNKS: tl.constexpr,
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """Program ids: 0 = (position tile, sequence) as ``tile_index`` decodes it; 1 = kv head
     times the group's head slices (``HEADS`` query heads each, a power of two); 2 = head-dim
@@ -101,7 +102,7 @@ def attn_decode_kernel(
         b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
         BLOCK_M, BLOCK_DC, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False,
-        p_pages, stride_kp, stride_vp, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT,
+        p_pages, stride_kp, stride_vp, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
     )
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
@@ -160,6 +161,6 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
         HEAD_DIM=p.head_dim, BLOCK_D=triton.next_power_of_2(p.head_dim),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
         CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret, D_CHUNKS=cfg.fwd_chunks,
-        WINDOW_LEFT=p.window_left, WINDOW_RIGHT=p.window_right, **tiles.launch_kwargs(),
+        **p.feature_flags(), **tiles.launch_kwargs(),
     )
     return KernelLaunch("decode", attn_decode_kernel, grid, args, params, tma=False)

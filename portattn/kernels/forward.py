@@ -58,6 +58,7 @@ def attn_fwd_kernel(
     TMA: tl.constexpr,
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """One program per (query tile of one sequence, query head, head-dim chunk). With
     ``D_CHUNKS`` = 2 each program computes the scores and softmax over the whole head dim and
@@ -65,7 +66,8 @@ def attn_fwd_kernel(
     full accumulator does not fit beside the tiles; program 0 of the pair writes lse. ``TMA``:
     Q, K and V tiles are read through per-sequence tensor descriptors (``row_tiles``).
     ``WINDOW_LEFT`` / ``WINDOW_RIGHT`` >= 0: a sliding window (``visible_mask``); only the key
-    tiles some row of the tile sees are visited (``window_key_range``)."""
+    tiles some row of the tile sees are visited (``window_key_range``). ``SOFTCAP`` > 0: the
+    scores are softcapped (``softcap_scores``)."""
     i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
         cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
     if m_start >= seqlen_q:
@@ -102,7 +104,7 @@ def attn_fwd_kernel(
         b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
         BLOCK_M, BLOCK_DC, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA,
-        WINDOW_LEFT=WINDOW_LEFT, WINDOW_RIGHT=WINDOW_RIGHT,
+        WINDOW_LEFT=WINDOW_LEFT, WINDOW_RIGHT=WINDOW_RIGHT, SOFTCAP=SOFTCAP,
     )
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
@@ -171,7 +173,7 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     tma = "fwd" in cfg.tma and rows_aligned(q, k, v)
     flags = dict(HEAD_DIM=p.head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                  CAUSAL=p.causal, SPLIT_P=p.split_p, STORE_O32=store_o32)
-    window = dict(WINDOW_LEFT=p.window_left, WINDOW_RIGHT=p.window_right)
+    features = p.feature_flags()  # window, softcap
     # The warp-specialised Gluon kernel computes the same bits; it reads through descriptors
     # and has no interpreter.
     if use_warp_specialized(p, tma):
@@ -179,7 +181,7 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
         launch = KernelLaunch("fwd", attn_fwd_ws_kernel, grid, args, params, tma)
     else:
         params = dict(flags, BLOCK_D=triton.next_power_of_2(p.head_dim), INTERPRET=p.interpret,
-                      D_CHUNKS=cfg.fwd_chunks, TMA=tma, **window, **tiles.launch_kwargs())
+                      D_CHUNKS=cfg.fwd_chunks, TMA=tma, **features, **tiles.launch_kwargs())
         launch = KernelLaunch("fwd", attn_fwd_kernel, grid, args, params, tma)
     return ForwardPlan(out, lse, out32, (launch,))
 

@@ -65,10 +65,19 @@ class VarlenProblem:
     # -1 unbounded; with causal the right side is -1, the causal mask bounds it).
     window_left: int = -1
     window_right: int = -1
+    # Softcapping (Gemma 2): scores c * tanh(s / c) with c = softcap; 0.0 off.
+    softcap: float = 0.0
 
     @property
     def windowed(self) -> bool:
         return self.window_left >= 0 or self.window_right >= 0
+
+    def feature_flags(self) -> dict[str, Any]:
+        """The compile-time parameters of the optional features, for every Triton kernel that
+        computes scores (their off values compile to the code of kernels without them)."""
+        return dict(
+            WINDOW_LEFT=self.window_left, WINDOW_RIGHT=self.window_right, SOFTCAP=self.softcap
+        )
 
     @property
     def group(self) -> int:
@@ -92,10 +101,11 @@ def describe(
     cfg: KernelConfig | None = None,
     block_table: torch.Tensor | None = None,
     window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
 ) -> VarlenProblem:
     """The problem of one call (``cfg``: the table entry, looked up for q's device if None).
     With ``block_table``, k is a paged cache [num_pages, page_size, Hkv, D]. ``window``: the
-    normalized (left, right) sliding window."""
+    normalized (left, right) sliding window; ``softcap``: 0.0 (off) or the cap."""
     total_q, n_heads_q, head_dim = q.shape
     paged = block_table is not None
     return VarlenProblem(
@@ -117,6 +127,7 @@ def describe(
         page_size=k.shape[1] if paged else 0,
         window_left=window[0],
         window_right=window[1],
+        softcap=float(softcap),
     )
 
 
@@ -158,13 +169,13 @@ def gluon_applies(
 ) -> bool:
     """Whether the warp-specialised Gluon kernel of a stage runs, for the table field ``name``
     (``fwd_ws``, ``bwd_ws``, ``dq_ws``): the entry selects it, the inputs take the descriptor
-    path (``tma``), the interpreter is off (it has no Gluon) and there is no sliding
-    window. Either kernel gives the same bits. An entry that selects it where Gluon is missing
+    path (``tma``), the interpreter is off (it has no Gluon) and there is no sliding window
+    or softcap. Either kernel gives the same bits. An entry that selects it where Gluon is missing
     or its tiles do not fit raises."""
     if not selected or not tma or problem.interpret:
         return False
-    if problem.windowed:  # the Gluon kernels have no window; the Triton ones, same tiles, do
-        return False
+    if problem.windowed or problem.softcap:  # not in the Gluon kernels; the Triton ones, at
+        return False  # the same tiles, have them
     if gluon_kernel is None or supports is None:
         raise RuntimeError(
             f"the configuration entry sets {name}, but this Triton has no usable Gluon "

@@ -158,6 +158,28 @@ def mask_scores(b_qk, m_vis):
 
 
 @triton.jit
+def softcap_scores(b_qk, scale_log2, SOFTCAP: tl.constexpr):
+    """Softcapping (Gemma 2): raw scores ``qk`` -> ``c * tanh(scale * qk / c)`` in log2 units
+    (times log2 e, so the softmax then scales by 1), and ``tanh`` for the backward's
+    derivative ``scale * (1 - tanh**2)``. ``tanh(u) = 1 - 2 / (exp(2u) + 1)`` with exp2, the
+    same expression on every device and under the interpreter (no libdevice)."""
+    b_e2u = tl.exp2(b_qk * (scale_log2 * (2.0 / SOFTCAP)))  # exp(2u), u = scale * qk / c
+    b_tanh = 1.0 - 2.0 / (b_e2u + 1.0)
+    return b_tanh * (SOFTCAP * 1.4426950408889634), b_tanh
+
+
+@triton.jit
+def scores_log2(b_qk, scale_log2, SOFTCAP: tl.constexpr):
+    """The scores of a tile ready for the softmax, and the scale the softmax still applies:
+    raw scores and ``scale_log2``, or with ``SOFTCAP`` > 0 the capped scores in log2 units
+    and 1 (``softcap_scores``; its tanh is recomputed where the backward needs it)."""
+    if SOFTCAP > 0:
+        b_capped, _ = softcap_scores(b_qk, scale_log2, SOFTCAP)
+        return b_capped, 1.0
+    return b_qk, scale_log2
+
+
+@triton.jit
 def online_softmax_step(b_qk, b_m, b_l, scale_log2):
     """One step of the online softmax over a key tile.
 
@@ -191,6 +213,7 @@ def forward_key_tiles(
     PAGE_SIZE: tl.constexpr = 0,
     WINDOW_LEFT: tl.constexpr = -1,
     WINDOW_RIGHT: tl.constexpr = -1,
+    SOFTCAP: tl.constexpr = 0.0,
 ):
     """The key loop of the Triton forward and decode kernels: accumulate key tiles
     [n_lo, n_hi) (ascending) into (acc, m, l); the scores use all head-dim columns ``o_d``, the
@@ -218,11 +241,12 @@ def forward_key_tiles(
             b_k = tl.load(p_k, mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
             b_v = tl.load(p_v, mask=m_v, other=0.0)  # [BLOCK_N, BLOCK_DC]
         b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
+        b_qk, step_scale = scores_log2(b_qk, scale_log2, SOFTCAP)
         if MASKED:
             m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, CAUSAL,
                                  WINDOW_LEFT, WINDOW_RIGHT)
             b_qk = mask_scores(b_qk, m_vis)
-        b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, scale_log2)
+        b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, step_scale)
         b_acc = b_acc * b_alpha[:, None]
         b_acc = mma_rounded(b_p, b_v, b_acc, SPLIT_P, INTERPRET)  # [BLOCK_M, BLOCK_DC]
     return b_acc, b_m, b_l
@@ -243,6 +267,7 @@ def forward_tile(
     PAGE_SIZE: tl.constexpr = 0,
     WINDOW_LEFT: tl.constexpr = -1,
     WINDOW_RIGHT: tl.constexpr = -1,
+    SOFTCAP: tl.constexpr = 0.0,
 ):
     """The forward of one query tile (the Triton forward and decode kernels): the key tiles
     from ``n_lo`` below ``n_full`` that every row sees whole (no mask), then those up to
@@ -256,13 +281,13 @@ def forward_tile(
         b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full,
         BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, TMA,
-        p_pages, stride_kp, stride_vp, PAGE_SIZE,
+        p_pages, stride_kp, stride_vp, PAGE_SIZE, SOFTCAP=SOFTCAP,
     )
     b_acc, b_m, b_l = forward_key_tiles(
         b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi,
         BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA,
-        p_pages, stride_kp, stride_vp, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT,
+        p_pages, stride_kp, stride_vp, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
     )
     return normalize_rows(b_acc, b_m, b_l)
 

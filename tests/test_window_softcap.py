@@ -1,9 +1,12 @@
-"""Sliding window attention (``window_size=(left, right)``, flash-attn's convention): accuracy
-against the float64 reference, the bitwise invariances of design §3 with a window, the paged /
-decode path, the dense entry point and the argument checks. CPU: float16 under the
-interpreter; on a GPU the same tests run in bfloat16 too."""
+"""Sliding windows (``window_size=(left, right)``) and softcapping (``softcap=c``: scores
+``c * tanh(scale * q.k / c)`` before the mask and the softmax), flash-attn's conventions:
+accuracy against the float64 reference (forward and backward, lse gradient included), the
+bitwise invariances of design §3 with each, the paged / decode path, the dense entry point and
+the argument checks. CPU: float16 under the interpreter; on a GPU bfloat16 too."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -176,21 +179,119 @@ def test_dense_window_is_varlen_window(kernel):
     assert torch.equal(kd.grad.reshape(-1, 1, 32), var["dk"])
 
 
-BAD_WINDOWS = [
-    (-1, TypeError, "pair"),
-    ((1, 2, 3), TypeError, "pair"),
-    ((True, -1), TypeError, "left must be an int"),
-    ((4, 2.0), TypeError, "right must be an int"),
-    ((-2, -1), ValueError, "left must be -1"),
-    ((3, 2**30), ValueError, "right must be -1"),
+# --- softcap -----------------------------------------------------------------------------
+
+CAP_LENS_Q = [1, 17, 0, 63, 40]
+CAP_LENS_K = [5, 17, 3, 40, 90]
+# (causal, softcap, window): a cap that bites (scores of a few units at scale 1) and Gemma 2's
+# 50 (which barely does), causal and not, and with a sliding window.
+CASES = [
+    (True, 2.0, (-1, -1)),
+    (False, 3.0, (-1, -1)),
+    (True, 50.0, (-1, -1)),
+    (True, 2.5, (9, -1)),
 ]
 
 
-@pytest.mark.parametrize("window, error, match", BAD_WINDOWS, ids=[str(w) for w, *_ in BAD_WINDOWS])
-def test_bad_window_raises(window, error, match):
-    p = make_pack([3], [3], 2, 1, 32, seed=19)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("causal, softcap, window", CASES, ids=[str(c) for c in CASES])
+def test_softcap_accuracy(causal, softcap, window, kernel, dtype):
+    """out, lse, dq, dk, dv against float64 by the usual rule; softmax_scale 1 so that the
+    scores (about N(0, D)) reach the cap."""
+    p = make_pack(CAP_LENS_Q, CAP_LENS_K, 4, 2, 32, dtype, seed=21)
+    assert_accurate(p, kernel, causal, softmax_scale=1.0, softcap=softcap, window_size=window)
+
+
+def test_softcap_changes_the_result():
+    """The cap is applied (a test of the other tests): capped != uncapped outputs."""
+    p = make_pack([40], [40], 2, 1, 32, seed=22)
+    capped = run_kernel(p, "varlen", True, softmax_scale=1.0, softcap=2.0)
+    plain = run_kernel(p, "varlen", True, softmax_scale=1.0)
+    assert (capped["out"].float() - plain["out"].float()).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_softcap_pack_positions(kernel):
+    """A sequence alone gives the bytes it gets anywhere in a pack, with a cap."""
+    target = make_pack([45], [50], 4, 2, 32, seed=23)
+    others = [
+        make_pack([n], [m], 4, 2, 32, seed=24 + i)
+        for i, (n, m) in enumerate([(7, 7), (33, 20), (1, 60)])
+    ]
+    alone = run_kernel(target, kernel, True, softcap=1.5)
+    for j in range(len(others) + 1):
+        seqs = others[:j] + [target] + others[j:]
+        res = run_kernel(pack_of(seqs), kernel, True, softcap=1.5)
+        q0 = sum(s.q.shape[0] for s in seqs[:j])
+        k0 = sum(s.k.shape[0] for s in seqs[:j])
+        assert_bitwise_equal(alone, rows_of(res, q0, q0 + 45, k0, k0 + 50))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_softcap_decode_rows_equal_prefill_rows(kernel):
+    """The last row of each sequence through a paged cache (the decode kernel: pages of 16
+    keys, in reverse order) with a cap is the byte-equal row of the capped prefill."""
+    lens, page = [1, 17, 63], 16
+    p = make_pack(lens, lens, 4, 2, 32, seed=25)
+    n_pages = [math.ceil(n / page) for n in lens]
+    pool_k = torch.randn(sum(n_pages), page, 2, 32, device=DEVICE).to(p.k.dtype)
+    pool_v = torch.randn_like(pool_k)
+    table = torch.zeros(len(lens), max(n_pages), dtype=torch.int32)
+    free = list(range(sum(n_pages)))[::-1]
+    for b, n in enumerate(lens):
+        start = int(p.cu_k[b])
+        for j in range(n_pages[b]):
+            table[b, j] = free.pop(0)
+            rows = range(j * page, min(n, (j + 1) * page))
+            pool_k[table[b, j], : len(rows)] = p.k[start + rows.start : start + rows.stop]
+            pool_v[table[b, j], : len(rows)] = p.v[start + rows.start : start + rows.stop]
+    last = (p.cu_q[1:] - 1).long()
+    with torch.no_grad():
+        out, lse = portattn.varlen_attention(
+            p.q, p.k, p.v, p.cu_q, p.cu_k, causal=True, softcap=4.0, return_lse=True, kernel=kernel
+        )
+        got, got_lse = portattn.varlen_attention(
+            p.q[last],
+            pool_k,
+            pool_v,
+            cu_seqlens([1] * len(lens)),
+            p.cu_k,
+            causal=True,
+            softcap=4.0,
+            return_lse=True,
+            kernel=kernel,
+            block_table=table.to(DEVICE),
+        )
+    assert torch.equal(got, out[last]) and torch.equal(got_lse, lse[last])
+
+
+# Bad windows and caps: (keyword arguments, error, message).
+BAD_FEATURES = [
+    (dict(window_size=-1), TypeError, "pair"),
+    (dict(window_size=(1, 2, 3)), TypeError, "pair"),
+    (dict(window_size=(True, -1)), TypeError, "left must be an int"),
+    (dict(window_size=(4, 2.0)), TypeError, "right must be an int"),
+    (dict(window_size=(-2, -1)), ValueError, "left must be -1"),
+    (dict(window_size=(3, 2**30)), ValueError, "right must be -1"),
+    (dict(softcap=True), TypeError, "softcap must be a float"),
+    (dict(softcap="1"), TypeError, "softcap must be a float"),
+    (dict(softcap=-1.0), ValueError, "softcap must be 0"),
+    (dict(softcap=float("nan")), ValueError, "softcap must be 0"),
+    (dict(softcap=float("inf")), ValueError, "softcap must be 0"),
+]
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match", BAD_FEATURES, ids=[str(kw) for kw, *_ in BAD_FEATURES]
+)
+def test_bad_window_or_softcap_raises(kwargs, error, match):
+    """Before any launch, from every entry point that takes them."""
+    p = make_pack([3], [3], 2, 1, 32, seed=26)
     with pytest.raises(error, match=match):
-        portattn.varlen_attention(p.q, p.k, p.v, p.cu_q, p.cu_k, window_size=window)
+        portattn.varlen_attention(p.q, p.k, p.v, p.cu_q, p.cu_k, **kwargs)
     dense = p.q.view(1, 3, 2, 32), p.k.view(1, 3, 1, 32), p.v.view(1, 3, 1, 32)
     with pytest.raises(error, match=match):
-        portattn.attention(*dense, window_size=window)
+        portattn.attention(*dense, **kwargs)
+    with pytest.raises(error, match=match):
+        portattn.flash_attn_func(*dense, **kwargs)
