@@ -147,7 +147,7 @@ def varlen_attention(
         differentiable. Rows that see no key (``Sk == 0``, or causal with ``Sq > Sk``) get out 0,
         lse ``-inf`` and zero gradients.
 
-    Head dims: 32, 64, 96, 128, 256. Token offsets are computed in int64, so packs with more
+    Head dims: 32, 48, 64, 80, 96, 112, 128, 256. Token offsets are computed in int64, so packs with more
     than 2**31 elements are supported. Bad input raises ValueError / TypeError before launch.
 
     Under ``torch.compile`` (no graph break; the kernels run as the custom ops

@@ -24,7 +24,25 @@ from dataclasses import asdict, dataclass
 import torch
 
 KERNELS = ("varlen", "fixed_order")
-HEAD_DIMS = (32, 64, 96, 128, 256)
+HEAD_DIMS = (32, 64, 96, 128, 256)  # the table's rows
+# Head dims without rows of their own, run with the next row up (``table_head_dim``): those
+# that every family's compile check passes with it (no spills; ``python -m portattn compile
+# --head-dim 80``). Checked and left out (2026-12-01, Triton 3.6): multiples of 8 but not 16
+# (40, 56, 72, 88, 104, 120, 200: up to kilobytes of spills in the preprocess, dQ and decode
+# kernels, whose masked head-dim columns the next row's tiles were not chosen for), 16 (sm80
+# fixed_order forward spills) and 160-224 (the sm90 fixed_order preprocess spills). They need
+# rows of their own.
+BORROWED_HEAD_DIMS = (48, 80, 112)
+SUPPORTED_HEAD_DIMS = tuple(sorted(HEAD_DIMS + BORROWED_HEAD_DIMS))
+
+
+def table_head_dim(head_dim: int) -> int:
+    """The table row a head dim runs with: the smallest table head dim at or above it. Its
+    padded width (``VarlenProblem.block_d``, the next power of two) is the row's own, so the
+    row's tiles take the same registers and shared memory (the compile check checks it)."""
+    return next(d for d in HEAD_DIMS if d >= head_dim)
+
+
 DTYPES = (torch.float16, torch.bfloat16)
 INTERPRETER = "interpreter"  # pseudo-family: CPU tensors under TRITON_INTERPRET=1
 TILE_FIELDS = ("fwd", "bwd_pre", "bwd_dkdv", "bwd_dq")  # KernelConfig's Tiles, in field order
@@ -427,9 +445,11 @@ def upcast_dot(q: torch.Tensor) -> bool:
 
 def resolve_config(device: torch.device, kernel: str, head_dim: int, dtype: torch.dtype):
     """The configuration for tensors on ``device``: the interpreter row for CPU tensors, else the
-    device's family (or its nearest family for devices outside the table)."""
+    device's family (or its nearest family for devices outside the table); head dims between
+    the table's take the row of the next one up (:func:`table_head_dim`)."""
+    row = table_head_dim(head_dim)
     if device.type == "cpu":
-        return get_config(INTERPRETER, kernel, head_dim, dtype)
+        return get_config(INTERPRETER, kernel, row, dtype)
     from portattn.families import config_family
 
-    return get_config(config_family(device), kernel, head_dim, dtype)
+    return get_config(config_family(device), kernel, row, dtype)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from portattn.configs import HEAD_DIMS, KERNELS, interpreter_active
+from portattn.configs import KERNELS, SUPPORTED_HEAD_DIMS, interpreter_active
 
 INT32_MAX = 2**31 - 1
 # No kernel of the configuration table has a smaller block (rows or keys) than this (checked by
@@ -301,8 +301,8 @@ def check_heads_and_dims(q, k, v, token_dims: int, kv_token_dims: int | None = N
                 f"{name}.stride(-1) must be 1 (last dim contiguous), got {x.stride(-1)}"
             )
     head_dim = q.shape[-1]
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head dim must be one of {HEAD_DIMS}, got {head_dim}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
     for name, x in (("k", k), ("v", v)):
         if x.shape[-1] != head_dim:
             raise ValueError(f"{name} head dim must equal q's ({head_dim}), got {x.shape[-1]}")

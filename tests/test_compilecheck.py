@@ -289,9 +289,13 @@ def test_entry_selection():
     ci = cc._entries_from_args(_args(subset="ci"))
     assert {e.family for e in ci} == set(FAMILIES)
     assert {e.kernel for e in ci} == set(KERNELS)
-    assert {e.head_dim for e in ci} == {64, 128}
+    assert {e.head_dim for e in ci} == {64, 80, 128}  # 80: a borrowed head dim
     assert {e.dtype for e in ci} == {"bf16"}
-    assert len(ci) == len(FAMILIES) * len(KERNELS) * 2
+    assert len(ci) == len(FAMILIES) * len(KERNELS) * 3
+    borrowed = cc.select_entries(["sm90"], ["varlen"], [80], ["bf16"])
+    assert (
+        borrowed[0].config() == cc.select_entries(["sm90"], ["varlen"], [96], ["bf16"])[0].config()
+    )
     assert cc.select_entries(["sm80"], ["varlen"], [96], ["float16"]) == [
         cc.Entry("sm80", "varlen", 96, "fp16")
     ]

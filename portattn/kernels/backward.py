@@ -448,7 +448,7 @@ def plan_backward(problem: VarlenProblem, do, q, k, v, o_for_delta, lse, dlse, c
     stride_hm = triton.cdiv(p.total_q, 4) * 4 + 4 * p.batch if padded else p.total_q
     lse2 = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
     delta = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
-    common = dict(HEAD_DIM=p.head_dim, BLOCK_D=triton.next_power_of_2(p.head_dim))
+    common = dict(HEAD_DIM=p.head_dim, BLOCK_D=p.block_d)
     kernel_flags = dict(CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret,
                         **p.feature_flags())
     launches = []

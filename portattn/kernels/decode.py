@@ -158,7 +158,7 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
     slices = triton.cdiv(p.group, heads)
     grid = (triton.cdiv(p.max_seqlen_q, rows) * p.batch, p.n_heads_k * slices, cfg.fwd_chunks)
     params = dict(
-        HEAD_DIM=p.head_dim, BLOCK_D=triton.next_power_of_2(p.head_dim),
+        HEAD_DIM=p.head_dim, BLOCK_D=p.block_d,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
         CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret, D_CHUNKS=cfg.fwd_chunks,
         **p.feature_flags(), **tiles.launch_kwargs(),

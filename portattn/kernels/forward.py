@@ -180,7 +180,7 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
         params = dict(flags, STAGES=tiles.num_stages, **ws_launch_options(tiles))
         launch = KernelLaunch("fwd", attn_fwd_ws_kernel, grid, args, params, tma)
     else:
-        params = dict(flags, BLOCK_D=triton.next_power_of_2(p.head_dim), INTERPRET=p.interpret,
+        params = dict(flags, BLOCK_D=p.block_d, INTERPRET=p.interpret,
                       D_CHUNKS=cfg.fwd_chunks, TMA=tma, **features, **tiles.launch_kwargs())
         launch = KernelLaunch("fwd", attn_fwd_kernel, grid, args, params, tma)
     return ForwardPlan(out, lse, out32, (launch,))

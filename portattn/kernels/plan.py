@@ -23,8 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import triton
 
-from portattn.configs import KernelConfig, Tiles, interpreter_active, resolve_config
+from portattn.configs import (
+    HEAD_DIMS,
+    KernelConfig,
+    Tiles,
+    interpreter_active,
+    resolve_config,
+)
 from portattn.kernels.buffers import descriptor_scratch
 from portattn.kernels.host_checks import checks_at_launch
 
@@ -67,6 +74,12 @@ class VarlenProblem:
     window_right: int = -1
     # Softcapping (Gemma 2): scores c * tanh(s / c) with c = softcap; 0.0 off.
     softcap: float = 0.0
+
+    @property
+    def block_d(self) -> int:
+        """The head dim padded for the kernels' blocks: the next power of two, at least 16 (the
+        matrix instructions' smallest K); the columns past ``head_dim`` are masked."""
+        return max(16, triton.next_power_of_2(self.head_dim))
 
     @property
     def windowed(self) -> bool:
@@ -169,13 +182,15 @@ def gluon_applies(
 ) -> bool:
     """Whether the warp-specialised Gluon kernel of a stage runs, for the table field ``name``
     (``fwd_ws``, ``bwd_ws``, ``dq_ws``): the entry selects it, the inputs take the descriptor
-    path (``tma``), the interpreter is off (it has no Gluon) and there is no sliding window
-    or softcap. Either kernel gives the same bits. An entry that selects it where Gluon is missing
-    or its tiles do not fit raises."""
+    path (``tma``), the interpreter is off (it has no Gluon), there is no sliding window or
+    softcap and the head dim is a table row's. Either kernel gives the same bits. An entry
+    that selects it where Gluon is missing or its tiles do not fit raises."""
     if not selected or not tma or problem.interpret:
         return False
     if problem.windowed or problem.softcap:  # not in the Gluon kernels; the Triton ones, at
         return False  # the same tiles, have them
+    if problem.head_dim not in HEAD_DIMS:  # the Gluon kernels are written for the table's
+        return False
     if gluon_kernel is None or supports is None:
         raise RuntimeError(
             f"the configuration entry sets {name}, but this Triton has no usable Gluon "

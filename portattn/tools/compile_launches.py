@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from portattn.configs import KernelConfig, config_table
+from portattn.configs import KernelConfig, config_table, table_head_dim
 
 # KernelConfig fields, one kernel each; "decode" is the paged decode kernel (its tiles:
 # KernelConfig.decode_tiles).
@@ -49,7 +49,8 @@ class Entry:
         return {v: k for k, v in DTYPE_NAMES.items()}[self.dtype]
 
     def config(self) -> KernelConfig:
-        return config_table()[(self.family, self.kernel, self.head_dim, self.torch_dtype())]
+        row = table_head_dim(self.head_dim)  # a borrowed head dim runs the next row up
+        return config_table()[(self.family, self.kernel, row, self.torch_dtype())]
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from portattn.configs import DTYPES, HEAD_DIMS, KERNELS, KernelConfig, config_table
+from portattn.configs import (
+    DTYPES,
+    HEAD_DIMS,
+    KERNELS,
+    SUPPORTED_HEAD_DIMS,
+    KernelConfig,
+    config_table,
+    table_head_dim,
+)
 from portattn.families import FAMILIES, Family
 from portattn.tools.compile_launches import (  # noqa: F401  (re-exported: the check's API)
     DECODE_PAGE_SIZE,
@@ -60,7 +68,7 @@ from portattn.tools.compile_launches import (  # noqa: F401  (re-exported: the c
 
 HAS_PRODUCT = {"fwd": True, "bwd_pre": False, "bwd_dkdv": True, "bwd_dq": True, "decode": True}
 DTYPE_ALIASES = {"fp16": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
-CI_HEAD_DIMS = (128, 64)
+CI_HEAD_DIMS = (128, 64, 80)  # 80: a borrowed head dim (the d96 row), Phi-2's
 CI_DTYPES = ("bf16",)
 # How each family's matrix instruction shows in the text the check searches.
 MMA_PATTERNS = {
@@ -166,7 +174,8 @@ def select_entries(
     head_dims: Iterable[int] | None = None,
     dtypes: Iterable[str] | None = None,
 ) -> list[Entry]:
-    """Table entries of the real families (never the interpreter row), filtered."""
+    """Table entries of the real families (never the interpreter row), filtered; ``head_dims``
+    may name borrowed head dims (``configs.BORROWED_HEAD_DIMS``: the next row up)."""
     fams = list(families) if families else list(FAMILIES)
     for name in fams:
         if name not in FAMILIES:
@@ -176,7 +185,11 @@ def select_entries(
     names = [DTYPE_ALIASES[d] for d in dtypes] if dtypes else [DTYPE_NAMES[d] for d in DTYPES]
     table = config_table()
     entries = [Entry(f, k, d, n) for f in fams for k in kerns for d in dims for n in names]
-    missing = [e for e in entries if (e.family, e.kernel, e.head_dim, e.torch_dtype()) not in table]
+
+    def key(e: Entry) -> tuple:
+        return (e.family, e.kernel, table_head_dim(e.head_dim), e.torch_dtype())
+
+    missing = [e for e in entries if key(e) not in table]
     if missing:
         raise ValueError(f"no table entry for {missing[0]}")
     return entries
@@ -553,12 +566,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     filters = (
         ("--family", str, list(FAMILIES), "family (default: all)"),
         ("--kernel", str, list(KERNELS), "kernel (default: both)"),
-        ("--head-dim", int, list(HEAD_DIMS), "head dim (default: all)"),
+        ("--head-dim", int, list(SUPPORTED_HEAD_DIMS), "head dim (default: the table's)"),
         ("--dtype", str, sorted(DTYPE_ALIASES), "input dtype (default: both)"),
     )
     for flag, kind, choices, text in filters:
         parser.add_argument(flag, action="append", type=kind, choices=choices, help=text)
-    ci = "ci: every family, both kernels, head dims 128 and 64, bf16 (filters still apply)"
+    ci = "ci: every family, both kernels, head dims 128, 64, 80, bf16 (filters still apply)"
     parser.add_argument("--subset", choices=["ci"], help=ci)
     json_help = "write family -> entry -> kernel -> record as JSON"
     parser.add_argument("--json", metavar="PATH", help=json_help)
