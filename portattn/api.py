@@ -24,6 +24,7 @@ from portattn.validation import (
     check_block_table_meta,
     check_common,
     check_paged_values,
+    check_sinks,
     check_softcap,
     check_varlen,
     check_varlen_without_values,
@@ -57,12 +58,13 @@ def _run_fwd(
     block_table: torch.Tensor | None = None,
     window: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The checked arguments into the forward op; returns (out, lse), both differentiable.
     ``check_values``: the op runs the value checks of ``cu_seqlens`` right before its launch;
     ``window``: (left, right) as :func:`check_window` normalizes it; ``softcap``: checked."""
     # fixed_order's backward reads a float32 copy of out: store it only when a backward can run.
-    store_o32 = splits_p(kernel) and _needs_grad(q, k, v)
+    store_o32 = splits_p(kernel) and _needs_grad(q, k, v, *([] if sinks is None else [sinks]))
     out, lse, _ = varlen_fwd(
         q,
         k,
@@ -80,6 +82,7 @@ def _run_fwd(
         window_left=window[0],
         window_right=window[1],
         softcap=softcap,
+        sinks=sinks,
     )
     return out, lse
 
@@ -99,7 +102,8 @@ def varlen_attention(
     kernel: str = "varlen",
     block_table: torch.Tensor | None = None,
     window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ):
     """Attention over a packed batch of variable-length sequences (flash-attn varlen layout).
 
@@ -136,10 +140,18 @@ def varlen_attention(
             is 0 whatever is given; ``right == 0`` means causal. Key tiles that no row of a
             query tile sees are skipped (cost O(T * W)). Each distinct window compiles its own
             kernels (the sizes are compile-time constants, as a model has one or two).
-        softcap: 0.0 (off) or a finite float ``c > 0``: the scores become
+        softcap: None or 0 (off), or a finite float ``c > 0``: the scores become
             ``c * tanh(softmax_scale * q.k / c)`` before the mask and the softmax (Gemma 2's
             softcapping, flash-attn's ``softcap``), forward and backward. Each distinct cap
             compiles its own kernels.
+        sinks: None, or [Hq] (float32, float16 or bfloat16, computed in float32): attention
+            sinks (gpt-oss), one logit per query head added to every row's softmax
+            denominator, with no value: ``p_j = exp(s_j - lse)`` with
+            ``lse = log(sum_j exp(s_j) + exp(sinks[h]))``. The returned lse includes the sink.
+            Differentiable (``d sinks[h] = -sum_rows p_sink * (rowsum(out * dout) - dlse)``,
+            summed over the whole batch: the same bits run to run, not across packings). A row
+            that sees no key gets out 0 and lse ``sinks[h]`` (to float32 rounding); ``-inf``
+            is no sink.
 
     Returns:
         out [total_q, Hq, D] in q's dtype; with ``return_lse``, ``(out, lse)`` where lse is
@@ -147,8 +159,9 @@ def varlen_attention(
         differentiable. Rows that see no key (``Sk == 0``, or causal with ``Sq > Sk``) get out 0,
         lse ``-inf`` and zero gradients.
 
-    Head dims: 32, 48, 64, 80, 96, 112, 128, 256. Token offsets are computed in int64, so packs with more
-    than 2**31 elements are supported. Bad input raises ValueError / TypeError before launch.
+    Head dims: 32, 48, 64, 80, 96, 112, 128, 256. Token offsets are computed in int64, so packs
+    with more than 2**31 elements are supported. Bad input raises ValueError / TypeError before
+    launch.
 
     Under ``torch.compile`` (no graph break; the kernels run as the custom ops
     ``portattn::varlen_fwd`` / ``varlen_bwd``, same bytes as eager): ``max_seqlen_q`` and
@@ -175,6 +188,7 @@ def varlen_attention(
     causal, return_lse = bool(causal), bool(return_lse)  # checked: bools or numpy bools
     causal, *window = check_window(window_size, causal)
     softcap = check_softcap(softcap)
+    sinks = check_sinks(sinks, q.shape[1], q.device)
     traced = torch.compiler.is_compiling() or _capturing(q)
     if paged:
         max_seqlen_q, max_seqlen_k, check_values = _check_paged(
@@ -206,6 +220,7 @@ def varlen_attention(
         block_table,
         tuple(window),
         softcap,
+        sinks,
     )
     return (out, lse) if return_lse else out
 
@@ -252,7 +267,8 @@ def attention(
     return_lse: bool = False,
     kernel: str = "varlen",
     window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ):
     """Dense attention in BSHD layout, computed on the varlen path (same bits as
     ``varlen_attention`` on equal-length sequences).
@@ -260,7 +276,8 @@ def attention(
     Args:
         q: [B, Sq, Hq, D] float16 or bfloat16, ``stride(-1) == 1``.
         k, v: [B, Sk, Hkv, D], ``Hq % Hkv == 0``.
-        causal, softmax_scale, kernel, window_size, softcap: as in :func:`varlen_attention`
+        causal, softmax_scale, kernel, window_size, softcap, sinks: as in
+            :func:`varlen_attention`
             (bottom-right causal: row ``i`` sees keys ``j <= i + Sk - Sq``).
         return_lse: also return lse, float32 [B, Hq, Sq] (flash-attn's and FlexAttention's
             layout; a view of the varlen ``[B * Sq, Hq]`` buffer, no copy).
@@ -277,6 +294,7 @@ def attention(
     causal, return_lse = bool(causal), bool(return_lse)  # checked: bools or numpy bools
     causal, *window = check_window(window_size, causal)
     softcap = check_softcap(softcap)
+    sinks = check_sinks(sinks, q.shape[2], q.device)
     if k.shape[0] != q.shape[0]:
         raise ValueError(
             f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}"
@@ -297,6 +315,7 @@ def attention(
         kernel,
         window=tuple(window),
         softcap=softcap,
+        sinks=sinks,
     )
     out = out.view(batch, seqlen_q, n_heads_q, head_dim)
     if not return_lse:

@@ -59,7 +59,7 @@ _FWD_SCHEMA = (
     "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
     "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float softmax_scale, str kernel, "
     "bool store_o32, bool check_values=False, Tensor? block_table=None, int window_left=-1, "
-    "int window_right=-1, float softcap=0.0) -> (Tensor, Tensor, Tensor)"
+    "int window_right=-1, float softcap=0.0, Tensor? sinks=None) -> (Tensor, Tensor, Tensor)"
 )
 _BWD_SCHEMA = (
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o_for_delta, Tensor lse, Tensor? dlse, "
@@ -87,6 +87,7 @@ def varlen_fwd(
     window_left: int = -1,
     window_right: int = -1,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward attention over a packed batch.
 
@@ -102,7 +103,9 @@ def varlen_fwd(
     D] and cu_seqlens_k counts each sequence's keys (forward only: no backward).
     window_left, window_right: a sliding window as ``validation.check_window`` normalizes it
     (-1: unbounded; with causal, window_right is -1). softcap: 0.0 (off) or the cap ``c`` of
-    the scores ``c * tanh(softmax_scale * q.k / c)``.
+    the scores ``c * tanh(softmax_scale * q.k / c)``. sinks: float32 [Hq] (contiguous) or
+    None: each head's attention sink, a logit in every row's softmax denominator with no value
+    (the lse includes it; its gradient is computed by this op's autograd formula).
 
     Returns (out [total_q, Hq, D] in q's dtype, lse float32 [total_q, Hq],
     out32 float32 [total_q, Hq, D] when store_o32, else an empty [0, Hq, D]); all contiguous.
@@ -119,6 +122,7 @@ def varlen_fwd(
         block_table=block_table,
         window=(window_left, window_right),
         softcap=softcap,
+        sinks=sinks,
     )
     before_launch = None
     if check_values and block_table is not None:
@@ -153,6 +157,7 @@ def varlen_fwd(
         store_o32=store_o32,
         before_launch=before_launch,
         block_table=block_table,
+        sinks=sinks,
     )
     return out, lse, _empty_o32(q) if out32 is None else out32
 
@@ -175,6 +180,7 @@ def _varlen_fwd_fake(
     window_left=-1,
     window_right=-1,
     softcap=0.0,
+    sinks=None,
 ):
     total_q, n_heads_q, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -253,7 +259,8 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
     ctx.set_materialize_grads(False)
     # fixed_order computes the backward's row term from the float32 output.
     o_for_delta = out32 if splits_p(kernel) else out
-    ctx.save_for_backward(q, k, v, o_for_delta, lse, cu_seqlens_q, cu_seqlens_k)
+    sinks = inputs[16] if len(inputs) > 16 else None
+    ctx.save_for_backward(q, k, v, o_for_delta, lse, cu_seqlens_q, cu_seqlens_k, sinks)
     ctx.meta = (max_seqlen_q, max_seqlen_k, causal, scale, kernel)
     ctx.missing_o32 = splits_p(kernel) and not store_o32
     ctx.paged = inputs[12] is not None if len(inputs) > 12 else False
@@ -262,7 +269,7 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
 
 
 def _fwd_backward(ctx, dout, dlse, _dout32):
-    q, k, v, o_for_delta, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    q, k, v, o_for_delta, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
     max_seqlen_q, max_seqlen_k, causal, scale, kernel = ctx.meta
     if ctx.paged:
         raise RuntimeError("portattn::varlen_fwd with a block_table (paged K/V) has no backward")
@@ -273,6 +280,11 @@ def _fwd_backward(ctx, dout, dlse, _dout32):
         )
     if dout is None:  # only lse was used downstream
         dout = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    dsinks = None
+    if sinks is not None and ctx.needs_input_grad[16]:
+        dsinks = sink_grad(sinks, o_for_delta, dout, lse, dlse)
+    if not any(ctx.needs_input_grad[:3]):  # only the sinks' gradient is asked for
+        return None, None, None, *([None] * 13), dsinks
     dq, dk, dv = varlen_bwd(
         _last_dim_contiguous(dout),
         q,
@@ -290,7 +302,21 @@ def _fwd_backward(ctx, dout, dlse, _dout32):
         kernel,
         *ctx.features,
     )
-    return dq, dk, dv, *([None] * 13)
+    return dq, dk, dv, *([None] * 13), dsinks
+
+
+def sink_grad(sinks, out, dout, lse, dlse) -> torch.Tensor:
+    """d loss / d sinks, float32 [Hq]: ``-sum over rows of p_sink * (rowsum(O * dO) - dlse)``
+    with ``p_sink = exp(sink_h - lse)`` (the sink's probability; it has no value, so its dP is
+    0). A sum over every row of the batch, like any parameter's gradient: the same bits run to
+    run for the same batch, not for another packing of it (design §3 covers the rows' outputs
+    and dQ, dK, dV). out [T, Hq, D] (fixed_order: its float32 copy), lse float32 [T, Hq]."""
+    delta = (out.float() * dout.float()).sum(-1)  # [T, Hq]
+    if dlse is not None:
+        delta = delta - dlse.float()
+    p_sink = torch.exp(sinks.float()[None, :] - lse)  # [T, Hq]; rows with lse -inf: sink -inf
+    p_sink = torch.where(torch.isneginf(lse), 0.0, p_sink)
+    return -(p_sink * delta).sum(0)
 
 
 varlen_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

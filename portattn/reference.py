@@ -12,7 +12,14 @@ import torch
 
 
 def _attention_one(
-    q, k, v, causal: bool, scale: float, window: tuple[int, int] = (-1, -1), softcap: float = 0.0
+    q,
+    k,
+    v,
+    causal: bool,
+    scale: float,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks=None,
 ):
     """q: [Sq, Hq, D], k/v: [Sk, Hkv, D] (float64) -> out [Sq, Hq, D], lse [Sq, Hq]."""
     seqlen_q, n_heads_q, head_dim = q.shape
@@ -34,7 +41,11 @@ def _attention_one(
     if left >= 0:
         visible = visible & (cols >= rows - left)
     scores = scores.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [Hq, Sq]; -inf where a row sees no key
+    if sinks is None:
+        lse = torch.logsumexp(scores, dim=-1)  # [Hq, Sq]; -inf where a row sees no key
+    else:  # one more logit per head in each row's denominator, with no value
+        sink = sinks.to(scores.dtype)[:, None, None].expand(-1, seqlen_q, 1)
+        lse = torch.logsumexp(torch.cat([scores, sink], dim=-1), dim=-1)
     seen = torch.isfinite(lse)
     probs = torch.exp(scores - torch.where(seen, lse, torch.zeros_like(lse))[..., None])
     probs = torch.where(seen[..., None], probs, torch.zeros_like(probs))
@@ -54,13 +65,15 @@ def reference_varlen_attention(
     compute_dtype: torch.dtype = torch.float64,
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 reference of ``portattn.varlen_attention``.
 
     q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: [B + 1].
     Returns (out float64 [total_q, Hq, D], lse float64 [total_q, Hq]). Rows that see no key get
     out 0 and lse -inf. Gradients flow to q, k, v (through out and lse). ``window_size``:
-    flash-attn's sliding window, ``softcap``: the scores' cap (see ``varlen_attention``).
+    flash-attn's sliding window, ``softcap``: the scores' cap, ``sinks``: [Hq] attention
+    sinks (see ``varlen_attention``; differentiable).
 
     ``compute_dtype`` other than float64 gives the same math done eagerly in that dtype: the
     yardstick for "as accurate as eager attention in the input dtype".
@@ -74,7 +87,7 @@ def reference_varlen_attention(
         sq = slice(bounds_q[b], bounds_q[b + 1])
         sk = slice(bounds_k[b], bounds_k[b + 1])
         window = tuple(window_size)
-        out, lse = _attention_one(q[sq], k[sk], v[sk], causal, scale, window, softcap)
+        out, lse = _attention_one(q[sq], k[sk], v[sk], causal, scale, window, softcap, sinks)
         outs.append(out)
         lses.append(lse)
     if not outs:
@@ -91,6 +104,7 @@ def reference_attention(
     softmax_scale: float | None = None,
     window_size=(-1, -1),
     softcap: float = 0.0,
+    sinks=None,
 ):
     """Float64 reference of the dense ``portattn.attention``: q [B, Sq, Hq, D], k/v
     [B, Sk, Hkv, D] -> (out [B, Sq, Hq, D], lse [B, Hq, Sq])."""
@@ -107,5 +121,6 @@ def reference_attention(
         softmax_scale=softmax_scale,
         window_size=window_size,
         softcap=softcap,
+        sinks=sinks,
     )
     return out.view(*q.shape), lse.view(batch, seqlen_q, -1).permute(0, 2, 1)

@@ -83,13 +83,34 @@ def check_window(window_size, causal: bool) -> tuple[bool, int, int]:
 
 
 def check_softcap(softcap) -> float:
-    """``softcap``: 0 (off) or a finite cap ``c > 0`` of the scores ``c * tanh(s / c)`` (a
-    real number, not a bool: TypeError; negative, NaN or infinite: ValueError)."""
+    """``softcap``: None or 0 (off), or a finite cap ``c > 0`` of the scores ``c * tanh(s / c)``
+    (a real number, not a bool: TypeError; negative, NaN or infinite: ValueError). portattn's
+    own functions default to None: under ``torch.compile(dynamic=True)`` Dynamo makes a float
+    default a symbolic input, and its specialization then restarts the trace."""
+    if softcap is None:
+        return 0.0
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"softcap must be a float, got {type_name(softcap)}")
-    if not (math.isfinite(softcap) and softcap >= 0):
+    if not 0 <= softcap < math.inf:  # comparisons (not math.isfinite): traceable by Dynamo
         raise ValueError(f"softcap must be 0 (off) or a finite float > 0, got {softcap}")
     return float(softcap)
+
+
+def check_sinks(sinks, n_heads_q: int, device: torch.device) -> torch.Tensor | None:
+    """``sinks``: None, or a float tensor [Hq] on q's device (float16, bfloat16 or float32: a
+    model's parameter), returned as float32 and contiguous for the kernels (an ordinary
+    differentiable cast, so its gradient reaches the parameter in its own dtype)."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be a torch.Tensor or None, got {type_name(sinks)}")
+    if sinks.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise DTypeError(f"sinks must be float32, float16 or bfloat16, got {sinks.dtype}")
+    if sinks.shape != (n_heads_q,):
+        raise ValueError(f"sinks must be [Hq] = [{n_heads_q}], got shape {tuple(sinks.shape)}")
+    if sinks.device != device:
+        raise ValueError(f"sinks must be on the device of q ({device}), got {sinks.device}")
+    return sinks.to(torch.float32).contiguous()
 
 
 def _check_tensor(name: str, x) -> torch.Tensor:

@@ -23,9 +23,8 @@ def test_borrowed_rows_are_the_next_table_row_up():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("head_dim", BORROWED_HEAD_DIMS)
-@pytest.mark.parametrize("causal", [True, False])
-def test_borrowed_head_dim_accuracy(causal, head_dim, kernel, dtype):
+@pytest.mark.parametrize("head_dim, causal", [(48, True), (80, True), (80, False), (112, True)])
+def test_borrowed_head_dim_accuracy(head_dim, causal, kernel, dtype):
     """out, lse, dq, dk, dv by the usual rule; odd lengths, an empty sequence, Sq > Sk, GQA,
     strided views (the padded head-dim columns are masked, never read or written)."""
     p = make_pack(

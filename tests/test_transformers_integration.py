@@ -26,6 +26,7 @@ pytest.importorskip("transformers")
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     Gemma2Config,
+    GptOssConfig,
     LlamaConfig,
     Qwen2Config,
 )
@@ -78,7 +79,7 @@ def make_models(cfg, impls, seed: int = 0) -> list:
     its own copy of the config (from_config writes the implementation into it)."""
     torch.manual_seed(seed)
     master = AutoModelForCausalLM.from_config(
-        copy.deepcopy(cfg), attn_implementation="sdpa", dtype=torch.float64
+        copy.deepcopy(cfg), attn_implementation="eager", dtype=torch.float64
     )
     state = master.state_dict()
     models = []
@@ -160,16 +161,31 @@ def gemma2_config(**kw) -> Gemma2Config:
     return Gemma2Config(**{**TINY, **base, **kw})
 
 
+def gpt_oss_config(**kw) -> GptOssConfig:
+    """Two layers (sliding window of 6, then global), per-head sinks, two experts."""
+    base = dict(
+        num_local_experts=2,
+        experts_implementation="eager",  # grouped_mm has no float64 (the reference)
+        num_experts_per_tok=1,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    return GptOssConfig(**{**TINY, **base, **kw})
+
+
 WINDOWED = {
     "qwen2-window": lambda: qwen2_config(
         use_sliding_window=True, sliding_window=6, max_window_layers=0
     ),
     "gemma2-window-softcap": gemma2_config,
+    "gpt-oss-window-sinks": gpt_oss_config,
 }
 
 UNWINDOWED = {
     "qwen2-window": qwen2_config,
     "gemma2-window-softcap": lambda: gemma2_config(sliding_window=64, attn_logit_softcapping=None),
+    "gpt-oss-window-sinks": lambda: gpt_oss_config(sliding_window=64),  # sinks stay: see below
 }
 
 
@@ -328,7 +344,7 @@ def test_unsupported_raise():
     q = torch.randn(1, 4, 8, 32, dtype=torch.float16, device=DEVICE)
     kv = torch.randn(1, 2, 8, 32, dtype=torch.float16, device=DEVICE)
     for kwargs, error, match in (
-        (dict(s_aux=torch.zeros(4, device=DEVICE)), ValueError, "attention sinks"),
+        (dict(s_aux=torch.zeros(3, device=DEVICE)), ValueError, r"sinks must be \[Hq\]"),
         (dict(sliding_window=0), ValueError, "sliding_window must be at least 1"),
         (dict(sliding_window=4.0), TypeError, "sliding_window must be an int"),
         (dict(softcap=-1.0), ValueError, "softcap must be 0"),

@@ -31,12 +31,12 @@ does (``modeling_flash_attention_utils._flash_attention_forward``):
   bottom-right aligned, which is what decoding needs.
 
 A layer's ``sliding_window`` W becomes ``window_size=(W - 1, W - 1)`` (as transformers'
-flash-attention path passes it) and its ``softcap`` portattn's ``softcap`` (Gemma 2, Mistral,
-Qwen2 with sliding windows).
+flash-attention path passes it), its ``softcap`` portattn's ``softcap`` (Gemma 2, Mistral,
+Qwen2 with sliding windows) and its ``s_aux`` (gpt-oss' per-head sinks) portattn's ``sinks``.
 
 Raised as ``ValueError`` (portattn would not compute what was asked): attention dropout
-(``dropout > 0``: a model in training mode with ``config.attention_dropout > 0``), attention
-sinks (``s_aux``), a position bias, a 4-D attention mask other
+(``dropout > 0``: a model in training mode with ``config.attention_dropout > 0``), a position
+bias, a 4-D attention mask other
 than the plain causal (or, for non-causal layers, the all-visible) pattern, a value head dim
 different from the query's, and an attention mask next to ``cu_seq_lens`` kwargs.
 """
@@ -70,17 +70,12 @@ def _unsupported(what: str, hint: str) -> ValueError:
     return ValueError(f"attn_implementation='portattn' does not support {what}; {hint}")
 
 
-def _refuse_unsupported(query, key, value, dropout, sliding_window, softcap, s_aux, kwargs):
+def _refuse_unsupported(query, key, value, dropout, kwargs):
     if dropout is not None and dropout != 0:
         raise _unsupported(
             f"attention dropout (dropout={dropout}, the layer's attention_dropout in training "
             "mode)",
             "set config.attention_dropout = 0.0, or call model.eval()",
-        )
-    sinks = s_aux if s_aux is not None else kwargs.get("sinks")
-    if sinks is not None:
-        raise _unsupported(
-            "attention sinks (s_aux / sinks)", "use attn_implementation='eager' for this model"
         )
     if kwargs.get("position_bias") is not None:
         raise _unsupported("an additive position bias", "use attn_implementation='sdpa'")
@@ -244,7 +239,7 @@ def _forward(
     s_aux: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    _refuse_unsupported(query, key, value, dropout, sliding_window, softcap, s_aux, kwargs)
+    _refuse_unsupported(query, key, value, dropout, kwargs)
     if kwargs.get("output_attentions", False):
         logger.warning_once(
             "attn_implementation='portattn' returns no attention weights "
@@ -267,6 +262,7 @@ def _forward(
     batch, q_len = q.shape[:2]
     args = dict(causal=causal, softmax_scale=scaling, kernel=kernel)
     args.update(window_size=_window(sliding_window), softcap=float(softcap or 0.0))
+    args["sinks"] = s_aux if s_aux is not None else kwargs.get("sinks")  # gpt-oss: [Hq]
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if attention_mask is not None:

@@ -55,6 +55,8 @@ def attn_decode_kernel(
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    sinks,
 ):
     """Program ids: 0 = (position tile, sequence) as ``tile_index`` decodes it; 1 = kv head
     times the group's head slices (``HEADS`` query heads each, a power of two); 2 = head-dim
@@ -98,11 +100,13 @@ def attn_decode_kernel(
         n_lo = 0
         n_full, n_hi = key_range(m_start, seqlen_k, diag, ROWS, BLOCK_N, CAUSAL)
 
+    b_sink = tl.load(sinks + i_h, mask=m_row, other=0.0) if HAS_SINK else None  # [BLOCK_M]
     b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
         b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
         BLOCK_M, BLOCK_DC, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False,
         p_pages, stride_kp, stride_vp, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
+        b_sink, HAS_SINK,
     )
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
@@ -130,11 +134,12 @@ def decode_fits(problem: VarlenProblem) -> bool:
 
 
 def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                block_table, page_size: int) -> KernelLaunch:
+                block_table, page_size: int, sinks=None) -> KernelLaunch:
     """The decode launch writing ``out`` / ``lse`` (see ``forward.plan_forward``).
 
     q: [total_q, Hq, D]; k, v: packed [total_k, Hkv, D] (``page_size`` 0) or paged caches
-    [num_pages, page_size, Hkv, D]; block_table: int32 [B, pages_per_seq] (paged) or None.
+    [num_pages, page_size, Hkv, D]; block_table: int32 [B, pages_per_seq] (paged) or None;
+    sinks: float32 [Hq] or None.
     """
     p, cfg = problem, problem.cfg
     tiles = cfg.decode_tiles()
@@ -161,6 +166,6 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
         HEAD_DIM=p.head_dim, BLOCK_D=p.block_d,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
         CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret, D_CHUNKS=cfg.fwd_chunks,
-        **p.feature_flags(), **tiles.launch_kwargs(),
+        **p.feature_flags(), HAS_SINK=sinks is not None, sinks=sinks, **tiles.launch_kwargs(),
     )
     return KernelLaunch("decode", attn_decode_kernel, grid, args, params, tma=False)

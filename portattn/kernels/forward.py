@@ -59,6 +59,8 @@ def attn_fwd_kernel(
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    sinks,
 ):
     """One program per (query tile of one sequence, query head, head-dim chunk). With
     ``D_CHUNKS`` = 2 each program computes the scores and softmax over the whole head dim and
@@ -67,7 +69,8 @@ def attn_fwd_kernel(
     Q, K and V tiles are read through per-sequence tensor descriptors (``row_tiles``).
     ``WINDOW_LEFT`` / ``WINDOW_RIGHT`` >= 0: a sliding window (``visible_mask``); only the key
     tiles some row of the tile sees are visited (``window_key_range``). ``SOFTCAP`` > 0: the
-    scores are softcapped (``softcap_scores``)."""
+    scores are softcapped (``softcap_scores``). ``HAS_SINK``: float32 ``sinks`` [Hq] (else
+    None), the heads' attention sinks (``fold_sink``)."""
     i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
         cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
     if m_start >= seqlen_q:
@@ -100,11 +103,13 @@ def attn_fwd_kernel(
         n_lo = 0
         n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
 
+    b_sink = tl.load(sinks + i_h) if HAS_SINK else None  # the head's sink, natural log
     b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
         b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
         BLOCK_M, BLOCK_DC, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA,
         WINDOW_LEFT=WINDOW_LEFT, WINDOW_RIGHT=WINDOW_RIGHT, SOFTCAP=SOFTCAP,
+        b_sink=b_sink, HAS_SINK=HAS_SINK,
     )
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
@@ -141,7 +146,8 @@ class ForwardPlan:
 
 
 def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
-                 store_o32: bool, block_table: torch.Tensor | None = None) -> ForwardPlan:
+                 store_o32: bool, block_table: torch.Tensor | None = None,
+                 sinks: torch.Tensor | None = None) -> ForwardPlan:
     """Allocate the forward's outputs and plan its launch.
 
     q: [total_q, Hq, D]; k, v: [total_k, Hkv, D], or paged caches [num_pages, page_size, Hkv,
@@ -159,7 +165,7 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
         return ForwardPlan(out, lse, out32, ())
     if p.page_size or (not store_o32 and decode_fits(p)):
         launch = plan_decode(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
-                             p.page_size)
+                             p.page_size, sinks)
         return ForwardPlan(out, lse, out32, (launch,))
     o32_arg = out32 if store_o32 else out
     args = (
@@ -181,7 +187,8 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
         launch = KernelLaunch("fwd", attn_fwd_ws_kernel, grid, args, params, tma)
     else:
         params = dict(flags, BLOCK_D=p.block_d, INTERPRET=p.interpret,
-                      D_CHUNKS=cfg.fwd_chunks, TMA=tma, **features, **tiles.launch_kwargs())
+                      D_CHUNKS=cfg.fwd_chunks, TMA=tma, **features,
+                      HAS_SINK=sinks is not None, sinks=sinks, **tiles.launch_kwargs())
         launch = KernelLaunch("fwd", attn_fwd_kernel, grid, args, params, tma)
     return ForwardPlan(out, lse, out32, (launch,))
 
@@ -189,10 +196,12 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
 def attn_fwd(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32: bool,
              before_launch: Callable[[], object] | None = None,
              block_table: torch.Tensor | None = None,
+             sinks: torch.Tensor | None = None,
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Plan and launch the forward: returns (out, lse, out32 or None), see
     :class:`ForwardPlan`. ``before_launch``: the caller's checks that need a host copy (they
     may raise), run from the launch itself, after the host-side set-up (``run_launches``)."""
-    plan = plan_forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32, block_table)
+    plan = plan_forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32, block_table,
+                        sinks)
     run_launches(plan.launches, q.device, before_launch)
     return plan.out, plan.lse, plan.out32

@@ -74,6 +74,10 @@ class VarlenProblem:
     window_right: int = -1
     # Softcapping (Gemma 2): scores c * tanh(s / c) with c = softcap; 0.0 off.
     softcap: float = 0.0
+    # Attention sinks (gpt-oss): a float32 [Hq] logit per query head in each row's softmax
+    # denominator; the forward kernels read it (``primitives.fold_sink``), the backward's dQ,
+    # dK and dV need only the lse that includes it.
+    has_sinks: bool = False
 
     @property
     def block_d(self) -> int:
@@ -115,6 +119,7 @@ def describe(
     block_table: torch.Tensor | None = None,
     window: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> VarlenProblem:
     """The problem of one call (``cfg``: the table entry, looked up for q's device if None).
     With ``block_table``, k is a paged cache [num_pages, page_size, Hkv, D]. ``window``: the
@@ -141,6 +146,7 @@ def describe(
         window_left=window[0],
         window_right=window[1],
         softcap=float(softcap),
+        has_sinks=sinks is not None,
     )
 
 
@@ -182,13 +188,13 @@ def gluon_applies(
 ) -> bool:
     """Whether the warp-specialised Gluon kernel of a stage runs, for the table field ``name``
     (``fwd_ws``, ``bwd_ws``, ``dq_ws``): the entry selects it, the inputs take the descriptor
-    path (``tma``), the interpreter is off (it has no Gluon), there is no sliding window or
-    softcap and the head dim is a table row's. Either kernel gives the same bits. An entry
+    path (``tma``), the interpreter is off (it has no Gluon), there is no sliding window,
+    softcap or sink and the head dim is a table row's. Either kernel gives the same bits. An entry
     that selects it where Gluon is missing or its tiles do not fit raises."""
     if not selected or not tma or problem.interpret:
         return False
-    if problem.windowed or problem.softcap:  # not in the Gluon kernels; the Triton ones, at
-        return False  # the same tiles, have them
+    if problem.windowed or problem.softcap or problem.has_sinks:  # not in the Gluon kernels;
+        return False  # the Triton ones, at the same tiles, have them
     if problem.head_dim not in HEAD_DIMS:  # the Gluon kernels are written for the table's
         return False
     if gluon_kernel is None or supports is None:

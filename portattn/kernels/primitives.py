@@ -268,12 +268,15 @@ def forward_tile(
     WINDOW_LEFT: tl.constexpr = -1,
     WINDOW_RIGHT: tl.constexpr = -1,
     SOFTCAP: tl.constexpr = 0.0,
+    b_sink=None,
+    HAS_SINK: tl.constexpr = False,
 ):
     """The forward of one query tile (the Triton forward and decode kernels): the key tiles
     from ``n_lo`` below ``n_full`` that every row sees whole (no mask), then those up to
     ``n_hi`` that need the mask (``key_range``, or ``window_key_range`` with ``n_full =
     n_lo``), in ascending order; returns (out [BLOCK_M, BLOCK_DC], lse [BLOCK_M]) by
-    ``normalize_rows`` (rows that saw no key: out 0, lse -inf)."""
+    ``normalize_rows`` (rows that saw no key: out 0, lse -inf), with ``HAS_SINK`` after
+    ``fold_sink`` of the rows' sinks ``b_sink``."""
     b_acc = tl.zeros([BLOCK_M, BLOCK_DC], tl.float32)
     b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     b_l = tl.zeros([BLOCK_M], tl.float32)
@@ -289,7 +292,24 @@ def forward_tile(
         BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA,
         p_pages, stride_kp, stride_vp, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
     )
+    if HAS_SINK:
+        b_acc, b_m, b_l = fold_sink(b_acc, b_m, b_l, b_sink)
     return normalize_rows(b_acc, b_m, b_l)
+
+
+@triton.jit
+def fold_sink(b_acc, b_m, b_l, b_sink):
+    """An attention sink (gpt-oss): one more score per row, ``b_sink`` (natural log, [M] or a
+    scalar), that has no value: it enters the softmax's denominator only. Folded in after the
+    key loop as one more online-softmax step, so the key loop is the same with and without
+    sinks; the lse then includes it. A sink of -inf is none (a row that saw no key keeps l = 0:
+    out 0, lse -inf)."""
+    b_sink2 = b_sink * 1.4426950408889634  # log2 units, as the scores
+    b_m_new = tl.maximum(b_m, b_sink2)
+    b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    b_alpha = tl.exp2(b_m - b_m_use)
+    b_l = b_l * b_alpha + tl.exp2(b_sink2 - b_m_use)
+    return b_acc * b_alpha[:, None], b_m_new, b_l
 
 
 @triton.jit
