@@ -18,7 +18,7 @@ import numbers
 import torch
 
 from portattn.api import attention, varlen_attention
-from portattn.validation import check_bool, check_softcap, check_window, type_name
+from portattn.validation import check_bool, type_name
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]  # flash_attn_with_kvcache: kvcache.py
 
@@ -55,29 +55,33 @@ def _unsupported(feature: str, arg: str, value) -> ValueError:
 
 
 def _resolve_features(
-    dropout_p,
-    causal,
-    window_size,
-    softcap,
-    alibi_slopes,
-    deterministic,
-    return_attn_probs,
+    dropout_p, causal, alibi_slopes, deterministic, return_attn_probs
 ) -> tuple[bool, bool]:
     """Reject what portattn does not implement and check the flags (bools or numpy bools);
-    returns ``causal`` and ``return_attn_probs`` as Python bools. ``window_size`` is checked
-    (and ``(-1, 0)`` made causal, as flash-attn does) by ``validation.check_window``,
-    ``softcap`` by ``check_softcap``."""
+    returns ``causal`` and ``return_attn_probs`` as Python bools. ``window_size`` and
+    ``softcap`` go on to ``varlen_attention`` / ``attention``, which check them (and make
+    ``(-1, 0)`` causal, as flash-attn does) before any launch."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"dropout_p must be a float, got {type_name(dropout_p)}")
     if dropout_p != 0:
         raise _unsupported("attention dropout (dropout_p > 0)", "dropout_p", dropout_p)
-    check_window(window_size, False)
-    check_softcap(softcap)
     if alibi_slopes is not None:
         raise _unsupported("ALiBi (alibi_slopes)", "alibi_slopes", type_name(alibi_slopes))
     causal = check_bool("causal", causal)
     check_bool("deterministic", deterministic)  # ignored, but a flag all the same
     return causal, check_bool("return_attn_probs", return_attn_probs)
+
+
+def _options(causal, softmax_scale, kernel, window_size, softcap) -> dict:
+    """The keyword arguments both entry points pass on (lse always: flash-attn returns it)."""
+    return dict(
+        causal=causal,
+        softmax_scale=softmax_scale,
+        return_lse=True,
+        kernel=kernel,
+        window_size=window_size,
+        softcap=softcap,
+    )
 
 
 def _no_attn_probs(q: torch.Tensor) -> torch.Tensor:
@@ -144,13 +148,7 @@ def flash_attn_varlen_func(
     running. Validation errors are portattn's (ValueError / TypeError naming the argument).
     """
     causal, return_attn_probs = _resolve_features(
-        dropout_p,
-        causal,
-        window_size,
-        softcap,
-        alibi_slopes,
-        deterministic,
-        return_attn_probs,
+        dropout_p, causal, alibi_slopes, deterministic, return_attn_probs
     )
     max_seqlen_q = max_seqlen_arg("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = max_seqlen_arg("max_seqlen_k", max_seqlen_k)
@@ -162,13 +160,8 @@ def flash_attn_varlen_func(
         cu_seqlens_k,
         max_seqlen_q,
         max_seqlen_k,
-        causal=causal,
-        softmax_scale=softmax_scale,
-        return_lse=True,
-        kernel=kernel,
         block_table=block_table,
-        window_size=window_size,
-        softcap=softcap,
+        **_options(causal, softmax_scale, kernel, window_size, softcap),
     )
     if not return_attn_probs:
         return out
@@ -203,19 +196,9 @@ def flash_attn_func(
         Same differences from flash-attn as :func:`flash_attn_varlen_func`.
     """
     causal, return_attn_probs = _resolve_features(
-        dropout_p, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
+        dropout_p, causal, alibi_slopes, deterministic, return_attn_probs
     )
-    out, lse = attention(
-        q,
-        k,
-        v,
-        causal=causal,
-        softmax_scale=softmax_scale,
-        return_lse=True,
-        kernel=kernel,
-        window_size=window_size,
-        softcap=softcap,
-    )
+    out, lse = attention(q, k, v, **_options(causal, softmax_scale, kernel, window_size, softcap))
     if not return_attn_probs:
         return out
     return out, lse.contiguous(), _no_attn_probs(q)

@@ -38,7 +38,6 @@ from portattn.kernels.primitives import (
     head_dim_chunk,
     head_major_start,
     head_rows_tiles,
-    key_range,
     key_value_tiles,
     load_head_rows,
     load_key_tile,
@@ -55,7 +54,7 @@ from portattn.kernels.primitives import (
     softcap_scores,
     tile_index,
     visible_mask,
-    window_key_range,
+    visited_key_range,
     window_query_range,
 )
 
@@ -364,27 +363,19 @@ def attn_bwd_dq_kernel(
     src_k, src_v = key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt,
                                    stride_vh, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_D, TMA)
     b_dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:  # the forward's key tiles, each masked
-        n_lo, n_hi = window_key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL,
-                                      WINDOW_LEFT, WINDOW_RIGHT)
-        b_dq = _dq_key_tiles(
-            b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
-            o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_lo, n_hi,
-            BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
-            SOFTCAP,
-        )
-    else:
-        n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
-        b_dq = _dq_key_tiles(
-            b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
-            o_q, o_d, m_d, seqlen_k, diag, scale_log2, 0, n_full,
-            BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, TMA, SOFTCAP=SOFTCAP,
-        )
-        b_dq = _dq_key_tiles(
-            b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
-            o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_full, n_hi,
-            BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA, SOFTCAP=SOFTCAP,
-        )
+    n_lo, n_full, n_hi = visited_key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL,
+                                           WINDOW_LEFT, WINDOW_RIGHT)  # the forward's tiles
+    b_dq = _dq_key_tiles(
+        b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
+        o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_lo, n_full,
+        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, TMA, SOFTCAP=SOFTCAP,
+    )
+    b_dq = _dq_key_tiles(
+        b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
+        o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_full, n_hi,
+        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
+        SOFTCAP,
+    )
     b_dq = b_dq * scale
     tl.store(dq + o_rows * stride_dqt + i_h.to(tl.int64) * stride_dqh + o_d[None, :],
              b_dq.to(dq.dtype.element_ty), mask=m_q)

@@ -28,10 +28,9 @@ from portattn.kernels.plan import KernelLaunch, VarlenProblem
 from portattn.kernels.primitives import (
     forward_tile,
     head_dim_chunk,
-    key_range,
     seq_bounds,
     tile_index,
-    window_key_range,
+    visited_key_range,
 )
 
 
@@ -92,13 +91,8 @@ def attn_decode_kernel(
     p_pages = block_table + i_b.to(tl.int64) * stride_bt
     src_k = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
     src_v = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
-    if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:  # as the forward (``window_key_range``)
-        n_lo, n_hi = window_key_range(m_start, seqlen_k, diag, ROWS, BLOCK_N, CAUSAL,
-                                      WINDOW_LEFT, WINDOW_RIGHT)
-        n_full = n_lo
-    else:
-        n_lo = 0
-        n_full, n_hi = key_range(m_start, seqlen_k, diag, ROWS, BLOCK_N, CAUSAL)
+    n_lo, n_full, n_hi = visited_key_range(m_start, seqlen_k, diag, ROWS, BLOCK_N, CAUSAL,
+                                           WINDOW_LEFT, WINDOW_RIGHT)
 
     b_sink = tl.load(sinks + i_h, mask=m_row, other=0.0) if HAS_SINK else None  # [BLOCK_M]
     b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]

@@ -31,11 +31,10 @@ from portattn.kernels.decode import decode_fits, plan_decode
 from portattn.kernels.primitives import (
     forward_tile,
     head_dim_chunk,
-    key_range,
     key_value_tiles,
     query_tile,
     row_tiles,
-    window_key_range,
+    visited_key_range,
 )
 
 
@@ -68,7 +67,7 @@ def attn_fwd_kernel(
     full accumulator does not fit beside the tiles; program 0 of the pair writes lse. ``TMA``:
     Q, K and V tiles are read through per-sequence tensor descriptors (``row_tiles``).
     ``WINDOW_LEFT`` / ``WINDOW_RIGHT`` >= 0: a sliding window (``visible_mask``); only the key
-    tiles some row of the tile sees are visited (``window_key_range``). ``SOFTCAP`` > 0: the
+    tiles some row of the tile sees are visited (``visited_key_range``). ``SOFTCAP`` > 0: the
     scores are softcapped (``softcap_scores``). ``HAS_SINK``: float32 ``sinks`` [Hq] (else
     None), the heads' attention sinks (``fold_sink``)."""
     i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
@@ -95,13 +94,8 @@ def attn_fwd_kernel(
     src_k, src_v = key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt,
                                    stride_vh, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_DC, TMA)
 
-    if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:
-        n_lo, n_hi = window_key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL,
-                                      WINDOW_LEFT, WINDOW_RIGHT)
-        n_full = n_lo  # every visited tile takes the mask
-    else:
-        n_lo = 0
-        n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+    n_lo, n_full, n_hi = visited_key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL,
+                                           WINDOW_LEFT, WINDOW_RIGHT)
 
     b_sink = tl.load(sinks + i_h) if HAS_SINK else None  # the head's sink, natural log
     b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]

@@ -95,22 +95,30 @@ def key_range(m_start, seqlen_k, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 
 @triton.jit
-def window_key_range(m_start, seqlen_k, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
-                     WINDOW_RIGHT: tl.constexpr):
-    """``key_range`` under a sliding window: (n_lo, n_hi). Key tiles below ``n_lo`` (a multiple
-    of BLOCK_N, so the tiles keep their anchoring at the sequence start) and from ``n_hi`` on
-    are seen by no row of the query tile; every tile in between takes the mask (a fully
-    visible tile gives the same bits masked, ``mask_scores``)."""
-    n_hi = seqlen_k
-    if CAUSAL:
-        n_hi = tl.minimum(n_hi, tl.maximum(m_start + BLOCK_M + diag, 0))
-    if WINDOW_RIGHT >= 0:
-        n_hi = tl.minimum(n_hi, tl.maximum(m_start + BLOCK_M + diag + WINDOW_RIGHT, 0))
-    n_lo = 0
-    if WINDOW_LEFT >= 0:
-        n_lo = tl.minimum(tl.maximum(m_start + diag - WINDOW_LEFT, 0), n_hi) // BLOCK_N * BLOCK_N
-    return n_lo, n_hi
+def visited_key_range(m_start, seqlen_k, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
+                      WINDOW_RIGHT: tl.constexpr):
+    """The key tiles a query tile visits, (n_lo, n_full, n_hi): unmasked from ``n_lo`` below
+    ``n_full``, masked from there below ``n_hi``. Without a window: ``key_range`` from 0.
+    Under a sliding window (``WINDOW_LEFT`` / ``WINDOW_RIGHT`` >= 0), tiles below ``n_lo`` (a
+    multiple of BLOCK_N, so the tiles keep their anchoring at the sequence start) and from
+    ``n_hi`` on are seen by no row of the query tile, and every tile in between takes the mask
+    (``n_full = n_lo``: a fully visible tile gives the same bits masked, ``mask_scores``)."""
+    if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:
+        n_hi = seqlen_k
+        if CAUSAL:
+            n_hi = tl.minimum(n_hi, tl.maximum(m_start + BLOCK_M + diag, 0))
+        if WINDOW_RIGHT >= 0:
+            n_hi = tl.minimum(n_hi, tl.maximum(m_start + BLOCK_M + diag + WINDOW_RIGHT, 0))
+        n_lo = 0
+        if WINDOW_LEFT >= 0:
+            n_lo = tl.minimum(tl.maximum(m_start + diag - WINDOW_LEFT, 0), n_hi)
+            n_lo = n_lo // BLOCK_N * BLOCK_N
+        n_full = n_lo
+    else:
+        n_lo = 0
+        n_full, n_hi = key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+    return n_lo, n_full, n_hi
 
 
 @triton.jit
@@ -273,10 +281,9 @@ def forward_tile(
 ):
     """The forward of one query tile (the Triton forward and decode kernels): the key tiles
     from ``n_lo`` below ``n_full`` that every row sees whole (no mask), then those up to
-    ``n_hi`` that need the mask (``key_range``, or ``window_key_range`` with ``n_full =
-    n_lo``), in ascending order; returns (out [BLOCK_M, BLOCK_DC], lse [BLOCK_M]) by
-    ``normalize_rows`` (rows that saw no key: out 0, lse -inf), with ``HAS_SINK`` after
-    ``fold_sink`` of the rows' sinks ``b_sink``."""
+    ``n_hi`` that need the mask (``visited_key_range``), in ascending order; returns (out
+    [BLOCK_M, BLOCK_DC], lse [BLOCK_M]) by ``normalize_rows`` (rows that saw no key: out 0,
+    lse -inf), with ``HAS_SINK`` after ``fold_sink`` of the rows' sinks ``b_sink``."""
     b_acc = tl.zeros([BLOCK_M, BLOCK_DC], tl.float32)
     b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     b_l = tl.zeros([BLOCK_M], tl.float32)
