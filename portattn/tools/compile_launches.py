@@ -15,12 +15,21 @@ from typing import Any
 
 import torch
 
-from portattn.configs import KernelConfig, config_table, table_head_dim
+from portattn.configs import (
+    DTYPES,
+    HEAD_DIMS,
+    KERNELS,
+    KernelConfig,
+    config_table,
+    table_head_dim,
+)
+from portattn.families import FAMILIES
 
 # KernelConfig fields, one kernel each; "decode" is the paged decode kernel (its tiles:
 # KernelConfig.decode_tiles).
 STAGES = ("fwd", "bwd_pre", "bwd_dkdv", "bwd_dq", "decode")
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+DTYPE_ALIASES = {"fp16": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
 # The warp-specialised Gluon kernels: launched with ``ws_launch_options``, not the tiles' own.
 WS_KERNELS = ("attn_fwd_ws_kernel", "attn_bwd_dkdv_ws_kernel", "attn_bwd_dq_ws_kernel")
 
@@ -48,9 +57,12 @@ class Entry:
     def torch_dtype(self) -> torch.dtype:
         return {v: k for k, v in DTYPE_NAMES.items()}[self.dtype]
 
+    def table_key(self) -> tuple[str, str, int, torch.dtype]:
+        """Its key in the table: a borrowed head dim runs the next row up."""
+        return (self.family, self.kernel, table_head_dim(self.head_dim), self.torch_dtype())
+
     def config(self) -> KernelConfig:
-        row = table_head_dim(self.head_dim)  # a borrowed head dim runs the next row up
-        return config_table()[(self.family, self.kernel, row, self.torch_dtype())]
+        return config_table()[self.table_key()]
 
 
 @dataclass(frozen=True)
@@ -161,3 +173,26 @@ def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
         if param in launch.args and launch.args[param] != value:
             problems.append(f"{param}={launch.args[param]} != table {value}")
     return problems
+
+
+def select_entries(
+    families: Iterable[str] | None = None,
+    kernels: Iterable[str] | None = None,
+    head_dims: Iterable[int] | None = None,
+    dtypes: Iterable[str] | None = None,
+) -> list[Entry]:
+    """Table entries of the real families (never the interpreter row), filtered; ``head_dims``
+    may name borrowed head dims (``configs.BORROWED_HEAD_DIMS``: the next row up)."""
+    fams = list(families) if families else list(FAMILIES)
+    for name in fams:
+        if name not in FAMILIES:
+            raise ValueError(f"unknown family {name!r}; known: {', '.join(FAMILIES)}")
+    kerns = list(kernels) if kernels else list(KERNELS)
+    dims = list(head_dims) if head_dims else list(HEAD_DIMS)
+    names = [DTYPE_ALIASES[d] for d in dtypes] if dtypes else [DTYPE_NAMES[d] for d in DTYPES]
+    table = config_table()
+    entries = [Entry(f, k, d, n) for f in fams for k in kerns for d in dims for n in names]
+    missing = [e for e in entries if e.table_key() not in table]
+    if missing:
+        raise ValueError(f"no table entry for {missing[0]}")
+    return entries

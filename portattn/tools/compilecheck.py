@@ -43,18 +43,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from portattn.configs import (
-    DTYPES,
-    HEAD_DIMS,
-    KERNELS,
-    SUPPORTED_HEAD_DIMS,
-    KernelConfig,
-    config_table,
-    table_head_dim,
-)
+from portattn.configs import KERNELS, SUPPORTED_HEAD_DIMS, KernelConfig
 from portattn.families import FAMILIES, Family
 from portattn.tools.compile_launches import (  # noqa: F401  (re-exported: the check's API)
     DECODE_PAGE_SIZE,
+    DTYPE_ALIASES,
     DTYPE_NAMES,
     REPRESENTATIVE,
     STAGES,
@@ -63,11 +56,11 @@ from portattn.tools.compile_launches import (  # noqa: F401  (re-exported: the c
     Launch,
     _unset_env,
     record_launches,
+    select_entries,
     table_mismatches,
 )
 
 HAS_PRODUCT = {"fwd": True, "bwd_pre": False, "bwd_dkdv": True, "bwd_dq": True, "decode": True}
-DTYPE_ALIASES = {"fp16": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
 CI_HEAD_DIMS = (128, 64, 80)  # 80: a borrowed head dim (the d96 row), Phi-2's
 CI_DTYPES = ("bf16",)
 # How each family's matrix instruction shows in the text the check searches.
@@ -163,36 +156,6 @@ class Artifacts:
     binary: bytes
     asm: str  # PTX (CUDA) or AMDGCN assembly (ROCm)
     ptxas_log: str = ""
-
-
-# ----------------------------------------------------------------------------- entries
-
-
-def select_entries(
-    families: Iterable[str] | None = None,
-    kernels: Iterable[str] | None = None,
-    head_dims: Iterable[int] | None = None,
-    dtypes: Iterable[str] | None = None,
-) -> list[Entry]:
-    """Table entries of the real families (never the interpreter row), filtered; ``head_dims``
-    may name borrowed head dims (``configs.BORROWED_HEAD_DIMS``: the next row up)."""
-    fams = list(families) if families else list(FAMILIES)
-    for name in fams:
-        if name not in FAMILIES:
-            raise ValueError(f"unknown family {name!r}; known: {', '.join(FAMILIES)}")
-    kerns = list(kernels) if kernels else list(KERNELS)
-    dims = list(head_dims) if head_dims else list(HEAD_DIMS)
-    names = [DTYPE_ALIASES[d] for d in dtypes] if dtypes else [DTYPE_NAMES[d] for d in DTYPES]
-    table = config_table()
-    entries = [Entry(f, k, d, n) for f in fams for k in kerns for d in dims for n in names]
-
-    def key(e: Entry) -> tuple:
-        return (e.family, e.kernel, table_head_dim(e.head_dim), e.torch_dtype())
-
-    missing = [e for e in entries if key(e) not in table]
-    if missing:
-        raise ValueError(f"no table entry for {missing[0]}")
-    return entries
 
 
 # ----------------------------------------------------------------------------- compile
