@@ -128,10 +128,11 @@ def compile(session: nox.Session) -> None:
     session.run("python", "-m", "portattn", "compile", *session.posargs)
 
 
-_PROBE = (
-    "import torch, portattn; "
-    "print(portattn.family(), "
-    "torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU', sep='|')"
+_PROBE = (  # the family the GPU runs: its own, or the one $PORTATTN_FAMILY_OVERRIDE names
+    "import torch, portattn; from portattn.families import family_override; "
+    "gpu = torch.cuda.is_available(); "
+    "print((family_override() if gpu else None) or portattn.family(), "
+    "torch.cuda.get_device_name() if gpu else 'no GPU', sep='|')"
 )
 
 

@@ -302,8 +302,10 @@ _FIXED_ORDER = {
 }
 _FIXED_ORDER["cdna4"] = _FIXED_ORDER["cdna3"]
 # sm80 fixed_order d96/d128: the decode kernel (per-row heads and page addresses beside the
-# split-P products) spills at the forward's 64 rows; 32 rows of one warp group fit.
-_FIXED_ORDER["sm80"] = {d: _retuned(_SM80[d], decode=(32, 64, 4, 3)) for d in (96, 128)}
+# split-P products) spills at the forward's 64 rows and 3 stages; one stage fits. It keeps
+# the forward's rows and warps: at 32 rows of 4 warps its row sums (l, so the lse) were not
+# the forward's bits (decode rows != prefill rows, seen on the H200 under the sm80 override).
+_FIXED_ORDER["sm80"] = {d: _retuned(_SM80[d], decode=(64, 64, 8, 1)) for d in (96, 128)}
 # Per-Triton-version rows: (major, minor) of the first Triton that needs them -> (family,
 # kernel, head_dim) -> the row it runs from that version on (both dtypes), instead of the one
 # above; a later version's row for the same entry replaces an earlier one. Only where the

@@ -6,6 +6,7 @@ never guesses from memory sizes. Nothing here touches a GPU at import time.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cache
 
@@ -102,6 +103,71 @@ def family(device: torch.device | str | int | None = None) -> str | None:
 
 
 def config_family(device: torch.device) -> str:
-    """The family whose configuration runs on ``device`` (the nearest one for unknown devices)."""
+    """The family whose configuration runs on ``device``: the override's family when
+    :data:`OVERRIDE_ENV` is set (:func:`family_override`), else the device's own family (the
+    nearest one for unknown devices)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return _config_family_of_index(index)
+    return family_override(index) or _config_family_of_index(index)
+
+
+# An explicit, opt-in override for evidence runs (never automatic): a newer NVIDIA GPU runs an
+# older NVIDIA family's table entries as that family's PTX, which the driver JIT-compiles for
+# the GPU in front of it (sm80's mma.sync code, tiles and pipelining on an H200: no TMA, no
+# warp specialisation). Hashes made so are provisional evidence for the older family.
+OVERRIDE_ENV = "PORTATTN_FAMILY_OVERRIDE"
+
+
+def family_override(device: torch.device | int | None = None) -> str | None:
+    """The family named by ``$PORTATTN_FAMILY_OVERRIDE`` for this CUDA ``device``, or None
+    when it is unset, empty, or the device's own family (nothing to override).
+
+    Raises ValueError for a value that cannot run here: not a family, not an NVIDIA family, a
+    ROCm build, or a family newer than the device (PTX runs only on its own or a newer
+    compute capability)."""
+    value = override_setting()
+    if not value:
+        return None
+    index = _device_index(device)
+    return _checked_override(value, index)
+
+
+@cache
+def override_setting() -> str:
+    """``$PORTATTN_FAMILY_OVERRIDE`` as the process first read it: the override holds for the
+    whole process, because Triton's in-process kernel cache does not key on the target (a
+    kernel compiled under the override would otherwise run, silently, without it)."""
+    return os.environ.get(OVERRIDE_ENV, "").strip()
+
+
+def _device_index(device: torch.device | int | None) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@cache
+def _checked_override(value: str, index: int) -> str | None:
+    wanted = FAMILIES.get(value)
+    if wanted is None or wanted.vendor != "cuda":
+        nvidia = ", ".join(n for n, f in FAMILIES.items() if f.vendor == "cuda")
+        raise ValueError(f"{OVERRIDE_ENV}={value!r}: expected an NVIDIA family ({nvidia})")
+    if torch.version.hip is not None:
+        raise ValueError(
+            f"{OVERRIDE_ENV}={value!r}: this is a ROCm build; the override runs "
+            "NVIDIA PTX on NVIDIA GPUs only"
+        )
+    props = torch.cuda.get_device_properties(index)
+    capability = props.major * 10 + props.minor
+    if capability < int(wanted.arch):
+        raise ValueError(
+            f"{OVERRIDE_ENV}={value!r}: {props.name} has compute capability "
+            f"{props.major}.{props.minor}; {value}'s PTX needs {int(wanted.arch) / 10:.1f} or newer"
+        )
+    if int(wanted.arch) >= 90 and capability != int(wanted.arch):
+        raise ValueError(  # Triton targets sm_90a there: arch-specific PTX (wgmma, TMA)
+            f"{OVERRIDE_ENV}={value!r}: {value}'s PTX is arch-specific (sm_{wanted.arch}a) "
+            f"and does not run on compute capability {props.major}.{props.minor}"
+        )
+    return None if _family_of_index(index) == value else value

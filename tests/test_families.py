@@ -114,7 +114,10 @@ def _fake_device(monkeypatch, props) -> None:
 
 
 @pytest.fixture
-def clear_family_caches():
+def clear_family_caches(monkeypatch):
+    """Fresh detection for a faked device, without the family override (the GPU suite also
+    runs under ``$PORTATTN_FAMILY_OVERRIDE``; tests/test_family_override.py covers it)."""
+    monkeypatch.setattr(families, "family_override", lambda device=None: None)
     yield
     families._family_of_index.cache_clear()
     families._config_family_of_index.cache_clear()

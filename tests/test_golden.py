@@ -266,7 +266,8 @@ def test_refresh_refuses_a_device_outside_the_family(tmp_path, monkeypatch):
     monkeypatch.setattr(
         commands, "compute_case", lambda case, dev: computed.append(case.name) or real(case, dev)
     )
-    other = next(f for f in FAMILIES if f != family_of(DEV))
+    # not this device's family, nor the one it runs under $PORTATTN_FAMILY_OVERRIDE
+    other = next(f for f in FAMILIES if f not in (family_of(DEV), commands.emulated_family(DEV)))
     recorded = fake_result("tiny-varlen", salt="recorded")
     recorded.case = TINY[0]  # the same definition and inputs, hashes of other hardware
     recorded.inputs_sha256 = make_inputs(TINY[0]).sha256()

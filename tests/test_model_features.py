@@ -141,7 +141,7 @@ def test_window_decode_rows_equal_prefill_rows(kernel):
             window_size=(left, -1),
             return_lse=True,
             kernel=kernel,
-            block_table=table,
+            block_table=table.to(DEVICE),
         )
     assert torch.equal(got, out[sel]) and torch.equal(got_lse, lse[sel])
 

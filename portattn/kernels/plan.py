@@ -34,6 +34,7 @@ from portattn.configs import (
 )
 from portattn.kernels.buffers import descriptor_scratch
 from portattn.kernels.host_checks import checks_at_launch
+from portattn.kernels.ptx_jit import launch_through_ptx
 
 LOG2E = 1.4426950408889634  # scores travel in log2 units: exp2 replaces exp in the kernels
 SPLIT_P_KERNELS = {"varlen": False, "fixed_order": True}  # kernel name -> split-P products
@@ -171,10 +172,25 @@ def run_launches(
 ) -> None:
     """Launch in order. ``before_launch``: checks that need a host copy (they may raise), run
     right before the first launch, or at the end when nothing is launched."""
+    override = _override_arch(device)
     with checks_at_launch(before_launch):
         for launch in launches:
             with descriptor_scratch(device, launch.tma):
-                launch.kernel[launch.grid](*launch.args, **launch.params)
+                if override is None:
+                    launch.kernel[launch.grid](*launch.args, **launch.params)
+                else:  # an older NVIDIA family's entries, as its PTX (family override)
+                    launch_through_ptx(launch, override)
+
+
+def _override_arch(device: torch.device) -> int | None:
+    """The compute capability whose PTX the launches run as (``$PORTATTN_FAMILY_OVERRIDE``),
+    or None: no override, a CPU tensor, or the interpreter."""
+    if device.type != "cuda" or interpreter_active():
+        return None
+    from portattn.families import FAMILIES, family_override
+
+    name = family_override(device)
+    return None if name is None else int(FAMILIES[name].arch)
 
 
 def gluon_applies(

@@ -142,7 +142,7 @@ def _cpu_name() -> str:
 
 def _describe_device() -> tuple[torch.device, list[torch.dtype], list[str]]:
     """The device to check, the dtypes to check on it, and report lines about it."""
-    from portattn.families import FAMILIES, config_family, family
+    from portattn.families import FAMILIES, OVERRIDE_ENV, config_family, family, family_override
 
     if not torch.cuda.is_available():
         lines = [
@@ -165,6 +165,12 @@ def _describe_device() -> tuple[torch.device, list[torch.dtype], list[str]]:
             f"configuration, {config_family(device)}; no golden family)"
         )
     lines = [f"device:  {torch.cuda.get_device_name(device)} ({arch})", fam_line]
+    override = family_override(device)
+    if override is not None:
+        lines.append(
+            f"config:  {override}'s entries, as its PTX JIT-compiled by the driver "
+            f"({OVERRIDE_ENV}={override})"
+        )
     return device, [torch.bfloat16, torch.float16], lines
 
 

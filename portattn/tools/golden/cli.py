@@ -35,10 +35,12 @@ def detect_hardware() -> Hardware:
     """The current GPU and its family; ``device`` is None without a GPU."""
     if not torch.cuda.is_available():
         return Hardware(None, None, "no GPU")
-    from portattn.families import family
+    from portattn.families import family, family_override
 
     device = torch.device("cuda", torch.cuda.current_device())
-    return Hardware(family(device), device, torch.cuda.get_device_name(device))
+    # Under $PORTATTN_FAMILY_OVERRIDE the device runs (and records) the override's family.
+    found = family_override(device) or family(device)
+    return Hardware(found, device, torch.cuda.get_device_name(device))
 
 
 def hardware_problem(hw: Hardware, requested: str | None) -> str | None:

@@ -170,6 +170,9 @@ def run_verify(
             f"  recorded on {seen} ({drivers}; torch {', '.join(prov.get('torch', []))}; "
             f"portattn {prov.get('portattn', '?')} {prov.get('commit', '')}; {prov.get('date')})"
         )
+    provisional = bool(prov.get("provisional")) and emulated_family(device) is None
+    if prov.get("provisional"):
+        out(f"  provisional hashes: {prov['provisional']}")
     failed: list[str] = []
     for i, name in enumerate(names, 1):
         result = compute_case(Case.from_json(name, doc["cases"][name]), device)
@@ -191,6 +194,16 @@ def run_verify(
             f"note: {len(unrecorded)} canonical case(s) of version {CASES_VERSION} have no hashes "
             f"for {toolchain} yet (refresh to add them): {', '.join(unrecorded)}"
         )
+    if provisional:  # on the family's own hardware: evidence confirmed or refuted, no failure
+        if failed:
+            out(
+                f"provisional hashes differ: refresh on this hardware ({len(failed)} of "
+                f"{len(names)} case(s) differ: {', '.join(failed)}); "
+                f"nox -s \"golden_refresh(family='{family}')\""
+            )
+            return 2
+        out(f"provisional hashes confirmed: all {len(names)} case(s) match bitwise")
+        return 0
     if failed:
         out(
             f"{len(failed)} of {len(names)} case(s) differ from the golden hashes: "
@@ -215,11 +228,29 @@ def device_problem(family: str, device: torch.device) -> str | None:
     if family not in FAMILIES:
         return None
     found = family_of(device) if device.type == "cuda" else None
-    if found == family:
+    if found == family or emulated_family(device) == family:
         return None
     return (
         f"{device} ({device_name(device)}, family {found or 'none'}) is not a {family} GPU: "
         f"{family} hashes are recorded on {family} hardware only; nothing computed or written"
+    )
+
+
+def emulated_family(device: torch.device) -> str | None:
+    """The family ``device`` runs as its PTX under ``$PORTATTN_FAMILY_OVERRIDE``, or None."""
+    if device.type != "cuda":
+        return None
+    from portattn.families import family_override
+
+    return family_override(device)
+
+
+def provisional_mark(family: str, device: torch.device) -> str:
+    """The provenance note of hashes recorded under the family override."""
+    return (
+        f"{family} code (its PTX, JIT-compiled by the NVIDIA driver) run on "
+        f"{device_name(device)} under $PORTATTN_FAMILY_OVERRIDE; not yet seen on {family} "
+        "hardware, where golden verify confirms or refutes them"
     )
 
 
@@ -266,7 +297,16 @@ def run_refresh(
     except GoldenError as exc:
         out(f"error: {exc}")
         return 2
+    provisional = emulated_family(device) == family
+    if provisional and _held_hashes(path, toolchain) == "recorded":
+        out(
+            f"error: {path} holds {toolchain} hashes recorded on {family} hardware; hashes made "
+            "under $PORTATTN_FAMILY_OVERRIDE never replace them; nothing computed or written"
+        )
+        return 2
     out(f"refreshing {path} [{toolchain}]: {len(cases)} case(s) x {repeat} run(s) on {device}")
+    if provisional:
+        out(f"  provisional: {provisional_mark(family, device)}")
     results = []
     for i, case in enumerate(cases, 1):
         result = compute_case(case, device)
@@ -299,18 +339,41 @@ def run_refresh(
             out(f"  {len(fingerprints)} entries ({time.perf_counter() - start:.0f} s)")
     config_hash = config_hash_of or device_config_hash(device)
     config_hashes = {c.entry: config_hash(c.entry) for c in cases}
+    origin = provenance(device)
+    if provisional:
+        origin["provisional"] = provisional_mark(family, device)
     record = build_record(
-        family, toolchain, results, provenance(device), fingerprints, config_hashes, CASES_VERSION
+        family, toolchain, results, origin, fingerprints, config_hashes, CASES_VERSION
     )
-    return _write(path, record, force, out)
+    return _write(path, record, force, out, toolchain)
 
 
-def _write(path: Path, record: dict, force: bool, out: Printer) -> int:
+def _held_hashes(path: Path, toolchain: str) -> str | None:
+    """``"provisional"`` or ``"recorded"`` for the output hashes ``path`` holds for
+    ``toolchain``; None when it holds none."""
+    section = ((load(path) or {}).get("toolchains") or {}).get(toolchain) or {}
+    if not section.get("outputs"):
+        return None
+    return "provisional" if (section.get("provenance") or {}).get("provisional") else "recorded"
+
+
+def _write(
+    path: Path, record: dict, force: bool, out: Printer, toolchain: str | None = None
+) -> int:
     from filelock import Timeout
 
     changes: list[str] = []
+    section = record["toolchains"].get(toolchain, {}) if toolchain else {}
+    real = toolchain is not None and not section.get("provenance", {}).get("provisional")
 
     def update(existing: dict | None) -> dict:
+        held = (existing or {}).get("toolchains", {}).get(toolchain) if real else None
+        if held and (held.get("provenance") or {}).get("provisional"):
+            # The family's own hardware replaces hashes made under the override, whatever
+            # they were: they were evidence, not a record.
+            held.pop("outputs", None)
+            held.pop("provenance", None)
+            changes.append(f"[{toolchain}] provisional outputs replaced by this hardware's")
         doc, found = merge(existing, record, force)
         changes.extend(found)
         return doc

@@ -164,7 +164,9 @@ _PROVENANCE = _record(
     "a provenance record (an object)",
     {},
     {"devices": _STRS, "drivers": _STRS, "torch": _STRS}
-    | {key: _STR_OR_NULL for key in ("portattn", "commit", "date", "first_recorded")},
+    | {
+        key: _STR_OR_NULL for key in ("portattn", "commit", "date", "first_recorded", "provisional")
+    },
 )
 _TOOLCHAIN = _record(
     "a toolchain section (an object)",
@@ -469,6 +471,9 @@ def _merge_provenance(old: dict | None, new: dict) -> dict:
     for key in ("portattn", "commit", "date"):
         if key in new:
             merged[key] = new[key]
+    merged.pop("provisional", None)  # provisional only while every recording was
+    if "provisional" in new and old.get("provisional"):
+        merged["provisional"] = new["provisional"]
     merged["first_recorded"] = old.get("first_recorded") or old.get("date")
     return merged
 
