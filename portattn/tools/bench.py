@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import random
 import shlex
 import subprocess
@@ -316,6 +317,26 @@ def gpu_timer(
         peak = torch.cuda.max_memory_allocated()
         ms = triton.testing.do_bench(step, warmup=warmup_ms, rep=rep_ms, return_mode="median")
     return ms, peak / 2**30, resident / 2**30
+
+
+def profile_cuda_us(step: Step, calls: int) -> dict[str, float]:
+    """CUDA microseconds of each kernel (by name) over ``calls`` calls of ``step``, after one
+    call outside the profile (``torch.profiler``; the CI scripts' per-kernel times)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    return {evt.key: evt.device_time_total for evt in prof.key_averages()}
+
+
+def write_rows(path: str, rows: list[dict[str, Any]]) -> None:
+    """The CI scripts' ``--json``: their rows, in order, as JSON indented by one space."""
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=1)
 
 
 def make_inputs(w: Workload, device: str | torch.device = "cuda", dtype=torch.bfloat16):
