@@ -573,12 +573,7 @@ def main(args: argparse.Namespace) -> int:
     data = run(workloads)
     text = report.markdown(data)
     print(text)
-    if args.json:
-        report.write_json(args.json, data)
-        print(f"wrote {args.json}")
-    if args.markdown:
-        Path(args.markdown).write_text(text, encoding="utf-8")
-        print(f"wrote {args.markdown}")
+    report.write_reports(data, text, args.json, args.markdown)
     if args.png:
         _write_png(data, args.png, args.json)  # a missing matplotlib does not fail the run
     return 0
