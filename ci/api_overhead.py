@@ -18,7 +18,6 @@ import json
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import portattn
 from portattn.tools import bench
@@ -28,16 +27,8 @@ WORKLOADS = ("equal 2x8192 h16 d128", "skewed 32k h16 d128")
 
 def kernel_ms(fn) -> float:
     """CUDA time of the forward kernel per call (median-free: mean of 5 profiled calls)."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-    return (
-        sum(e.device_time_total for e in prof.key_averages() if e.key.startswith("attn_fwd_kernel"))
-        / 5e3
-    )
+    per_kernel = bench.profile_cuda_us(fn, 5)
+    return sum(us for name, us in per_kernel.items() if name.startswith("attn_fwd_kernel")) / 5e3
 
 
 def main() -> int:
@@ -73,8 +64,7 @@ def main() -> int:
         cells = [r.get(f"{n}_tf") for n in ("eager", "compiled", "kernel", bench.FLEX, bench.CUDNN)]
         print(f"| {r['workload']} | " + " | ".join("—" if c is None else f"{c:.0f}" for c in cells))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        bench.write_rows(args.json, rows)
     return 0
 
 

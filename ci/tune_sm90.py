@@ -25,9 +25,9 @@ import triton
 
 import portattn
 from portattn import configs
-from portattn.tools import check
-from portattn.tools.bench import skewed_lengths
 from portattn.configs import Tiles
+from portattn.tools import check
+from portattn.tools.bench import profile_cuda_us, skewed_lengths, write_rows
 
 # Rounds of variants, named by the docs/perf-notes.md row that records them. A variant is
 # (kernel, head_dim, overrides): overrides are KernelConfig fields (tiles as tuples, ``tma`` a
@@ -254,19 +254,8 @@ def timings(kernel: str, head_dim: int, causal: bool, forward_only: bool = False
 
 def profile_kernels(step) -> dict[str, float]:
     """Milliseconds of CUDA time per kernel name in one call of ``step`` (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-    return {
-        evt.key[:40]: round(evt.device_time_total / 3 / 1e3, 3)
-        for evt in prof.key_averages()
-        if evt.device_time_total > 0
-    }
+    per_kernel = profile_cuda_us(step, 3)
+    return {name[:40]: round(us / 3 / 1e3, 3) for name, us in per_kernel.items() if us > 0}
 
 
 def flops(head_dim: int, causal: bool) -> float:
@@ -329,8 +318,7 @@ def main() -> int:
             f"| {'yes' if not r['problems'] else r['problems']} |"
         )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        write_rows(args.json, rows)
     return 0
 
 

@@ -162,26 +162,15 @@ def varlen_fwd(
     return out, lse, _empty_o32(q) if out32 is None else out32
 
 
+# The ops' Python functions (fakes, autograd formula) get every argument by position: the
+# schemas have no keyword-only ones (trailing defaults may be left out). store_o32 is required.
+_STORE_O32 = 10  # its position in _FWD_SCHEMA
+
+
 @varlen_fwd.register_fake
-def _varlen_fwd_fake(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    causal,
-    softmax_scale,
-    kernel,
-    store_o32,
-    check_values=False,
-    block_table=None,
-    window_left=-1,
-    window_right=-1,
-    softcap=0.0,
-    sinks=None,
-):
+def _varlen_fwd_fake(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward's outputs as fake tensors: they follow q and ``store_o32`` alone."""
+    q, store_o32 = args[0], args[_STORE_O32]
     total_q, n_heads_q, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((total_q, n_heads_q), dtype=torch.float32, device=q.device)
@@ -226,25 +215,8 @@ def varlen_bwd(
 
 
 @varlen_bwd.register_fake
-def _varlen_bwd_fake(
-    dout,
-    q,
-    k,
-    v,
-    o_for_delta,
-    lse,
-    dlse,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    causal,
-    softmax_scale,
-    kernel,
-    window_left=-1,
-    window_right=-1,
-    softcap=0.0,
-):
+def _varlen_bwd_fake(dout, q, k, v, *_rest) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients as fake tensors: like q, k and v, whatever the other arguments."""
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -270,7 +242,6 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
 
 def _fwd_backward(ctx, dout, dlse, _dout32):
     q, k, v, o_for_delta, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
-    max_seqlen_q, max_seqlen_k, causal, scale, kernel = ctx.meta
     if ctx.paged:
         raise RuntimeError("portattn::varlen_fwd with a block_table (paged K/V) has no backward")
     if ctx.missing_o32:
@@ -295,11 +266,7 @@ def _fwd_backward(ctx, dout, dlse, _dout32):
         None if dlse is None else _last_dim_contiguous(dlse.float()),
         cu_seqlens_q,
         cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        causal,
-        scale,
-        kernel,
+        *ctx.meta,  # max_seqlen_q, max_seqlen_k, causal, softmax_scale, kernel: varlen_bwd's order
         *ctx.features,
     )
     return dq, dk, dv, *([None] * 13), dsinks

@@ -6,7 +6,10 @@ and the distributed demo); what is here is the tests' view of it: ``Pack`` in, `
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -17,6 +20,14 @@ from portattn.tools import harness
 HAS_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_GPU else "cpu"
 KERNELS = ("varlen", "fixed_order")
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
+
+
+def python_stdout(code: str) -> str:
+    """What ``python -c code`` prints, run in a new process from the checkout (a fresh import
+    of portattn, which this process has already done); a non-zero exit fails."""
+    run = [sys.executable, "-c", code]
+    return subprocess.run(run, cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
 def cu_seqlens(lengths: list[int], device=DEVICE) -> torch.Tensor:

@@ -43,6 +43,26 @@ def _capture(step):
     return graph, outputs
 
 
+def _assert_replays_are_eager(step, refill=None, replays: int = 1, written=()) -> None:
+    """Capture ``step``, then ``replays`` times: ``refill(i)`` puts new data in the captured
+    buffers, the graph replays, and what it gives (its outputs, and the tensors ``written``,
+    which ``step`` writes in place) must be the bytes of ``step()`` run eagerly on the same
+    data, from the same ``written`` contents."""
+    graph, outputs = _capture(step)
+    for i in range(replays):
+        if refill is not None:
+            refill(i)
+        before = [t.clone() for t in written]
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed = [t.clone() for t in (*outputs, *written)]
+        for t, saved in zip(written, before, strict=True):
+            t.copy_(saved)
+        eager = step()
+        for n, (got, want) in enumerate(zip(replayed, (*eager, *written), strict=True)):
+            assert torch.equal(got, want), (i, n)
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_decode_step_captures_and_replays_bitwise(kernel):
     lens = [513, 1, 64, 1000, 17]  # the replays keep the total (the buffers' sizes)
@@ -96,11 +116,7 @@ def test_forward_backward_captures(kernel):
         out = portattn.varlen_attention(q, k, v, cu, cu, 256, 256, causal=True, kernel=kernel)
         return torch.autograd.grad(out, (q, k, v), dout)
 
-    graph, grads = _capture(step)
-    graph.replay()
-    torch.cuda.synchronize()
-    for got, want in zip(grads, step()):
-        assert torch.equal(got, want)
+    _assert_replays_are_eager(step)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -142,21 +158,14 @@ def test_kvcache_decode_step_captures_and_replays_bitwise(kernel, layout):
             **extra,
         )
 
-    graph, (out, lse) = _capture(step)
-    for replay in range(100):
+    def refill(replay: int) -> None:
         q.copy_(rand(batch, 1, HQ, D))
         k_new.copy_(rand(batch, 1, HKV, D))
         v_new.copy_(rand(batch, 1, HKV, D))
         seqlens.copy_(torch.tensor([(n + 37 * replay) % 1280 for n in base]))
-        cache_before = (k_cache.clone(), v_cache.clone())
-        graph.replay()
-        torch.cuda.synchronize()
-        replayed = (out.clone(), lse.clone(), k_cache.clone(), v_cache.clone())
-        k_cache.copy_(cache_before[0])
-        v_cache.copy_(cache_before[1])
-        ref_out, ref_lse = step()  # eager, on the same data (re-appends the same rows)
-        assert torch.equal(replayed[0], ref_out) and torch.equal(replayed[1], ref_lse), replay
-        assert torch.equal(replayed[2], k_cache) and torch.equal(replayed[3], v_cache), replay
+
+    # The eager step re-appends the same rows to the caches as they were before the replay.
+    _assert_replays_are_eager(step, refill, 100, written=(k_cache, v_cache))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -189,13 +198,10 @@ def test_paged_varlen_captures(kernel):
             block_table=table,
         )
 
-    graph, (out, lse) = _capture(step)
-    for seed in range(5):
+    def refill(seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
         q.copy_(torch.randn(batch, HQ, D, generator=g).to(torch.bfloat16))
         table.copy_(torch.randperm(n_pages, generator=g)[: batch * 8].view(batch, 8))
         cu_k.copy_(cu_seqlens(torch.randint(1, 129, (batch,), generator=g).tolist(), "cuda"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref_out, ref_lse = step()
-        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+    _assert_replays_are_eager(step, refill, 5)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import python_stdout
 
 import portattn
 from portattn import configs, families
@@ -17,7 +15,6 @@ from portattn.configs import DTYPES, HEAD_DIMS, INTERPRETER, KERNELS, KernelConf
 from portattn.families import FAMILIES, family_from_properties, nearest_family
 from portattn.tools import compilecheck
 
-ROOT = Path(__file__).resolve().parents[1]
 AMD_KNOBS = {"waves_per_eu", "matrix_instr_nonkdim", "kpack"}
 CUDA_FAMILIES = ("sm80", "sm90")
 HIP_FAMILIES = ("cdna2", "cdna3", "cdna4")
@@ -283,10 +280,7 @@ def test_import_builds_no_table():
         "import portattn, portattn.configs as c, portattn.families as f; "
         "print(c.config_table.cache_info().currsize, f._family_of_index.cache_info().currsize)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.split() == ["0", "0"]
+    assert python_stdout(code).split() == ["0", "0"]
 
 
 def test_family_accepts_device_forms(monkeypatch):

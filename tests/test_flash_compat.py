@@ -15,15 +15,9 @@ import portattn
 _EMPTY = inspect.Parameter.empty
 
 # flash-attn 2.8 (flash_attn/flash_attn_interface.py): positional parameters and defaults, in
-# order. window_size (-1, -1) means no window; softcap 0.0 means off.
-FLASH_ATTN_VARLEN_FUNC = [
-    ("q", _EMPTY),
-    ("k", _EMPTY),
-    ("v", _EMPTY),
-    ("cu_seqlens_q", _EMPTY),
-    ("cu_seqlens_k", _EMPTY),
-    ("max_seqlen_q", _EMPTY),
-    ("max_seqlen_k", _EMPTY),
+# order. Both functions take q, k, v first and the same options after their own tensors.
+# window_size (-1, -1) means no window; softcap 0.0 means off.
+_OPTIONS = [
     ("dropout_p", 0.0),
     ("softmax_scale", None),
     ("causal", False),
@@ -32,21 +26,20 @@ FLASH_ATTN_VARLEN_FUNC = [
     ("alibi_slopes", None),
     ("deterministic", False),
     ("return_attn_probs", False),
+]
+
+
+def _required(*names: str) -> list[tuple[str, object]]:
+    """Parameters without a default, in order."""
+    return [(name, _EMPTY) for name in names]
+
+
+FLASH_ATTN_VARLEN_FUNC = [
+    *_required("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
+    *_OPTIONS,
     ("block_table", None),
 ]
-FLASH_ATTN_FUNC = [
-    ("q", _EMPTY),
-    ("k", _EMPTY),
-    ("v", _EMPTY),
-    ("dropout_p", 0.0),
-    ("softmax_scale", None),
-    ("causal", False),
-    ("window_size", (-1, -1)),
-    ("softcap", 0.0),
-    ("alibi_slopes", None),
-    ("deterministic", False),
-    ("return_attn_probs", False),
-]
+FLASH_ATTN_FUNC = [*_required("q", "k", "v"), *_OPTIONS]
 
 LENS_Q = [9, 0, 17, 1]
 LENS_K = [9, 4, 25, 0]

@@ -174,9 +174,45 @@ def _ws_tiles(cfg: configs.KernelConfig, head_dim: int) -> configs.Tiles:
     return dataclasses.replace(cfg.fwd, block_m=128, num_warps=8)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("causal", [True, False])
+# The warp-specialised kernels' GPU packs: odd lengths, an empty query sequence and an empty key
+# sequence (the last), more queries than keys and the reverse, sequences of many tiles.
+WS_LENS_Q = [300, 1, 0, 513, 1000, 17, 63, 113, 40]
+WS_LENS_K = [280, 700, 5, 513, 1000, 17, 63, 2000, 0]
+
+
+# Per field: the launchers' choice of its warp-specialised kernel (problem, rows aligned).
+_WS_SELECTED = {
+    "fwd_ws": forward.use_warp_specialized,
+    "bwd_ws": backward.use_warp_specialized_dkdv,
+    "dq_ws": backward.use_warp_specialized_dq,
+}
+
+
+def _ws_gpu_matrix(test):
+    """The warp-specialised kernels' GPU tests: each case in both dtypes, causal and not."""
+    test = pytest.mark.parametrize("causal", [True, False])(test)
+    test = pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])(
+        test
+    )
+    return pytest.mark.gpu(test)
+
+
+def _assert_ws_same_bits_as_triton(p, kernel, causal, override_entry, field, fields):
+    """The sm90 entry of ``kernel`` at p's head dim and dtype, with ``fields`` and ``field``
+    off, then on: on, the launcher picks the warp-specialised kernel, the accuracy rule holds
+    and the bits are those of the Triton kernel."""
+    head_dim, dtype = p.q.shape[-1], p.q.dtype
+    override_entry(kernel, head_dim, dtype, **{field: False}, **fields)
+    triton_bits = run_kernel(p, kernel, causal=causal)
+    override_entry(kernel, head_dim, dtype, **{field: True}, **fields)
+    cfg = configs.get_config("sm90", kernel, head_dim, dtype)
+    read = (p.q, p.k, p.v) if field == "fwd_ws" else (p.q, p.k, p.v, p.do)  # the backward: dO
+    assert _WS_SELECTED[field](_problem(p, kernel, cfg), rows_aligned(*read))
+    assert_accurate(p, kernel, causal=causal)
+    assert_bitwise_equal(run_kernel(p, kernel, causal=causal), triton_bits)
+
+
+@_ws_gpu_matrix
 @pytest.mark.parametrize(
     "kernel, head_dim", [("varlen", 128), ("fixed_order", 128), ("varlen", 64)]
 )
@@ -187,24 +223,10 @@ def test_fwd_ws_same_bits_as_triton_gpu(kernel, head_dim, causal, dtype, overrid
     sequences of many key tiles (the ring wraps), split-P for fixed_order."""
     if _gpu_family() != "sm90":
         pytest.skip("the warp-specialised forward is a Hopper kernel")
-    p = make_pack(
-        [300, 1, 0, 513, 1000, 17, 63, 113],
-        [280, 700, 5, 513, 1000, 17, 63, 2000],
-        8,
-        2,
-        head_dim,
-        dtype,
-        seed=99,
-    )
+    p = make_pack(WS_LENS_Q[:8], WS_LENS_K[:8], 8, 2, head_dim, dtype, seed=99)
     tiles = _ws_tiles(configs.get_config("sm90", kernel, head_dim, dtype), head_dim)
-    tma = configs.TMA_KERNELS
-    override_entry(kernel, head_dim, dtype, fwd=tiles, tma=tma, fwd_ws=False)
-    triton_bits = run_kernel(p, kernel, causal=causal)
-    override_entry(kernel, head_dim, dtype, fwd=tiles, tma=tma, fwd_ws=True)
-    cfg = configs.get_config("sm90", kernel, head_dim, dtype)
-    assert forward.use_warp_specialized(_problem(p, kernel, cfg), rows_aligned(p.q, p.k, p.v))
-    assert_accurate(p, kernel, causal=causal)
-    assert_bitwise_equal(run_kernel(p, kernel, causal=causal), triton_bits)
+    fields = dict(fwd=tiles, tma=configs.TMA_KERNELS)
+    _assert_ws_same_bits_as_triton(p, kernel, causal, override_entry, "fwd_ws", fields)
 
 
 def test_fwd_ws_falls_back_under_interpreter_cpu(override_entry):
@@ -224,9 +246,7 @@ def test_fwd_ws_falls_back_under_interpreter_cpu(override_entry):
 # ``bwd_ws``: dK/dV as the warp-specialised Gluon kernel (Hopper), with the same tiles.
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("causal", [True, False])
+@_ws_gpu_matrix
 @pytest.mark.parametrize(
     "kernel, head_dim, tiles",
     [
@@ -243,34 +263,17 @@ def test_bwd_ws_same_bits_as_triton_gpu(kernel, head_dim, tiles, causal, dtype, 
     skips or masks, split-P for fixed_order."""
     if _gpu_family() != "sm90":
         pytest.skip("the warp-specialised dK/dV kernel is a Hopper kernel")
-    p = make_pack(
-        [300, 1, 0, 513, 1000, 17, 63, 113, 40],
-        [280, 700, 5, 513, 1000, 17, 63, 2000, 0],
-        8,
-        2,
-        head_dim,
-        dtype,
-        seed=97,
-    )
+    p = make_pack(WS_LENS_Q, WS_LENS_K, 8, 2, head_dim, dtype, seed=97)
     fields = dict(
         bwd_dkdv=configs.Tiles(*tiles), dkdv_passes=1, bwd_dv=None, tma=configs.TMA_KERNELS
     )
-    override_entry(kernel, head_dim, dtype, bwd_ws=False, **fields)
-    triton_bits = run_kernel(p, kernel, causal=causal)
-    override_entry(kernel, head_dim, dtype, bwd_ws=True, **fields)
-    cfg = configs.get_config("sm90", kernel, head_dim, dtype)
-    problem, aligned = _problem(p, kernel, cfg), rows_aligned(p.q, p.k, p.v, p.do)
-    assert backward.use_warp_specialized_dkdv(problem, aligned)
-    assert_accurate(p, kernel, causal=causal)
-    assert_bitwise_equal(run_kernel(p, kernel, causal=causal), triton_bits)
+    _assert_ws_same_bits_as_triton(p, kernel, causal, override_entry, "bwd_ws", fields)
 
 
 # ``dq_ws``: dQ as the warp-specialised Gluon kernel (Hopper), with the same tiles.
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("causal", [True, False])
+@_ws_gpu_matrix
 @pytest.mark.parametrize(
     "kernel, head_dim", [("varlen", 128), ("varlen", 64), ("fixed_order", 128)]
 )
@@ -281,24 +284,9 @@ def test_dq_ws_same_bits_as_triton_gpu(kernel, head_dim, causal, dtype, override
     many key tiles (the ring wraps), split-P for fixed_order."""
     if _gpu_family() != "sm90":
         pytest.skip("the warp-specialised dQ kernel is a Hopper kernel")
-    p = make_pack(
-        [300, 1, 0, 513, 1000, 17, 63, 113, 40],
-        [280, 700, 5, 513, 1000, 17, 63, 2000, 0],
-        8,
-        2,
-        head_dim,
-        dtype,
-        seed=89,
-    )
+    p = make_pack(WS_LENS_Q, WS_LENS_K, 8, 2, head_dim, dtype, seed=89)
     fields = dict(bwd_dq=configs.Tiles(128, 64, 8, 3), tma=configs.TMA_KERNELS)
-    override_entry(kernel, head_dim, dtype, dq_ws=False, **fields)
-    triton_bits = run_kernel(p, kernel, causal=causal)
-    override_entry(kernel, head_dim, dtype, dq_ws=True, **fields)
-    cfg = configs.get_config("sm90", kernel, head_dim, dtype)
-    problem, aligned = _problem(p, kernel, cfg), rows_aligned(p.q, p.k, p.v, p.do)
-    assert backward.use_warp_specialized_dq(problem, aligned)
-    assert_accurate(p, kernel, causal=causal)
-    assert_bitwise_equal(run_kernel(p, kernel, causal=causal), triton_bits)
+    _assert_ws_same_bits_as_triton(p, kernel, causal, override_entry, "dq_ws", fields)
 
 
 @pytest.mark.parametrize("field", ["bwd_ws", "dq_ws"])
@@ -320,30 +308,23 @@ def test_bwd_ws_falls_back_under_interpreter_cpu(field, override_entry):
     assert_bitwise_equal(run_kernel(p, "varlen", causal=True), plain)
 
 
-# Per field: the Gluon kernel, its ``supports``, the stage whose tiles it takes, what else the
-# entry must say, and tiles it must refuse (one ring slot would hang; other shapes, head dims).
+# Per field: the Gluon kernel, its ``supports``, the stage whose tiles it takes (by the same
+# name in ``tma``: the entry must read them through descriptors) and the field that must be 1
+# there (one pass; None: that stage has none); tiles the kernel is written for (at d128); and
+# tiles it must refuse, with their head dim (one ring slot would hang; other shapes, head dims).
 _WS_FIELDS = {
     "fwd_ws": (
-        lambda: forward.attn_fwd_ws_kernel,
-        ws_supports,
-        "fwd",
-        lambda cfg: "fwd" in cfg.tma and cfg.fwd_chunks == 1,
+        (forward.attn_fwd_ws_kernel, ws_supports, "fwd", "fwd_chunks"),
         (128, 128, 8, 2),
         [((128, 128, 8, 1), 128), ((64, 64, 4, 3), 128), ((128, 128, 8, 3), 96)],
     ),
     "bwd_ws": (
-        lambda: backward.attn_bwd_dkdv_ws_kernel,
-        dkdv_ws_supports,
-        "bwd_dkdv",
-        lambda cfg: "bwd_dkdv" in cfg.tma and cfg.dkdv_passes == 1,
+        (backward.attn_bwd_dkdv_ws_kernel, dkdv_ws_supports, "bwd_dkdv", "dkdv_passes"),
         (64, 128, 8, 2),
         [((64, 128, 8, 1), 128), ((32, 64, 4, 3), 128), ((64, 128, 8, 2), 96)],
     ),
     "dq_ws": (
-        lambda: backward.attn_bwd_dq_ws_kernel,
-        dq_ws_supports,
-        "bwd_dq",
-        lambda cfg: "bwd_dq" in cfg.tma,
+        (backward.attn_bwd_dq_ws_kernel, dq_ws_supports, "bwd_dq", None),
         (128, 64, 8, 3),
         [((128, 64, 8, 1), 128), ((128, 32, 8, 3), 128), ((128, 64, 8, 3), 96)],
     ),
@@ -356,15 +337,16 @@ def test_ws_entries_are_supported(field):
     kernel's tiles through descriptors (in one program per tile, one pass), with tiles the
     kernel is written for: else the launcher would quietly run the Triton kernel. Checked in
     the table of every supported Triton version (a later one may select fewer of them)."""
-    kernel_fn, supports, stage, entry_ok, accepted, refused = _WS_FIELDS[field]
-    assert kernel_fn() is not None  # Triton >= 3.6 (CI pins 3.6): Gluon is there
+    (ws_kernel, supports, stage, one_pass), accepted, refused = _WS_FIELDS[field]
+    assert ws_kernel is not None  # Triton >= 3.6 (CI pins 3.6): Gluon is there
     for version in configs.table_versions():
         selected = 0
         for (family, kernel, head_dim, _), cfg in configs.table_for(version).items():
             if getattr(cfg, field):
                 selected += 1
                 where = (version, family, kernel, head_dim)
-                assert family == "sm90" and entry_ok(cfg), where
+                assert family == "sm90" and stage in cfg.tma, where
+                assert one_pass is None or getattr(cfg, one_pass) == 1, where
                 assert supports(getattr(cfg, stage), head_dim), where
         assert selected or version > configs.SUPPORTED_TRITON[0], field  # the base table has it
     assert supports(configs.Tiles(*accepted), 128)

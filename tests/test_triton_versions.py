@@ -4,17 +4,14 @@ the configuration table (``portattn.configs``)."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT, python_stdout
 
 from portattn import configs
 from portattn.families import FAMILIES
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 
 
@@ -105,10 +102,8 @@ def test_import_checks_no_version():
         "import triton; triton.__version__ = '3.5.0'; import portattn, portattn.configs as c\n"
         "try:\n    c.config_table()\nexcept c.UnsupportedTritonError as e:\n    print('raised', e)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.startswith("raised") and "3.5.0" in out.stdout
+    out = python_stdout(code)
+    assert out.startswith("raised") and "3.5.0" in out
 
 
 def test_pyproject_states_the_range():

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import random
 import shlex
 import subprocess
@@ -318,6 +319,26 @@ def gpu_timer(
     return ms, peak / 2**30, resident / 2**30
 
 
+def profile_cuda_us(step: Step, calls: int) -> dict[str, float]:
+    """CUDA microseconds of each kernel (by name) over ``calls`` calls of ``step``, after one
+    call outside the profile (``torch.profiler``; the CI scripts' per-kernel times)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    return {evt.key: evt.device_time_total for evt in prof.key_averages()}
+
+
+def write_rows(path: str, rows: list[dict[str, Any]]) -> None:
+    """The CI scripts' ``--json``: their rows, in order, as JSON indented by one space."""
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def make_inputs(w: Workload, device: str | torch.device = "cuda", dtype=torch.bfloat16):
     """Packed q [T, Hq, D], k and v [T, Hkv, D] (seeded normal), and int32 cu_seqlens."""
     total = sum(w.lengths)
@@ -552,12 +573,7 @@ def main(args: argparse.Namespace) -> int:
     data = run(workloads)
     text = report.markdown(data)
     print(text)
-    if args.json:
-        report.write_json(args.json, data)
-        print(f"wrote {args.json}")
-    if args.markdown:
-        Path(args.markdown).write_text(text, encoding="utf-8")
-        print(f"wrote {args.markdown}")
+    report.write_reports(data, text, args.json, args.markdown)
     if args.png:
         _write_png(data, args.png, args.json)  # a missing matplotlib does not fail the run
     return 0

@@ -579,11 +579,6 @@ def main(args: argparse.Namespace) -> int:
         return 2
     data = run_decode(workloads)
     text = markdown(data)
-    if args.json:
-        report.write_json(args.json, data)
-        print(f"wrote {args.json}")
-    if args.markdown:
-        Path(args.markdown).write_text(text, encoding="utf-8")
-        print(f"wrote {args.markdown}")
+    report.write_reports(data, text, args.json, args.markdown)
     print(short_table(data))
     return 0

@@ -55,6 +55,19 @@ def write_json(path: str | Path, data: dict[str, Any]) -> None:
     Path(path).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def write_reports(
+    data: dict[str, Any], text: str, json_path: str | None, markdown_path: str | None
+) -> None:
+    """A run's ``--json`` (``data``, :func:`write_json`) and ``--markdown`` (``text``), each
+    written where a path is given, then ``wrote PATH`` printed."""
+    if json_path:
+        write_json(json_path, data)
+        print(f"wrote {json_path}")
+    if markdown_path:
+        Path(markdown_path).write_text(text, encoding="utf-8")
+        print(f"wrote {markdown_path}")
+
+
 def load_json(path: str | Path) -> dict[str, Any]:
     """Read a file written by :func:`write_json`. Rows of earlier versions of the tool, which
     called the pass ``pass_`` and had no ``error`` field, are read as well."""

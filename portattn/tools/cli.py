@@ -12,6 +12,7 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 
 def _gpu_present() -> bool:
@@ -72,32 +73,50 @@ def _cmd_golden(args: argparse.Namespace) -> int:
     return golden_main(args)
 
 
+def _add_command(
+    sub: argparse._SubParsersAction,
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    *,
+    help: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """The sub-command ``python -m portattn <name>``, which runs ``func(args)``."""
+    p = sub.add_parser(name, help=help, description=description)
+    p.set_defaults(func=func)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m portattn",
         description="portattn: portable, bitwise-deterministic attention kernels in Triton.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    p_check = sub.add_parser(
+    p_check = _add_command(
+        sub,
         "check",
+        _cmd_check,
         help="detect the device and check a small case of each kernel against float64",
         description="Detect the device and family, run a small forward+backward case of each "
         "kernel against the float64 reference and print a short report. Without a GPU the "
         "kernels run under Triton's interpreter (float16), and the report says so.",
     )
     p_check.add_argument("-v", "--verbose", action="store_true", help="print every error figure")
-    p_check.set_defaults(func=_cmd_check)
-    p_compile = sub.add_parser(
+    p_compile = _add_command(
+        sub,
         "compile",
+        _cmd_compile,
         help="compile every configuration for every GPU family on this machine and check it",
         description="Ahead-of-time compile check: see portattn.tools.compilecheck.",
     )
     from portattn.tools.compilecheck import add_arguments
 
     add_arguments(p_compile)
-    p_compile.set_defaults(func=_cmd_compile)
-    p_bench = sub.add_parser(
+    p_bench = _add_command(
+        sub,
         "bench",
+        _cmd_bench,
         help="time both kernels against SDPA and FlexAttention on the GPU (TFLOP/s, ratios)",
         description="Benchmark portattn's kernels against SDPA (cuDNN, flash) and "
         "FlexAttention on packed bfloat16 workloads (docs/performance.md): prints a markdown "
@@ -107,9 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     from portattn.tools.bench import add_arguments as add_bench_arguments
 
     add_bench_arguments(p_bench)
-    p_bench.set_defaults(func=_cmd_bench)
-    p_golden = sub.add_parser(
+    p_golden = _add_command(
+        sub,
         "golden",
+        _cmd_golden,
         help="verify / refresh the golden output hashes of this GPU's family (docs/golden.md)",
         description="Golden output hashes per GPU family: verify them bitwise on this GPU, "
         "refresh them, or check the compile fingerprints beside them (CPU).",
@@ -117,7 +137,6 @@ def build_parser() -> argparse.ArgumentParser:
     from portattn.tools.golden.cli import add_arguments as add_golden_arguments
 
     add_golden_arguments(p_golden)
-    p_golden.set_defaults(func=_cmd_golden)
     return parser
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -57,22 +58,29 @@ def hardware_problem(hw: Hardware, requested: str | None) -> str | None:
     return None
 
 
-def cmd_verify(args: argparse.Namespace, hw: Hardware | None = None) -> int:
-    """``golden verify``; ``hw`` replaces the detected hardware (tests inject it)."""
+def _usable_hardware(action: str, args: argparse.Namespace, hw: Hardware | None) -> Hardware | None:
+    """``hw`` (default: the detected hardware) when ``golden <action>`` can run on it, else
+    None, once the reason is said."""
     hw = hw or detect_hardware()
     problem = hardware_problem(hw, args.family)
     if problem:
-        say(f"golden verify: {problem}")
+        say(f"golden {action}: {problem}")
+        return None
+    return hw
+
+
+def cmd_verify(args: argparse.Namespace, hw: Hardware | None = None) -> int:
+    """``golden verify``; ``hw`` replaces the detected hardware (tests inject it)."""
+    hw = _usable_hardware("verify", args, hw)
+    if hw is None:
         return 2
     return run_verify(hw.family, hw.device, args.golden_dir or default_golden_dir(), args.case)
 
 
 def cmd_refresh(args: argparse.Namespace, hw: Hardware | None = None) -> int:
     """``golden refresh``; ``hw`` replaces the detected hardware (tests inject it)."""
-    hw = hw or detect_hardware()
-    problem = hardware_problem(hw, args.family)
-    if problem:
-        say(f"golden refresh: {problem}")
+    hw = _usable_hardware("refresh", args, hw)
+    if hw is None:
         return 2
     return run_refresh(
         hw.family,
@@ -91,6 +99,21 @@ def cmd_fingerprints(args: argparse.Namespace) -> int:
 
     families = args.family or list(FAMILIES)
     return run_fingerprints(families, args.golden_dir or default_golden_dir(), args.update)
+
+
+def _add_action(
+    sub: argparse._SubParsersAction,
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    parent: argparse.ArgumentParser,
+    *,
+    help: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """The sub-command ``golden <name>``, with ``parent``'s arguments, that runs ``func(args)``."""
+    p = sub.add_parser(name, parents=[parent], help=help, description=description)
+    p.set_defaults(golden_func=func)
+    return p
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,19 +137,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--case", action="append", metavar="NAME", help="only this case (repeatable; default: all)"
     )
 
-    p = sub.add_parser(
+    _add_action(
+        sub,
         "verify",
-        parents=[on_gpu],
+        cmd_verify,
+        on_gpu,
         help="run the recorded cases on this GPU and compare bitwise",
         description="Exit 0: every case matches; 1: a mismatch (the report names "
         "case, tensor, sequence, head and the error vs float64); 2: nothing to "
         "compare (no GPU, wrong family, no golden for this toolchain, stale).",
     )
-    p.set_defaults(golden_func=cmd_verify)
 
-    p = sub.add_parser(
+    p = _add_action(
+        sub,
         "refresh",
-        parents=[on_gpu],
+        cmd_refresh,
+        on_gpu,
         help="record the canonical cases' hashes on this GPU into golden/",
         description="Runs every canonical case on this GPU and merges the hashes "
         "into golden/<family>.json under a file lock (temp file + os.replace). "
@@ -145,11 +171,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not compile the family's fingerprints (outputs recorded without)",
     )
-    p.set_defaults(golden_func=cmd_refresh)
 
-    p = sub.add_parser(
+    p = _add_action(
+        sub,
         "fingerprints",
-        parents=[common],
+        cmd_fingerprints,
+        common,
         help="check (or --update) the compile fingerprints in golden/ (CPU)",
         description="Compiles every configuration of each family with Triton and "
         "compares the machine-code fingerprints with golden/<family>.json (exit 1 "
@@ -163,7 +190,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="family (repeatable; default: all)",
     )
     p.add_argument("--update", action="store_true", help="store the current fingerprints")
-    p.set_defaults(golden_func=cmd_fingerprints)
 
 
 def main(args: argparse.Namespace) -> int:
