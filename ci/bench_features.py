@@ -62,19 +62,11 @@ def impls(cu: torch.Tensor, longest: int, left: int):
     if fa4 is not None:
         fa_window = (left, 0) if left >= 0 else (None, None)
 
+        pack = {"cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": longest}
+        options = dict(pack, max_seqlen_k=longest, window_size=fa_window)
+
         def peer(q, k, v):
-            o = fa4(
-                q,
-                k,
-                v,
-                cu_seqlens_q=cu,
-                cu_seqlens_k=cu,
-                max_seqlen_q=longest,
-                max_seqlen_k=longest,
-                causal=True,
-                window_size=fa_window,
-                deterministic=True,
-            )
+            o = fa4(q, k, v, causal=True, deterministic=True, **options)
             return o[0] if isinstance(o, tuple) else o
 
         out["FA4 deterministic"] = peer

@@ -12,15 +12,7 @@ FAMILY=${1:-sm80}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PORTATTN_FAMILY_OVERRIDE=$FAMILY
-summary=()
-step() {  # step NAME SECONDS CMD...
-  local name=$1 limit=$2; shift 2
-  local t0=$(date +%s)
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-10s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
-  return $rc
-}
+source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 step probe 120 python3 ci/family_override_probe.py; rc_probe=$?
 tail -n 30 "$OUT/probe.log"
 if [ "$rc_probe" = 0 ]; then

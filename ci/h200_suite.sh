@@ -13,15 +13,7 @@ if ! python3 -c "import nox" 2>/dev/null && [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PWD:/tmp/site
 fi
-summary=()
-step() {  # step NAME SECONDS CMD...
-  local name=$1 limit=$2; shift 2
-  local t0=$(date +%s)
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-10s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
-  return $rc
-}
+source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >>"$OUT/device.txt"
 step pytest "${PYTEST_LIMIT:-330}" python3 -m pytest tests -q -n 8 -p no:cacheprovider \
