@@ -34,7 +34,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     tma,
-    warpgroup_mma,
     warpgroup_mma_wait,
 )
 
@@ -50,8 +49,6 @@ from portattn.kernels.primitives import (
     tile_index,
     visible_mask,
 )
-
-GROUP_KEYS = ws.GROUP_ROWS  # key rows per consumer warp group
 
 
 def dkdv_ws_supports(tiles: Tiles, head_dim: int) -> bool:
@@ -123,12 +120,9 @@ def _tile(i_it, m_start, b_dk, b_dv, k_tile, v_tile, o_k, st, MASKED: gl.constex
     ws.wait_filled(st.ready_bars, i_it, st.STAGES)
     q_tile = st.q_ring.index(slot).reshape([BLOCK_M, HEAD_DIM])
     do_tile = st.do_ring.index(slot).reshape([BLOCK_M, HEAD_DIM])
-    b_zero = gl.zeros([GROUP_KEYS, BLOCK_M], gl.float32, layout=s_layout)
-    b_sT = warpgroup_mma(k_tile, q_tile.permute((1, 0)), b_zero, use_acc=False,
-                         is_async=True)  # [64, BLOCK_M]
-    b_dpT = warpgroup_mma(v_tile, do_tile.permute((1, 0)), b_zero, use_acc=False,
-                          is_async=True)  # [64, BLOCK_M]
-    b_sT = warpgroup_mma_wait(1, deps=(b_sT,))  # K Q^T done, V dO^T may run on
+    b_zero = gl.zeros([ws.GROUP_ROWS, BLOCK_M], gl.float32, layout=s_layout)
+    # K Q^T, and V dO^T that runs on: [64, BLOCK_M] each
+    b_sT, b_dpT = ws.issue_scores_dp(k_tile, q_tile, v_tile, do_tile, b_zero)
     if MASKED:
         # Causal, always: only causal programs have masked tiles (``query_range`` gives none
         # without CAUSAL; keys past the sequence end are never stored). dq_ws.py, whose masked
@@ -159,24 +153,24 @@ def _consume(GROUP: gl.constexpr, st):
     s_layout: gl.constexpr = ws.acc_layout(BLOCK_M)
     acc_layout: gl.constexpr = ws.acc_layout(st.HEAD_DIM)
     op_layout: gl.constexpr = ws.operand_layout(acc_layout)
-    n_group = st.n_start + GROUP * GROUP_KEYS
+    n_group = st.n_start + GROUP * ws.GROUP_ROWS
     # Of each head's n_tiles query tiles (from m_lo on): the first n_skip see none of this
     # group's keys (they add exact zeros in the Triton kernel), the next n_masked straddle the
     # diagonal, the rest see all of them. Separate loops, so the mask's registers are not
     # live in the unmasked loop (one loop with a branch spilled).
-    m_lo_g, m_full_g = query_range(n_group, st.seqlen_q, st.diag, BLOCK_M, GROUP_KEYS,
+    m_lo_g, m_full_g = query_range(n_group, st.seqlen_q, st.diag, BLOCK_M, ws.GROUP_ROWS,
                                    st.CAUSAL)
     n_skip = (m_lo_g - st.m_lo) // BLOCK_M
     n_masked = (m_full_g - m_lo_g + BLOCK_M - 1) // BLOCK_M
     if n_group >= st.seqlen_k:  # every key of this group past the sequence end: skip all
         n_skip = st.n_tiles
         n_masked = 0
-    o_k = n_group + gl.arange(0, GROUP_KEYS, layout=gl.SliceLayout(1, s_layout))
+    o_k = n_group + gl.arange(0, ws.GROUP_ROWS, layout=gl.SliceLayout(1, s_layout))
     k_tile = st.k_smem.index(GROUP)  # [64, HEAD_DIM]
     v_tile = st.v_smem.index(GROUP)
 
-    b_dk = gl.zeros([GROUP_KEYS, st.HEAD_DIM], gl.float32, layout=acc_layout)
-    b_dv = gl.zeros([GROUP_KEYS, st.HEAD_DIM], gl.float32, layout=acc_layout)
+    b_dk = gl.zeros([ws.GROUP_ROWS, st.HEAD_DIM], gl.float32, layout=acc_layout)
+    b_dv = gl.zeros([ws.GROUP_ROWS, st.HEAD_DIM], gl.float32, layout=acc_layout)
     mbarrier.wait(st.kv_bar, 0)
     i_it = 0  # ring iteration: (head, query tile) in the producer's order
     for _head in range(st.group):
@@ -209,8 +203,8 @@ def _store_group(b_dk, b_dv, st, GROUP: gl.constexpr, acc_layout: gl.constexpr):
     i_b, i_n = tile_index(st.batch, False)
     i_hk = gl.program_id(1).to(gl.int64)
     bos_k, seqlen_k = seq_bounds(st.cu_seqlens_k, i_b)
-    n_group = i_n * (2 * GROUP_KEYS) + GROUP * GROUP_KEYS
-    _, o_d, o_rows, m_kd = ws.tile_rows(n_group, bos_k, seqlen_k, GROUP_KEYS, st.HEAD_DIM,
+    n_group = i_n * (2 * ws.GROUP_ROWS) + GROUP * ws.GROUP_ROWS
+    _, o_d, o_rows, m_kd = ws.tile_rows(n_group, bos_k, seqlen_k, ws.GROUP_ROWS, st.HEAD_DIM,
                                         acc_layout)
     p_dk = st.dk + o_rows * st.stride_dkt + i_hk * st.stride_dkh + o_d[None, :]
     gl.store(p_dk, (b_dk * st.scale).to(st.dk.dtype.element_ty), mask=m_kd)
@@ -226,7 +220,7 @@ def _producer(st):
     mbarrier.expect(st.kv_bar,
                     2 * st.k_desc.block_type.nbytes + 2 * st.v_desc.block_type.nbytes)
     for g in gl.static_range(2):
-        n_g = st.n_start + g * GROUP_KEYS
+        n_g = st.n_start + g * ws.GROUP_ROWS
         ws.tma_load(st.k_desc, [n_g, 0], st.kv_bar, st.k_smem.index(g))
         ws.tma_load(st.v_desc, [n_g, 0], st.kv_bar, st.v_smem.index(g))
     n_bytes: gl.constexpr = (st.q_desc.block_type.nbytes + st.do_desc.block_type.nbytes
@@ -268,7 +262,7 @@ def attn_bwd_dkdv_ws_kernel(
     one pass; ``BLOCK_N`` = 128 (two consumer groups of 64 key rows), ``STAGES`` ring slots of
     ``BLOCK_M`` query rows. lse2 and delta are the preprocess kernel's padded head-major
     buffers (``head_major_start``)."""
-    gl.static_assert(BLOCK_N == 2 * GROUP_KEYS)
+    gl.static_assert(BLOCK_N == 2 * ws.GROUP_ROWS)
     i_b, i_n = tile_index(batch, False)
     i_hk = gl.program_id(1)
     bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
@@ -286,9 +280,9 @@ def attn_bwd_dkdv_ws_kernel(
                                                rank=3)
     smem_row: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32,
                                                   rank=2)
-    # The program's keys, two tiles of GROUP_KEYS rows (one per consumer group), copied once.
+    # The program's keys, two tiles of ws.GROUP_ROWS rows (one per consumer group), copied once.
     k_desc, k_smem, v_desc, v_smem = ws.kv_rings(k, v, bos_k, i_hk, seqlen_k, stride_kt,
-                                                 stride_kh, stride_vt, stride_vh, GROUP_KEYS,
+                                                 stride_kh, stride_vt, stride_vh, ws.GROUP_ROWS,
                                                  HEAD_DIM, 2)
     # Q and dO rows of the sequence, any head of the group: [seqlen_q, Hq, HEAD_DIM].
     q_desc = tma.make_tensor_descriptor(

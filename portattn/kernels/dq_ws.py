@@ -32,7 +32,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     tma,
-    warpgroup_mma,
     warpgroup_mma_wait,
 )
 
@@ -46,8 +45,6 @@ from portattn.kernels.primitives import (
     recompute_p,
     visible_mask,
 )
-
-GROUP_ROWS = ws.GROUP_ROWS  # query rows per consumer warp group
 
 
 def dq_ws_supports(tiles: Tiles, head_dim: int) -> bool:
@@ -113,12 +110,9 @@ def _key_tile(i_tile, b_dq, q_tile, do_tile, o_q, b_lse2, b_delta, st, MASKED: g
     ws.wait_filled(st.kv_bars, i_tile, st.STAGES)
     k_tile = st.k_ring.index(slot)  # [BLOCK_N, HEAD_DIM]
     v_tile = st.v_ring.index(slot)
-    b_zero = gl.zeros([GROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    b_s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), b_zero, use_acc=False,
-                        is_async=True)  # [64, BLOCK_N]
-    b_dp = warpgroup_mma(do_tile, v_tile.permute((1, 0)), b_zero, use_acc=False,
-                         is_async=True)  # [64, BLOCK_N]
-    b_s = warpgroup_mma_wait(1, deps=(b_s,))  # Q K^T done, dO V^T may run on
+    b_zero = gl.zeros([ws.GROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    # Q K^T, and dO V^T that runs on: [64, BLOCK_N] each
+    b_s, b_dp = ws.issue_scores_dp(q_tile, k_tile, do_tile, v_tile, b_zero)
     if MASKED:
         o_k = i_tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         m_vis = visible_mask(o_q[:, None], o_k[None, :], st.seqlen_k, st.diag, st.CAUSAL)
@@ -141,7 +135,7 @@ def _consume(GROUP: gl.constexpr, st):
     s_layout: gl.constexpr = ws.acc_layout(st.BLOCK_N)
     acc_layout: gl.constexpr = ws.acc_layout(HEAD_DIM)
     op_layout: gl.constexpr = ws.operand_layout(acc_layout)
-    m_start = st.m_tile + GROUP * GROUP_ROWS
+    m_start = st.m_tile + GROUP * ws.GROUP_ROWS
     if m_start >= st.seqlen_q:
         # Every row of this group past the sequence end: nothing to do. It still waits for the
         # copy of its Q and dO tiles (no copy into the CTA's shared memory may be in flight
@@ -149,7 +143,7 @@ def _consume(GROUP: gl.constexpr, st):
         mbarrier.wait(st.q_bars.index(GROUP), 0)
         ws.skip_ring(st.kv_bars, st.free_bars, st.n_tiles, st.STAGES)
         return
-    o_q = m_start + gl.arange(0, GROUP_ROWS, layout=gl.SliceLayout(1, s_layout))
+    o_q = m_start + gl.arange(0, ws.GROUP_ROWS, layout=gl.SliceLayout(1, s_layout))
     m_row = o_q < st.seqlen_q
     # lse2 and delta of the group's rows, as the Triton kernel reads them: rows past the
     # sequence end get lse2 +inf (P = 0) and delta 0.
@@ -160,7 +154,7 @@ def _consume(GROUP: gl.constexpr, st):
     q_tile = st.q_smem.index(GROUP)  # [64, HEAD_DIM]
     do_tile = st.do_smem.index(GROUP)
 
-    b_dq = gl.zeros([GROUP_ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
+    b_dq = gl.zeros([ws.GROUP_ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     mbarrier.wait(st.q_bars.index(GROUP), 0)
     for i_tile in range(0, st.t_full):
         b_dq = _key_tile(i_tile, b_dq, q_tile, do_tile, o_q, b_lse2, b_delta, st, False,
@@ -169,7 +163,7 @@ def _consume(GROUP: gl.constexpr, st):
         b_dq = _key_tile(i_tile, b_dq, q_tile, do_tile, o_q, b_lse2, b_delta, st, True,
                          s_layout, op_layout)
 
-    _, o_d, o_rows, m_q = ws.tile_rows(m_start, st.bos_q, st.seqlen_q, GROUP_ROWS, HEAD_DIM,
+    _, o_d, o_rows, m_q = ws.tile_rows(m_start, st.bos_q, st.seqlen_q, ws.GROUP_ROWS, HEAD_DIM,
                                        acc_layout)
     p_dq = st.dq + o_rows * st.stride_dqt + st.i_h.to(gl.int64) * st.stride_dqh + o_d[None, :]
     gl.store(p_dq, (b_dq * st.scale).to(st.dq.dtype.element_ty), mask=m_q)
@@ -183,8 +177,8 @@ def _producer(st):
     for group in gl.static_range(2):
         bar = st.q_bars.index(group)
         mbarrier.expect(bar, st.q_desc.block_type.nbytes + st.do_desc.block_type.nbytes)
-        ws.tma_load(st.q_desc, [st.m_tile + group * GROUP_ROWS, 0], bar, st.q_smem.index(group))
-        ws.tma_load(st.do_desc, [st.m_tile + group * GROUP_ROWS, 0], bar,
+        ws.tma_load(st.q_desc, [st.m_tile + group * ws.GROUP_ROWS, 0], bar, st.q_smem.index(group))
+        ws.tma_load(st.do_desc, [st.m_tile + group * ws.GROUP_ROWS, 0], bar,
                     st.do_smem.index(group))
     for i_tile in range(st.n_tiles):
         slot = i_tile % STAGES
@@ -212,7 +206,7 @@ def attn_bwd_dq_ws_kernel(
 ):
     """One program per (query tile of one sequence, query head), as ``attn_bwd_dq_kernel``;
     ``BLOCK_M`` = 128 (two consumer groups of 64 rows), ``STAGES`` K/V ring slots."""
-    gl.static_assert(BLOCK_M == 2 * GROUP_ROWS)
+    gl.static_assert(BLOCK_M == 2 * ws.GROUP_ROWS)
     i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_tile = query_tile(
         cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
     if m_tile >= seqlen_q:
@@ -220,10 +214,10 @@ def attn_bwd_dq_ws_kernel(
     diag, t_full, n_tiles = ws.query_key_tiles(m_tile, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
                                                CAUSAL)
 
-    q_desc, q_smem = ws.row_ring(q, bos_q, i_h, seqlen_q, stride_qt, stride_qh, GROUP_ROWS,
+    q_desc, q_smem = ws.row_ring(q, bos_q, i_h, seqlen_q, stride_qt, stride_qh, ws.GROUP_ROWS,
                                  HEAD_DIM, 2)  # a tile per group
     do_desc, do_smem = ws.row_ring(do, bos_q, i_h, seqlen_q, stride_dot, stride_doh,
-                                   GROUP_ROWS, HEAD_DIM, 2)
+                                   ws.GROUP_ROWS, HEAD_DIM, 2)
     k_desc, k_ring, v_desc, v_ring = ws.kv_rings(k, v, bos_k, i_hk, seqlen_k, stride_kt,
                                                  stride_kh, stride_vt, stride_vh, BLOCK_N,
                                                  HEAD_DIM, STAGES)

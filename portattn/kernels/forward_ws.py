@@ -50,8 +50,6 @@ from portattn.kernels.primitives import (
     visible_mask,
 )
 
-GROUP_ROWS = ws.GROUP_ROWS  # query rows per consumer warp group
-
 
 def ws_supports(tiles: Tiles, head_dim: int) -> bool:
     """Tiles and head dims this kernel is written for (the table test checks every entry that
@@ -107,7 +105,7 @@ class _Program(NamedTuple):
 def _softmax_p(b_s, b_m, b_l, i_tile, st, m_start, s_layout: gl.constexpr):
     """Mask key tile ``i_tile``'s raw scores where it needs it, then one online-softmax step."""
     if i_tile >= st.t_full:
-        o_q = m_start + gl.arange(0, GROUP_ROWS, layout=gl.SliceLayout(1, s_layout))
+        o_q = m_start + gl.arange(0, ws.GROUP_ROWS, layout=gl.SliceLayout(1, s_layout))
         o_k = i_tile * st.BLOCK_N + gl.arange(0, st.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         m_vis = visible_mask(o_q[:, None], o_k[None, :], st.seqlen_k, st.diag, st.CAUSAL)
         b_s = mask_scores(b_s, m_vis)
@@ -126,7 +124,7 @@ def _consume(GROUP: gl.constexpr, st):
     o_layout: gl.constexpr = ws.acc_layout(HEAD_DIM)
     p_layout: gl.constexpr = ws.operand_layout(o_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-    m_start = st.m_tile + GROUP * GROUP_ROWS
+    m_start = st.m_tile + GROUP * ws.GROUP_ROWS
     if m_start >= st.seqlen_q:
         # Every row of this group lies past the sequence end (the last tile of a sequence of
         # 1-64 rows mod 128): nothing to compute or store. It still waits for the copy of its
@@ -137,10 +135,10 @@ def _consume(GROUP: gl.constexpr, st):
         return
     q_tile = st.q_smem.index(GROUP)
 
-    b_zero = gl.zeros([GROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    b_acc = gl.zeros([GROUP_ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-    b_m = gl.full([GROUP_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    b_l = gl.zeros([GROUP_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    b_zero = gl.zeros([ws.GROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    b_acc = gl.zeros([ws.GROUP_ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+    b_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    b_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
     b_p = b_zero
     b_alpha = b_l
     mbarrier.wait(st.q_bars.index(GROUP), 0)
@@ -181,7 +179,7 @@ def _consume(GROUP: gl.constexpr, st):
     b_m = gl.convert_layout(b_m, row_layout)
     b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [64, HEAD_DIM], [64]
 
-    o_q, o_d, o_rows, m_o = ws.tile_rows(m_start, st.bos_q, st.seqlen_q, GROUP_ROWS, HEAD_DIM,
+    o_q, o_d, o_rows, m_o = ws.tile_rows(m_start, st.bos_q, st.seqlen_q, ws.GROUP_ROWS, HEAD_DIM,
                                          o_layout)
     p_o = st.o + o_rows * st.stride_ot + st.i_h.to(gl.int64) * st.stride_oh + o_d[None, :]
     gl.store(p_o, b_out.to(st.o.dtype.element_ty), mask=m_o)
@@ -199,7 +197,7 @@ def _producer(st):
     STAGES: gl.constexpr = st.STAGES
     for group in gl.static_range(2):
         mbarrier.expect(st.q_bars.index(group), st.q_desc.block_type.nbytes)
-        ws.tma_load(st.q_desc, [st.m_tile + group * GROUP_ROWS, 0], st.q_bars.index(group),
+        ws.tma_load(st.q_desc, [st.m_tile + group * ws.GROUP_ROWS, 0], st.q_bars.index(group),
                     st.q_smem.index(group))
     for i_tile in range(st.n_tiles):
         slot = i_tile % STAGES
@@ -229,7 +227,7 @@ def attn_fwd_ws_kernel(
 ):
     """One program per (query tile of one sequence, query head), as ``attn_fwd_kernel``;
     ``BLOCK_M`` = 128 (two consumer groups of 64 rows), ``STAGES`` K/V ring slots."""
-    gl.static_assert(BLOCK_M == 2 * GROUP_ROWS)
+    gl.static_assert(BLOCK_M == 2 * ws.GROUP_ROWS)
     i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_tile = query_tile(
         cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
     if m_tile >= seqlen_q:
@@ -237,7 +235,7 @@ def attn_fwd_ws_kernel(
     diag, t_full, n_tiles = ws.query_key_tiles(m_tile, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
                                                CAUSAL)
 
-    q_desc, q_smem = ws.row_ring(q, bos_q, i_h, seqlen_q, stride_qt, stride_qh, GROUP_ROWS,
+    q_desc, q_smem = ws.row_ring(q, bos_q, i_h, seqlen_q, stride_qt, stride_qh, ws.GROUP_ROWS,
                                  HEAD_DIM, 2)  # a tile per group
     k_desc, k_ring, v_desc, v_ring = ws.kv_rings(k, v, bos_k, i_hk, seqlen_k, stride_kt,
                                                  stride_kh, stride_vt, stride_vh, BLOCK_N,

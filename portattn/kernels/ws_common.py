@@ -19,7 +19,12 @@ if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 6):
 
 from triton.experimental import gluon  # noqa: E402 - after the version gate
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from portattn.configs import Tiles
 from portattn.kernels.primitives import key_range, split_p_lo
@@ -111,6 +116,17 @@ def issue_rounded_mma(b_x, b_smem, b_acc, SPLIT_P: gl.constexpr, x_layout: gl.co
         b_lo = split_p_lo(b_x, b_hi)
         b_acc = warpgroup_mma(gl.convert_layout(b_lo, x_layout), b_smem, b_acc, is_async=True)
     return b_acc
+
+
+@gluon.jit
+def issue_scores_dp(a_s, b_s_smem, a_dp, b_dp_smem, b_zero):
+    """The backward's two products of a tile, issued together from ``b_zero``: ``a_s @
+    b_s_smem^T`` (the scores, or their transpose) and ``a_dp @ b_dp_smem^T`` (dP). Waits for
+    the first only (the second runs on under the recomputed P) and returns both."""
+    b_s = warpgroup_mma(a_s, b_s_smem.permute((1, 0)), b_zero, use_acc=False, is_async=True)
+    b_dp = warpgroup_mma(a_dp, b_dp_smem.permute((1, 0)), b_zero, use_acc=False, is_async=True)
+    b_s = warpgroup_mma_wait(1, deps=(b_s,))
+    return b_s, b_dp
 
 
 @gluon.jit
