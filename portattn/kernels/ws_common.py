@@ -1,6 +1,8 @@
 """What the warp-specialised Gluon kernels (``forward_ws.py``, ``backward_ws.py``,
-``dq_ws.py``) share: the register split between their partitions, their launch options, the
-rounded product, and the ring protocol.
+``dq_ws.py``) share: the version gate, the register split between their partitions, their
+launch options and shape rules, the partitions' layout and set-up (``specialize``: two consumer
+warp groups and a producer warp over the kernel's named state), the rounded product, and the
+ring protocol. The kernels use it as ``ws``.
 
 Ring protocol. Tile ``i`` of a stream goes to slot ``i % STAGES``; each slot has a "filled"
 mbarrier (the producer's copies complete it) and a "free" one (every consumer group arrives
@@ -17,10 +19,15 @@ if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 6):
 
 from triton.experimental import gluon  # noqa: E402 - after the version gate
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from portattn.configs import Tiles
-from portattn.kernels.primitives import split_p_lo
+from portattn.kernels.primitives import key_range, split_p_lo
 
 # The TMA copy of a tile into shared memory, under its name in the installed Triton: 3.6 names
 # it ``tma.async_copy_global_to_shared``; 3.9 renamed it ``tma.async_load`` and left the old
@@ -30,6 +37,7 @@ from portattn.kernels.primitives import split_p_lo
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
 GROUP_WARPS = gl.constexpr(4)  # warps per consumer warp group
+GROUP_ROWS = gl.constexpr(64)  # rows (queries, or keys in dK/dV) per group: one wgmma M
 # Registers per thread: consumers get 240 and the producer warp group 24 (FlashAttention-3's
 # split); the kernel starts with MAXNREG over its 12 warps, which covers both.
 CONSUMER_REGS = gl.constexpr(240)
@@ -42,6 +50,59 @@ def ws_launch_options(tiles: Tiles) -> dict[str, int]:
     ``num_warps`` counts the default partition, one consumer group; the other group and the
     producer warp are added by ``gl.warp_specialize``."""
     return {"num_warps": GROUP_WARPS.value, "num_stages": tiles.num_stages, "maxnreg": MAXNREG}
+
+
+def two_groups_fit(rows: int, tiles: Tiles, head_dim: int) -> bool:
+    """What every warp-specialised kernel needs of its table tiles: ``rows`` (the program's
+    query or key rows) in two groups of ``GROUP_ROWS``, 8 warps in all, a ring of at least two
+    slots (with one, a group would wait for the next tile before releasing the slot it needs:
+    a hang), and a head dim of 64 or 128 (rows that fill 128-byte swizzled shared memory)."""
+    return (
+        rows == 2 * GROUP_ROWS.value
+        and tiles.num_warps == 2 * GROUP_WARPS.value
+        and tiles.num_stages >= 2
+        and head_dim in (64, 128)
+    )
+
+
+@gluon.constexpr_function
+def acc_layout(cols):
+    """The wgmma accumulator layout of a consumer group's [GROUP_ROWS, cols] tile."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[GROUP_WARPS.value, 1],
+                                     instr_shape=[16, cols, 16])
+
+
+@gluon.constexpr_function
+def operand_layout(acc):
+    """The layout of a register A operand (P, dS, their transposes) of a product into ``acc``."""
+    return gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+
+
+@gluon.jit
+def _consumer_group(consume: gl.constexpr, GROUP: gl.constexpr, program):
+    consume(GROUP, program)
+
+
+@gluon.jit
+def _producer_warp(produce: gl.constexpr, program):
+    produce(program)
+
+
+@gluon.jit
+def specialize(program, consume: gl.constexpr, produce: gl.constexpr):
+    """Run one program as two consumer warp groups, ``consume(0, program)`` (the default
+    partition) and ``consume(1, program)``, and a producer warp, ``produce(program)``.
+
+    ``program`` is the kernel's state by name: a ``NamedTuple`` of shared memory, barriers,
+    descriptors, pointers, scalars and constexprs, which every partition gets whole. A named
+    tuple flattens as a plain one, in field order, so the partitions capture the values that
+    positional tuples gave them, in the same order (the same machine code). Pass it here as
+    it is built: Triton turns the constexprs of a tuple assigned to a local into tensors."""
+    gl.warp_specialize([
+        (_consumer_group, (consume, 0, program)),
+        (_consumer_group, (consume, 1, program)),
+        (_producer_warp, (produce, program)),
+    ], [GROUP_WARPS, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 @gluon.jit
@@ -58,11 +119,24 @@ def issue_rounded_mma(b_x, b_smem, b_acc, SPLIT_P: gl.constexpr, x_layout: gl.co
 
 
 @gluon.jit
-def row_ring(base, seqlen, stride_t, BLOCK_R: gl.constexpr, HEAD_DIM: gl.constexpr,
-             SLOTS: gl.constexpr):
-    """A TMA descriptor of one sequence's rows of one head (``base``: its first row), of shape
-    [seqlen, HEAD_DIM] in [BLOCK_R, HEAD_DIM] tiles (0 past the sequence end), and ``SLOTS``
-    such tiles of 128-byte swizzled shared memory to copy them into."""
+def issue_scores_dp(a_s, b_s_smem, a_dp, b_dp_smem, b_zero):
+    """The backward's two products of a tile, issued together from ``b_zero``: ``a_s @
+    b_s_smem^T`` (the scores, or their transpose) and ``a_dp @ b_dp_smem^T`` (dP). Waits for
+    the first only (the second runs on under the recomputed P) and returns both."""
+    b_s = warpgroup_mma(a_s, b_s_smem.permute((1, 0)), b_zero, use_acc=False, is_async=True)
+    b_dp = warpgroup_mma(a_dp, b_dp_smem.permute((1, 0)), b_zero, use_acc=False, is_async=True)
+    b_s = warpgroup_mma_wait(1, deps=(b_s,))
+    return b_s, b_dp
+
+
+@gluon.jit
+def row_ring(x, bos, i_head, seqlen, stride_t, stride_h, BLOCK_R: gl.constexpr,
+             HEAD_DIM: gl.constexpr, SLOTS: gl.constexpr):
+    """A TMA descriptor of one sequence's rows of one head of ``x`` ([tokens, heads,
+    HEAD_DIM]; ``bos``: the sequence's first token), of shape [seqlen, HEAD_DIM] in [BLOCK_R,
+    HEAD_DIM] tiles (0 past the sequence end), and ``SLOTS`` such tiles of 128-byte swizzled
+    shared memory to copy them into."""
+    base = x + bos * stride_t + i_head.to(gl.int64) * stride_h
     layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                                 rank=2)
     desc = tma.make_tensor_descriptor(base, [seqlen, HEAD_DIM], [stride_t, 1],
@@ -76,11 +150,35 @@ def kv_rings(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt, strid
              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SLOTS: gl.constexpr):
     """``row_ring`` of K and of V for kv head ``i_hk`` of one sequence (``bos_k``: its first
     key row): (k_desc, k_tiles, v_desc, v_tiles), ``SLOTS`` tiles of [BLOCK_N, HEAD_DIM]."""
-    k_desc, k_tiles = row_ring(k + bos_k * stride_kt + i_hk.to(gl.int64) * stride_kh, seqlen_k,
-                               stride_kt, BLOCK_N, HEAD_DIM, SLOTS)
-    v_desc, v_tiles = row_ring(v + bos_k * stride_vt + i_hk.to(gl.int64) * stride_vh, seqlen_k,
-                               stride_vt, BLOCK_N, HEAD_DIM, SLOTS)
+    k_desc, k_tiles = row_ring(k, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, BLOCK_N,
+                               HEAD_DIM, SLOTS)
+    v_desc, v_tiles = row_ring(v, bos_k, i_hk, seqlen_k, stride_vt, stride_vh, BLOCK_N,
+                               HEAD_DIM, SLOTS)
     return k_desc, k_tiles, v_desc, v_tiles
+
+
+@gluon.jit
+def query_key_tiles(m_tile, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    CAUSAL: gl.constexpr):
+    """The key tiles of the query tile at ``m_tile`` (``key_range``, counted in tiles): (diag,
+    t_full, n_tiles); tiles from t_full on need the mask, n_tiles in all."""
+    diag = seqlen_k - seqlen_q
+    n_full, n_hi = key_range(m_tile, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+    return diag, n_full // BLOCK_N, (n_hi + BLOCK_N - 1) // BLOCK_N
+
+
+@gluon.jit
+def tile_rows(start, bos, seqlen, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr,
+              layout: gl.constexpr):
+    """Where a group's [ROWS, HEAD_DIM] tile of ``layout`` (an accumulator) stores: rows
+    [start, start + ROWS) of the sequence whose first token is ``bos``. Returns (o_r [ROWS]
+    positions in the sequence, o_d [HEAD_DIM] columns, o_rows [ROWS, 1] token indices (int64),
+    the [ROWS, HEAD_DIM] mask of the rows before ``seqlen``)."""
+    o_r = start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    m_rd = (o_r < seqlen)[:, None] & (o_d < HEAD_DIM)[None, :]
+    o_rows = (bos + o_r.to(gl.int64))[:, None]
+    return o_r, o_d, o_rows, m_rd
 
 
 @gluon.jit
