@@ -18,7 +18,7 @@ def _attention_one(
     causal: bool,
     scale: float,
     window: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
+    softcap: float | None = 0.0,
     sinks=None,
 ):
     """q: [Sq, Hq, D], k/v: [Sk, Hkv, D] (float64) -> out [Sq, Hq, D], lse [Sq, Hq]."""
@@ -28,7 +28,7 @@ def _attention_one(
     k = k.repeat_interleave(group, dim=1)  # query head h reads kv head h // group
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale  # [Hq, Sq, Sk]
-    if softcap > 0:  # Gemma 2 / flash-attn: c * tanh(scale * q.k / c), before the mask
+    if softcap:  # Gemma 2 / flash-attn: c * tanh(scale * q.k / c), before the mask
         scores = softcap * torch.tanh(scores / softcap)
     rows = torch.arange(seqlen_q, device=q.device)[:, None] + (seqlen_k - seqlen_q)
     cols = torch.arange(seqlen_k, device=q.device)[None, :]
@@ -64,7 +64,7 @@ def reference_varlen_attention(
     softmax_scale: float | None = None,
     compute_dtype: torch.dtype = torch.float64,
     window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
+    softcap: float | None = 0.0,
     sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 reference of ``portattn.varlen_attention``.
@@ -103,7 +103,7 @@ def reference_attention(
     causal: bool = False,
     softmax_scale: float | None = None,
     window_size=(-1, -1),
-    softcap: float = 0.0,
+    softcap: float | None = 0.0,
     sinks=None,
 ):
     """Float64 reference of the dense ``portattn.attention``: q [B, Sq, Hq, D], k/v

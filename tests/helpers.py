@@ -104,12 +104,19 @@ def lse_err(lse: torch.Tensor, ref: torch.Tensor) -> float:
 def assert_accurate(p: Pack, kernel: str, causal: bool, **kw) -> dict:
     """The acceptance rule (``portattn.accuracy``): every output's error against float64 is at
     most 2x the error of the same computation done eagerly in the input dtype, plus a small
-    margin. Also: no NaN, and lse is -inf on exactly the reference's rows."""
-    got = run_kernel(p, kernel, causal, **kw)
+    margin. Also: no NaN, and lse is -inf on exactly the reference's rows. With ``sinks``
+    their gradient ``dsinks`` is held to the same rule."""
+    return assert_outputs_accurate(run_kernel(p, kernel, causal, **kw), p, causal, **kw)
+
+
+def assert_outputs_accurate(got: dict, p: Pack, causal: bool, **kw) -> dict:
+    """:func:`assert_accurate` of kernel outputs ``got`` already computed (``kw``: the
+    features the kernels ran with, passed to the reference)."""
     ref = run_reference(p, causal, **kw)
     eager = run_reference(p, causal, compute_dtype=p.q.dtype, **kw)
     report = {}
-    for name in ("out", "dq", "dk", "dv", "lse"):
+    extra = ("dsinks",) if kw.get("sinks") is not None else ()
+    for name in ("out", "dq", "dk", "dv", "lse", *extra):
         assert not torch.isnan(got[name]).any(), f"{name} has NaN (unwritten or bad math)"
         if name == "lse":  # -inf on exactly the reference's rows (also the eager yardstick's)
             lse_err(got[name], ref[name])

@@ -12,7 +12,7 @@ report; what they share is here:
   demo and the tests' contiguous packs draw the same way);
 - :func:`forward_backward`: ``out, lse = fn(q, k, v)`` and the gradients of q, k, v for upstream
   gradients ``dout`` (on out) and ``dlse`` (on lse, zeroed on rows that see no key), as a dict
-  ``out, lse, dq, dk, dv``;
+  ``out, lse, dq, dk, dv`` (and ``dsinks`` when the call has attention sinks, a leaf too);
 - :func:`run_kernel` / :func:`run_reference`: that runner on ``portattn.varlen_attention`` /
   ``portattn.reference.reference_varlen_attention`` (float64, or eagerly in another dtype);
 - :func:`measure`: an output's error, the eager error and the limit of ``portattn.accuracy``.
@@ -31,6 +31,7 @@ from portattn.kernels import buffers
 from portattn.reference import reference_varlen_attention
 
 NAMES = ("out", "lse", "dq", "dk", "dv")
+SINKS_GRAD = "dsinks"  # the extra output of a call with sinks (their gradient, [Hq])
 
 
 def cu_seqlens(lengths: Iterable[int], device: torch.device | str | None = None) -> torch.Tensor:
@@ -83,12 +84,13 @@ def forward_backward(
 ) -> dict[str, torch.Tensor]:
     """``out, lse = fn(*leaves)`` and the gradients of the leaves through autograd.
 
-    The leaves are ``x.detach().requires_grad_()`` of ``inputs`` (q, k, v): views that keep
+    The leaves are ``x.detach().requires_grad_()`` of ``inputs`` (q, k, v, and optionally a
+    fourth, the sinks, whose gradient is returned as ``dsinks``): views that keep
     their strides. The upstream gradient of ``out`` is ``dout`` and that of ``lse`` is ``dlse``
     (cast to out's / lse's dtype), zeroed on rows whose lse is infinite
     (:func:`zero_where_no_key`); with ``dlse=None`` lse is not differentiated at all (only out
     is a root). A leaf that no gradient reaches gets zeros. Returns ``out, lse, dq, dk, dv``
-    (out and lse detached).
+    (and ``dsinks``; out and lse detached).
     """
     leaves = [x.detach().requires_grad_() for x in inputs]
     out, lse = fn(*leaves)
@@ -100,7 +102,8 @@ def forward_backward(
     if any(r.requires_grad for r in roots):  # not so for a reference over zero sequences
         found = torch.autograd.grad(roots, leaves, grads, allow_unused=True)
     grads_in = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, found, strict=True)]
-    return dict(zip(NAMES, (out.detach(), lse.detach(), *grads_in), strict=True))
+    names = NAMES if len(leaves) == 3 else (*NAMES, SINKS_GRAD)
+    return dict(zip(names, (out.detach(), lse.detach(), *grads_in), strict=True))
 
 
 def run_kernel(
@@ -120,17 +123,29 @@ def run_kernel(
     """:func:`forward_backward` of ``portattn.varlen_attention(q, k, v, cu_q, cu_k,
     causal=causal, return_lse=True, kernel=kernel, **kwargs)``. With ``poison`` the kernels'
     output buffers start filled with NaN (``portattn.kernels.buffers.POISON``), so an element
-    they never write shows up."""
+    they never write shows up. ``sinks`` in ``kwargs`` (not None) is a leaf too: the result
+    then has ``dsinks``."""
+    sinks = kwargs.pop("sinks", None)
 
-    def call(q_, k_, v_):
+    def call(q_, k_, v_, *sinks_):
         return varlen_attention(
-            q_, k_, v_, cu_q, cu_k, causal=causal, return_lse=True, kernel=kernel, **kwargs
+            q_,
+            k_,
+            v_,
+            cu_q,
+            cu_k,
+            causal=causal,
+            return_lse=True,
+            kernel=kernel,
+            sinks=sinks_[0] if sinks_ else None,
+            **kwargs,
         )
 
+    leaves = (q, k, v) if sinks is None else (q, k, v, sinks)
     saved = buffers.POISON
     buffers.POISON = saved or poison
     try:
-        return forward_backward(call, (q, k, v), dout, dlse)
+        return forward_backward(call, leaves, dout, dlse)
     finally:
         buffers.POISON = saved
 
@@ -151,14 +166,27 @@ def run_reference(
     """The same computation as :func:`run_kernel` through
     ``portattn.reference.reference_varlen_attention`` in ``compute_dtype`` (q, k, v, dout and
     dlse cast to it): float64, or the input dtype for the eager yardstick of the accuracy rule.
-    ``kwargs``: ``softmax_scale``."""
+    ``kwargs``: ``softmax_scale``, ``window_size``, ``softcap`` and ``sinks`` (not None: cast to
+    ``compute_dtype`` and a leaf, as in :func:`run_kernel`)."""
+    sinks = kwargs.pop("sinks", None)
 
-    def call(q_, k_, v_):
+    def call(q_, k_, v_, *sinks_):
         return reference_varlen_attention(
-            q_, k_, v_, cu_q, cu_k, causal=causal, compute_dtype=compute_dtype, **kwargs
+            q_,
+            k_,
+            v_,
+            cu_q,
+            cu_k,
+            causal=causal,
+            compute_dtype=compute_dtype,
+            sinks=sinks_[0] if sinks_ else None,
+            **kwargs,
         )
 
-    return forward_backward(call, [x.detach().to(compute_dtype) for x in (q, k, v)], dout, dlse)
+    leaves = [x.detach().to(compute_dtype) for x in (q, k, v)]
+    if sinks is not None:
+        leaves.append(sinks.detach().to(compute_dtype))
+    return forward_backward(call, leaves, dout, dlse)
 
 
 def measure(

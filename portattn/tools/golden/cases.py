@@ -7,17 +7,30 @@ each case's definition, so old files still verify the cases they recorded).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
 
-CASES_VERSION = 2  # 2: the paged decode / append cases (page_size)
+# 2: the paged decode / append cases (page_size); 3: the model-feature cases (window_left,
+# window_right, softcap, sinks) and a borrowed head dim (d80)
+CASES_VERSION = 3
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Tensor ids of the input generator (see portattn.tools.golden.inputs).
-TENSOR_IDS = {"q": 1, "k": 2, "v": 3, "do": 4, "dlse": 5}
+TENSOR_IDS = {"q": 1, "k": 2, "v": 3, "do": 4, "dlse": 5, "sinks": 6}
 OUTPUTS = ("out", "lse", "dq", "dk", "dv")
+SINKS_OUTPUT = "dsinks"  # hashed only for cases with sinks: the others' outputs stay as recorded
+# Fields added after version 2 with the value that means "off". A definition leaves out each
+# one at that value, so every older case serialises (and hashes its inputs) as it did.
+FEATURE_DEFAULTS: dict[str, Any] = {
+    "page_size": 0,
+    "window_left": -1,
+    "window_right": -1,
+    "softcap": 0.0,
+    "sinks": False,
+}
 
 
 @dataclass(frozen=True)
@@ -28,6 +41,10 @@ class Case:
     ``dO`` and (when ``dlse``) a gradient of lse, both from the input generator.
     ``page_size`` > 0: a paged decode / append case (forward only, out and lse): the keys and
     values sit in a paged cache of that page size, pages in reverse order, unused slots NaN.
+    ``window_left`` / ``window_right``: ``window_size`` (flash-attn's convention, -1 unbounded);
+    ``softcap``: the scores' cap (0: none); ``sinks``: attention sinks [Hq] float32 from the
+    input generator (tensor id ``TENSOR_IDS["sinks"]``, twice its values: [-4, 4)), whose
+    gradient is then hashed too (``dsinks``, unless the case is paged).
     """
 
     name: str
@@ -42,6 +59,10 @@ class Case:
     seed: int
     dlse: bool = True
     page_size: int = 0
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    sinks: bool = False
 
     def __post_init__(self) -> None:
         if len(self.lens_q) != len(self.lens_k):
@@ -52,6 +73,10 @@ class Case:
             raise ValueError(f"{self.name}: heads_kv must be >= 1")
         if self.heads_q % self.heads_kv:
             raise ValueError(f"{self.name}: heads_q must be a multiple of heads_kv")
+        if min(self.window_left, self.window_right) < -1:
+            raise ValueError(f"{self.name}: window_left / window_right must be -1 or >= 0")
+        if not (math.isfinite(self.softcap) and self.softcap >= 0):
+            raise ValueError(f"{self.name}: softcap must be 0 or a finite float > 0")
 
     @property
     def entry(self) -> str:
@@ -64,14 +89,32 @@ class Case:
 
     @property
     def outputs(self) -> tuple[str, ...]:
-        """The hashed outputs: all five, or out and lse for a (forward-only) paged case."""
-        return OUTPUTS[:2] if self.page_size else OUTPUTS
+        """The hashed outputs: all five (and ``dsinks`` with sinks), or out and lse for a
+        (forward-only) paged case."""
+        if self.page_size:
+            return OUTPUTS[:2]
+        return (*OUTPUTS, SINKS_OUTPUT) if self.sinks else OUTPUTS
+
+    @property
+    def window_size(self) -> tuple[int, int]:
+        return (self.window_left, self.window_right)
+
+    def features(self) -> dict[str, Any]:
+        """``varlen_attention``'s keyword arguments for the window and the cap (the sinks are
+        a tensor: see ``run.make_inputs``); none for a case without them."""
+        kwargs: dict[str, Any] = {}
+        if self.window_size != (-1, -1):
+            kwargs["window_size"] = self.window_size
+        if self.softcap:
+            kwargs["softcap"] = self.softcap
+        return kwargs
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("name")
-        if not self.page_size:  # added in version 2: unpaged definitions read as before
-            data.pop("page_size")
+        for key, off in FEATURE_DEFAULTS.items():  # later fields: older definitions as before
+            if data[key] == off:
+                data.pop(key)
         data["lens_q"], data["lens_k"] = list(self.lens_q), list(self.lens_k)
         return data
 
@@ -129,7 +172,43 @@ def _canonical() -> tuple[Case, ...]:
     return tuple(cases)
 
 
-CASES: tuple[Case, ...] = _canonical()
+# Version 3: one case per model feature of issue 25, each with its own seed (3000 + i), both
+# kernels among them. The window (causal, 37 keys back) skips whole key tiles of the 333 rows;
+# the cap (3, at the default scale) bends the scores' tails, without a mask; the sinks meet
+# causal rows that see no key (Sq > Sk) and a sequence without keys (lse is the sink there, out
+# 0); d80 runs the d96 row (a borrowed head dim); the paged decode / append rows take window,
+# cap and sinks together, through pages of 32 in reverse order. Small enough that all five run
+# in under a minute under the interpreter too (tests/test_golden_features.py).
+FEATURE_PACK = (0, 1, 17, 64, 160)  # an empty and a one-token sequence, partial and full tiles
+FEATURE_CASES: tuple[Case, ...] = (
+    Case(
+        "varlen-window37-mqa-d64-bf16-causal",
+        *("varlen", PACK, PACK, 4, 1, 64, "bf16", True, 3000),
+        window_left=37,
+    ),
+    Case(
+        "fixed_order-softcap3-gqa-d64-fp16-full",
+        *("fixed_order", FEATURE_PACK, FEATURE_PACK, 4, 2, 64, "fp16", False, 3001),
+        softcap=3.0,
+    ),
+    Case(
+        "varlen-sinks-ragged-gqa-d128-bf16-causal",
+        *("varlen", RAGGED_Q, RAGGED_K, 8, 2, 128, "bf16", True, 3002),
+        sinks=True,
+    ),
+    Case("fixed_order-mha-d80-bf16-causal", "fixed_order", MHA, MHA, 4, 4, 80, "bf16", True, 3003),
+    Case(
+        "fixed_order-paged-window-softcap-sinks-gqa-d64-fp16-page32",
+        *("fixed_order", (1, 1, 1, 4), (300, 1, 77, 513), 8, 2, 64, "fp16", True, 3004),
+        dlse=False,
+        page_size=32,
+        window_left=64,
+        softcap=3.0,
+        sinks=True,
+    ),
+)
+
+CASES: tuple[Case, ...] = _canonical() + FEATURE_CASES
 
 
 def cases_by_name(names: list[str] | None = None) -> list[Case]:

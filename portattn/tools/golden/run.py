@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from portattn.api import varlen_attention
-from portattn.tools.golden.cases import TENSOR_IDS, Case
+from portattn.tools.golden.cases import SINKS_OUTPUT, TENSOR_IDS, Case
 from portattn.tools.golden.hashing import inputs_sha256, tensor_record
 from portattn.tools.golden.inputs import generate
 from portattn.tools.harness import cu_seqlens, measure, run_kernel, run_reference, zero_where_no_key
@@ -30,12 +30,16 @@ class CaseInputs:
     dlse: torch.Tensor | None
     cu_q: torch.Tensor
     cu_k: torch.Tensor
+    sinks: torch.Tensor | None = None  # [Hq] float32, for a case with sinks
 
     def named(self) -> list[tuple[str, torch.Tensor]]:
         items = [("q", self.q), ("k", self.k), ("v", self.v), ("do", self.do)]
         if self.dlse is not None:
             items.append(("dlse", self.dlse))
-        return items + [("cu_seqlens_q", self.cu_q), ("cu_seqlens_k", self.cu_k)]
+        items += [("cu_seqlens_q", self.cu_q), ("cu_seqlens_k", self.cu_k)]
+        if self.sinks is not None:  # last: the inputs of a case without sinks hash as before
+            items.append(("sinks", self.sinks))
+        return items
 
     def sha256(self) -> str:
         return inputs_sha256(self.named())
@@ -47,7 +51,7 @@ class CaseResult:
 
     case: Case
     inputs: CaseInputs  # on the device
-    outputs: dict[str, torch.Tensor]  # out, lse, dq, dk, dv (on the device)
+    outputs: dict[str, torch.Tensor]  # out, lse, dq, dk, dv (, dsinks) on the device
     inputs_sha256: str
     tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds: float = 0.0
@@ -69,14 +73,19 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
         dlse=gen((tq, case.heads_q), "dlse", torch.float32) if case.dlse else None,
         cu_q=cu_seqlens(case.lens_q, device),
         cu_k=cu_seqlens(case.lens_k, device),
+        # Twice the generator's values (exact): sinks in [-4, 4) are of the size of the rows'
+        # log-sum-exps here (about -2 to 5): a sink takes a few % of a row's weight, up to 99%.
+        sinks=2 * gen((case.heads_q,), "sinks", torch.float32) if case.sinks else None,
     )
 
 
 def run_kernels(case: Case, inputs: CaseInputs) -> dict[str, torch.Tensor]:
     """Forward and backward of ``case`` through the public API and autograd: upstream gradients
     ``do`` on out and (when the case has one) ``dlse`` on lse, zeroed on the rows whose lse is
-    -inf. The leaves are fresh copies of q, k, v."""
+    -inf. The leaves are fresh copies of q, k, v (and of the sinks: their gradient is
+    ``dsinks``). The case's window and cap are passed through."""
     q, k, v = (t.detach().clone() for t in (inputs.q, inputs.k, inputs.v))
+    sinks = None if inputs.sinks is None else inputs.sinks.detach().clone()
     return run_kernel(
         q,
         k,
@@ -87,6 +96,8 @@ def run_kernels(case: Case, inputs: CaseInputs) -> dict[str, torch.Tensor]:
         inputs.dlse,
         causal=case.causal,
         kernel=case.kernel,
+        sinks=sinks,
+        **case.features(),
     )
 
 
@@ -128,8 +139,19 @@ def run_paged(case: Case, inputs: CaseInputs) -> dict[str, torch.Tensor]:
             return_lse=True,
             kernel=case.kernel,
             block_table=table,
+            sinks=inputs.sinks,
+            **case.features(),
         )
     return {"out": out, "lse": lse}
+
+
+def sinks_record(dsinks: torch.Tensor) -> dict[str, Any]:
+    """The record of ``dsinks`` [Hq]: a sum over every row of the pack, so it has no sequences;
+    it is stored as one "sequence" with a digest per head (a mismatch then names the heads),
+    with its own shape."""
+    record = tensor_record(dsinks.reshape(1, -1), [0, 1])
+    record["shape"] = list(dsinks.shape)
+    return record
 
 
 def _synchronize(device: torch.device) -> None:
@@ -148,7 +170,10 @@ def compute_case(case: Case, device: torch.device | str) -> CaseResult:
     tensors = {
         name: tensor_record(outputs[name], bounds_k if name in ("dk", "dv") else bounds_q)
         for name in case.outputs
+        if name != SINKS_OUTPUT
     }
+    if SINKS_OUTPUT in case.outputs:
+        tensors[SINKS_OUTPUT] = sinks_record(outputs[SINKS_OUTPUT])
     return CaseResult(case, inputs, outputs, inputs.sha256(), tensors, time.perf_counter() - start)
 
 
@@ -168,6 +193,8 @@ def _reference(case: Case, inputs: CaseInputs, compute_dtype: torch.dtype, lse: 
         zero_where_no_key(inputs.dlse, lse),
         causal=case.causal,
         compute_dtype=compute_dtype,
+        sinks=inputs.sinks,
+        **case.features(),
     )
 
 

@@ -5,7 +5,8 @@
     {
      "schema": 1, "family": "sm90", "cases_version": 1,
      "cases": {name: {kernel, lens_q, lens_k, heads_q, heads_kv, head_dim, dtype, causal,
-                      seed, dlse, inputs_sha256}},
+                      seed, dlse, inputs_sha256, and where not off: page_size,
+                      window_left, window_right, softcap, sinks}},
      "config_hashes": {"varlen/d128/bf16": "<16 hex>", ...},   # sections without their own
      "toolchains": {
       "triton-3.6.0": {
@@ -13,7 +14,8 @@
        "fingerprints": {"varlen/d128/bf16": {"fwd": sha256, "bwd_pre": ..., ...}, ...},
        "provenance": {devices, drivers, torch, portattn, commit, date, first_recorded},
        "outputs": {name: {entry, config_hash, fingerprint, inputs_sha256,
-                          tensors: {out|lse|dq|dk|dv: {sha256, shape, dtype, seqs}}}}
+                          tensors: {out|lse|dq|dk|dv|dsinks: {sha256, shape, dtype,
+                                                               seqs}}}}
       }
      }
     }
@@ -133,6 +135,7 @@ _STR = _scalar("a string", str)
 _STR_OR_NULL = _scalar("a string or null", str, type(None))
 _INT = _scalar("an integer", int)
 _BOOL = _scalar("a boolean", bool)
+_NUMBER = _scalar("a number", int, float)
 _INTS = _list_of(_INT, "integers")
 _STRS = _list_of(_STR, "strings")
 _CASE = _record(
@@ -148,7 +151,15 @@ _CASE = _record(
         "causal": _BOOL,
         "seed": _INT,
     },
-    {"dlse": _BOOL, "inputs_sha256": _STR},
+    {
+        "dlse": _BOOL,
+        "inputs_sha256": _STR,
+        "page_size": _INT,
+        "window_left": _INT,
+        "window_right": _INT,
+        "softcap": _NUMBER,
+        "sinks": _BOOL,
+    },
 )
 _TENSOR = _record(
     "a tensor record (an object)",
