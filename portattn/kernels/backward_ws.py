@@ -58,7 +58,8 @@ def dkdv_ws_supports(tiles: Tiles, head_dim: int) -> bool:
 
 
 class _Program(NamedTuple):
-    """What the partitions of one program read (``ws.specialize``), by name."""
+    """The runtime state that the partitions of one program read, by name (``ws.specialize``;
+    its compile-time parameters travel in a ``ws.Config``)."""
 
     # Shared memory: both groups' K and V rows [2, 64, HEAD_DIM]; the ring of Q and dO tiles
     # [STAGES, BLOCK_M, 1, HEAD_DIM] and of their lse2 and delta [STAGES, 1, BLOCK_M]; the
@@ -101,23 +102,18 @@ class _Program(NamedTuple):
     delta_desc: tma.tensor_descriptor
     hm_start: gl.tensor
     i_hk: gl.tensor
-    HEAD_DIM: gl.constexpr
-    BLOCK_M: gl.constexpr
-    CAUSAL: gl.constexpr
-    SPLIT_P: gl.constexpr
-    STAGES: gl.constexpr
 
 
 @gluon.jit
-def _tile(i_it, m_start, b_dk, b_dv, k_tile, v_tile, o_k, st, MASKED: gl.constexpr,
+def _tile(i_it, m_start, b_dk, b_dv, k_tile, v_tile, o_k, st, cfg, MASKED: gl.constexpr,
           s_layout: gl.constexpr, op_layout: gl.constexpr):
     """One query tile (ring iteration ``i_it``) into the group's dK and dV; ``MASKED``: the
     tile straddles the causal diagonal of the group's keys."""
-    HEAD_DIM: gl.constexpr = st.HEAD_DIM
-    BLOCK_M: gl.constexpr = st.BLOCK_M
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-    slot = i_it % st.STAGES
-    ws.wait_filled(st.ready_bars, i_it, st.STAGES)
+    slot = i_it % cfg.STAGES
+    ws.wait_filled(st.ready_bars, i_it, cfg.STAGES)
     q_tile = st.q_ring.index(slot).reshape([BLOCK_M, HEAD_DIM])
     do_tile = st.do_ring.index(slot).reshape([BLOCK_M, HEAD_DIM])
     b_zero = gl.zeros([ws.GROUP_ROWS, BLOCK_M], gl.float32, layout=s_layout)
@@ -133,25 +129,25 @@ def _tile(i_it, m_start, b_dk, b_dv, k_tile, v_tile, o_k, st, MASKED: gl.constex
     b_lse2 = st.lse2_ring.index(slot).reshape([BLOCK_M]).load(col_layout)
     b_pT = recompute_p(b_sT, b_lse2[None, :], st.scale_log2)  # [64, BLOCK_M]
     # P is scaled by an exact power of two before rounding (as the Triton kernel).
-    b_dv = ws.issue_rounded_mma(b_pT * P_SCALE, do_tile, b_dv, st.SPLIT_P, op_layout)
-    b_dpT = warpgroup_mma_wait(2 if st.SPLIT_P else 1, deps=(b_dpT,))
+    b_dv = ws.issue_rounded_mma(b_pT * P_SCALE, do_tile, b_dv, cfg.SPLIT_P, op_layout)
+    b_dpT = warpgroup_mma_wait(2 if cfg.SPLIT_P else 1, deps=(b_dpT,))
     b_delta = st.delta_ring.index(slot).reshape([BLOCK_M]).load(col_layout)
     b_dsT = b_pT * (b_dpT - b_delta[None, :])  # [64, BLOCK_M]
-    b_dk = ws.issue_rounded_mma(b_dsT, q_tile, b_dk, st.SPLIT_P, op_layout)
+    b_dk = ws.issue_rounded_mma(b_dsT, q_tile, b_dk, cfg.SPLIT_P, op_layout)
     b_dv, b_dk = warpgroup_mma_wait(0, deps=(b_dv, b_dk))
     mbarrier.arrive(st.free_bars.index(slot), count=1)  # done with this slot's tiles
     return b_dk, b_dv
 
 
 @gluon.jit
-def _consume(GROUP: gl.constexpr, st):
+def _consume(GROUP: gl.constexpr, st, cfg):
     """Consumer warp group ``GROUP``: key rows [n_start + 64 GROUP, + 64) of the program."""
-    BLOCK_M: gl.constexpr = st.BLOCK_M
-    STAGES: gl.constexpr = st.STAGES
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    STAGES: gl.constexpr = cfg.STAGES
     # Transposed scores [64 keys, BLOCK_M queries] and gradients [64 keys, HEAD_DIM] in wgmma
     # accumulator layouts; P^T and dS^T are the register A operands of dV and dK.
     s_layout: gl.constexpr = ws.acc_layout(BLOCK_M)
-    acc_layout: gl.constexpr = ws.acc_layout(st.HEAD_DIM)
+    acc_layout: gl.constexpr = ws.acc_layout(cfg.HEAD_DIM)
     op_layout: gl.constexpr = ws.operand_layout(acc_layout)
     n_group = st.n_start + GROUP * ws.GROUP_ROWS
     # Of each head's n_tiles query tiles (from m_lo on): the first n_skip see none of this
@@ -159,7 +155,7 @@ def _consume(GROUP: gl.constexpr, st):
     # diagonal, the rest see all of them. Separate loops, so the mask's registers are not
     # live in the unmasked loop (one loop with a branch spilled).
     m_lo_g, m_full_g = query_range(n_group, st.seqlen_q, st.diag, BLOCK_M, ws.GROUP_ROWS,
-                                   st.CAUSAL)
+                                   cfg.CAUSAL)
     n_skip = (m_lo_g - st.m_lo) // BLOCK_M
     n_masked = (m_full_g - m_lo_g + BLOCK_M - 1) // BLOCK_M
     if n_group >= st.seqlen_k:  # every key of this group past the sequence end: skip all
@@ -169,8 +165,8 @@ def _consume(GROUP: gl.constexpr, st):
     k_tile = st.k_smem.index(GROUP)  # [64, HEAD_DIM]
     v_tile = st.v_smem.index(GROUP)
 
-    b_dk = gl.zeros([ws.GROUP_ROWS, st.HEAD_DIM], gl.float32, layout=acc_layout)
-    b_dv = gl.zeros([ws.GROUP_ROWS, st.HEAD_DIM], gl.float32, layout=acc_layout)
+    b_dk = gl.zeros([ws.GROUP_ROWS, cfg.HEAD_DIM], gl.float32, layout=acc_layout)
+    b_dv = gl.zeros([ws.GROUP_ROWS, cfg.HEAD_DIM], gl.float32, layout=acc_layout)
     mbarrier.wait(st.kv_bar, 0)
     i_it = 0  # ring iteration: (head, query tile) in the producer's order
     for _head in range(st.group):
@@ -182,21 +178,21 @@ def _consume(GROUP: gl.constexpr, st):
             i_it += 1
         m_start = m_lo_g
         for _tile_masked in range(n_masked):
-            b_dk, b_dv = _tile(i_it, m_start, b_dk, b_dv, k_tile, v_tile, o_k, st, True,
+            b_dk, b_dv = _tile(i_it, m_start, b_dk, b_dv, k_tile, v_tile, o_k, st, cfg, True,
                                s_layout, op_layout)
             i_it += 1
             m_start += BLOCK_M
         for _tile_full in range(st.n_tiles - n_skip - n_masked):
-            b_dk, b_dv = _tile(i_it, m_start, b_dk, b_dv, k_tile, v_tile, o_k, st, False,
+            b_dk, b_dv = _tile(i_it, m_start, b_dk, b_dv, k_tile, v_tile, o_k, st, cfg, False,
                                s_layout, op_layout)
             i_it += 1
             m_start += BLOCK_M
 
-    _store_group(b_dk, b_dv, st, GROUP, acc_layout)
+    _store_group(b_dk, b_dv, st, cfg, GROUP, acc_layout)
 
 
 @gluon.jit
-def _store_group(b_dk, b_dv, st, GROUP: gl.constexpr, acc_layout: gl.constexpr):
+def _store_group(b_dk, b_dv, st, cfg, GROUP: gl.constexpr, acc_layout: gl.constexpr):
     """dK * scale and dV / P_SCALE of the group's 64 key rows (rows past the sequence end are
     not stored). Where the rows are is worked out again from the kernel's arguments, so none
     of it stays in registers across the key loop."""
@@ -204,7 +200,7 @@ def _store_group(b_dk, b_dv, st, GROUP: gl.constexpr, acc_layout: gl.constexpr):
     i_hk = gl.program_id(1).to(gl.int64)
     bos_k, seqlen_k = seq_bounds(st.cu_seqlens_k, i_b)
     n_group = i_n * (2 * ws.GROUP_ROWS) + GROUP * ws.GROUP_ROWS
-    _, o_d, o_rows, m_kd = ws.tile_rows(n_group, bos_k, seqlen_k, ws.GROUP_ROWS, st.HEAD_DIM,
+    _, o_d, o_rows, m_kd = ws.tile_rows(n_group, bos_k, seqlen_k, ws.GROUP_ROWS, cfg.HEAD_DIM,
                                         acc_layout)
     p_dk = st.dk + o_rows * st.stride_dkt + i_hk * st.stride_dkh + o_d[None, :]
     gl.store(p_dk, (b_dk * st.scale).to(st.dk.dtype.element_ty), mask=m_kd)
@@ -213,10 +209,10 @@ def _store_group(b_dk, b_dv, st, GROUP: gl.constexpr, acc_layout: gl.constexpr):
 
 
 @gluon.jit
-def _producer(st):
+def _producer(st, cfg):
     """One warp: both groups' K and V rows, then each (head, query tile)'s Q, dO, lse2 and
     delta into the ring as slots free up."""
-    STAGES: gl.constexpr = st.STAGES
+    STAGES: gl.constexpr = cfg.STAGES
     mbarrier.expect(st.kv_bar,
                     2 * st.k_desc.block_type.nbytes + 2 * st.v_desc.block_type.nbytes)
     for g in gl.static_range(2):
@@ -238,7 +234,7 @@ def _producer(st):
         ws.tma_load(st.lse2_desc, [i_h, o_hm], bar, st.lse2_ring.index(slot))
         ws.tma_load(st.delta_desc, [i_h, o_hm], bar, st.delta_ring.index(slot))
         # The next tile of this head, or the first of the next head.
-        m_start += st.BLOCK_M
+        m_start += cfg.BLOCK_M
         if m_start >= st.seqlen_q:
             m_start = st.m_lo
             i_h += 1
@@ -309,7 +305,8 @@ def attn_bwd_dkdv_ws_kernel(
     free_bars = ws.barriers(STAGES, 2)  # one arrival per consumer group
     fence_async_shared()
 
-    ws.specialize(_Program(
+    # The runtime state, assigned as the positional tuples were (``ws.specialize``).
+    program = _Program(
         k_smem=k_smem, v_smem=v_smem, q_ring=q_ring, do_ring=do_ring, lse2_ring=lse2_ring,
         delta_ring=delta_ring, kv_bar=kv_bar, ready_bars=ready_bars, free_bars=free_bars,
         dk=dk, dv=dv, cu_seqlens_k=cu_seqlens_k, batch=batch, stride_dkt=stride_dkt,
@@ -317,5 +314,6 @@ def attn_bwd_dkdv_ws_kernel(
         seqlen_q=seqlen_q, seqlen_k=seqlen_k, diag=diag, n_start=n_start, m_lo=m_lo,
         n_tiles=n_tiles, group=group, scale_log2=scale_log2, q_desc=q_desc, do_desc=do_desc,
         k_desc=k_desc, v_desc=v_desc, lse2_desc=lse2_desc, delta_desc=delta_desc,
-        hm_start=hm_start, i_hk=i_hk, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, CAUSAL=CAUSAL,
-        SPLIT_P=SPLIT_P, STAGES=STAGES), _consume, _producer)
+        hm_start=hm_start, i_hk=i_hk)
+    ws.specialize(program, ws.Config(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, STAGES),
+                  _consume, _producer)

@@ -54,7 +54,8 @@ def dq_ws_supports(tiles: Tiles, head_dim: int) -> bool:
 
 
 class _Program(NamedTuple):
-    """What the partitions of one program read (``ws.specialize``), by name."""
+    """The runtime state that the partitions of one program read, by name (``ws.specialize``;
+    its compile-time parameters travel in a ``ws.Config``)."""
 
     # Shared memory: both groups' Q and dO tiles [2, 64, HEAD_DIM], the K and V rings
     # [STAGES, BLOCK_N, HEAD_DIM]; the mbarriers of Q and dO (one per group), of the ring's
@@ -91,23 +92,17 @@ class _Program(NamedTuple):
     do_desc: tma.tensor_descriptor
     k_desc: tma.tensor_descriptor
     v_desc: tma.tensor_descriptor
-    HEAD_DIM: gl.constexpr
-    BLOCK_N: gl.constexpr
-    CAUSAL: gl.constexpr
-    SPLIT_P: gl.constexpr
-    PADDED: gl.constexpr
-    STAGES: gl.constexpr
 
 
 @gluon.jit
-def _key_tile(i_tile, b_dq, q_tile, do_tile, o_q, b_lse2, b_delta, st, MASKED: gl.constexpr,
-              s_layout: gl.constexpr, op_layout: gl.constexpr):
+def _key_tile(i_tile, b_dq, q_tile, do_tile, o_q, b_lse2, b_delta, st, cfg,
+              MASKED: gl.constexpr, s_layout: gl.constexpr, op_layout: gl.constexpr):
     """Key tile ``i_tile`` (ring slot ``i_tile % STAGES``) into the group's dQ; ``MASKED``:
     the tile needs the mask (past the causal bound or the sequence end; without ``CAUSAL``
     only the sequence end)."""
-    BLOCK_N: gl.constexpr = st.BLOCK_N
-    slot = i_tile % st.STAGES
-    ws.wait_filled(st.kv_bars, i_tile, st.STAGES)
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    slot = i_tile % cfg.STAGES
+    ws.wait_filled(st.kv_bars, i_tile, cfg.STAGES)
     k_tile = st.k_ring.index(slot)  # [BLOCK_N, HEAD_DIM]
     v_tile = st.v_ring.index(slot)
     b_zero = gl.zeros([ws.GROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
@@ -115,24 +110,24 @@ def _key_tile(i_tile, b_dq, q_tile, do_tile, o_q, b_lse2, b_delta, st, MASKED: g
     b_s, b_dp = ws.issue_scores_dp(q_tile, k_tile, do_tile, v_tile, b_zero)
     if MASKED:
         o_k = i_tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        m_vis = visible_mask(o_q[:, None], o_k[None, :], st.seqlen_k, st.diag, st.CAUSAL)
+        m_vis = visible_mask(o_q[:, None], o_k[None, :], st.seqlen_k, st.diag, cfg.CAUSAL)
         b_s = mask_scores(b_s, m_vis)
     b_p = recompute_p(b_s, b_lse2[:, None], st.scale_log2)  # [64, BLOCK_N]
     b_dp = warpgroup_mma_wait(0, deps=(b_dp,))
     b_ds = b_p * (b_dp - b_delta[:, None])  # [64, BLOCK_N]
-    b_dq = ws.issue_rounded_mma(b_ds, k_tile, b_dq, st.SPLIT_P, op_layout)
+    b_dq = ws.issue_rounded_mma(b_ds, k_tile, b_dq, cfg.SPLIT_P, op_layout)
     b_dq = warpgroup_mma_wait(0, deps=(b_dq,))
     mbarrier.arrive(st.free_bars.index(slot), count=1)  # done with K, V of this tile
     return b_dq
 
 
 @gluon.jit
-def _consume(GROUP: gl.constexpr, st):
+def _consume(GROUP: gl.constexpr, st, cfg):
     """Consumer warp group ``GROUP``: query rows [m_tile + 64 GROUP, + 64) of the program."""
-    HEAD_DIM: gl.constexpr = st.HEAD_DIM
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
     # Scores [64, BLOCK_N] and dQ [64, HEAD_DIM] in wgmma accumulator layouts; dS is the
     # register A operand of dS K.
-    s_layout: gl.constexpr = ws.acc_layout(st.BLOCK_N)
+    s_layout: gl.constexpr = ws.acc_layout(cfg.BLOCK_N)
     acc_layout: gl.constexpr = ws.acc_layout(HEAD_DIM)
     op_layout: gl.constexpr = ws.operand_layout(acc_layout)
     m_start = st.m_tile + GROUP * ws.GROUP_ROWS
@@ -141,13 +136,13 @@ def _consume(GROUP: gl.constexpr, st):
         # copy of its Q and dO tiles (no copy into the CTA's shared memory may be in flight
         # when it exits) and takes part in the ring.
         mbarrier.wait(st.q_bars.index(GROUP), 0)
-        ws.skip_ring(st.kv_bars, st.free_bars, st.n_tiles, st.STAGES)
+        ws.skip_ring(st.kv_bars, st.free_bars, st.n_tiles, cfg.STAGES)
         return
     o_q = m_start + gl.arange(0, ws.GROUP_ROWS, layout=gl.SliceLayout(1, s_layout))
     m_row = o_q < st.seqlen_q
     # lse2 and delta of the group's rows, as the Triton kernel reads them: rows past the
     # sequence end get lse2 +inf (P = 0) and delta 0.
-    o_hm = (st.i_h.to(gl.int64) * st.stride_hm + head_major_start(st.bos_q, st.i_b, st.PADDED)
+    o_hm = (st.i_h.to(gl.int64) * st.stride_hm + head_major_start(st.bos_q, st.i_b, cfg.PADDED)
             + o_q)
     b_lse2 = load_row_lse2(st.lse2 + o_hm, m_row)  # [64]
     b_delta = gl.load(st.delta + o_hm, mask=m_row, other=0.0)  # [64]
@@ -157,10 +152,10 @@ def _consume(GROUP: gl.constexpr, st):
     b_dq = gl.zeros([ws.GROUP_ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     mbarrier.wait(st.q_bars.index(GROUP), 0)
     for i_tile in range(0, st.t_full):
-        b_dq = _key_tile(i_tile, b_dq, q_tile, do_tile, o_q, b_lse2, b_delta, st, False,
+        b_dq = _key_tile(i_tile, b_dq, q_tile, do_tile, o_q, b_lse2, b_delta, st, cfg, False,
                          s_layout, op_layout)
     for i_tile in range(st.t_full, st.n_tiles):
-        b_dq = _key_tile(i_tile, b_dq, q_tile, do_tile, o_q, b_lse2, b_delta, st, True,
+        b_dq = _key_tile(i_tile, b_dq, q_tile, do_tile, o_q, b_lse2, b_delta, st, cfg, True,
                          s_layout, op_layout)
 
     _, o_d, o_rows, m_q = ws.tile_rows(m_start, st.bos_q, st.seqlen_q, ws.GROUP_ROWS, HEAD_DIM,
@@ -170,10 +165,10 @@ def _consume(GROUP: gl.constexpr, st):
 
 
 @gluon.jit
-def _producer(st):
+def _producer(st, cfg):
     """One warp: both groups' Q and dO tiles, then K and V tiles into the ring as slots free
     up."""
-    STAGES: gl.constexpr = st.STAGES
+    STAGES: gl.constexpr = cfg.STAGES
     for group in gl.static_range(2):
         bar = st.q_bars.index(group)
         mbarrier.expect(bar, st.q_desc.block_type.nbytes + st.do_desc.block_type.nbytes)
@@ -185,8 +180,8 @@ def _producer(st):
         ws.wait_free(st.free_bars, i_tile, STAGES)
         bar = st.kv_bars.index(slot)
         mbarrier.expect(bar, st.k_desc.block_type.nbytes + st.v_desc.block_type.nbytes)
-        ws.tma_load(st.k_desc, [i_tile * st.BLOCK_N, 0], bar, st.k_ring.index(slot))
-        ws.tma_load(st.v_desc, [i_tile * st.BLOCK_N, 0], bar, st.v_ring.index(slot))
+        ws.tma_load(st.k_desc, [i_tile * cfg.BLOCK_N, 0], bar, st.k_ring.index(slot))
+        ws.tma_load(st.v_desc, [i_tile * cfg.BLOCK_N, 0], bar, st.v_ring.index(slot))
 
 
 @gluon.jit
@@ -226,12 +221,13 @@ def attn_bwd_dq_ws_kernel(
     free_bars = ws.barriers(STAGES, 2)  # one arrival per consumer group
     fence_async_shared()
 
-    ws.specialize(_Program(
+    # The runtime state, assigned as the positional tuples were (``ws.specialize``).
+    program = _Program(
         q_smem=q_smem, do_smem=do_smem, k_ring=k_ring, v_ring=v_ring, q_bars=q_bars,
         kv_bars=kv_bars, free_bars=free_bars, dq=dq, lse2=lse2, delta=delta,
         i_b=i_b, i_h=i_h, bos_q=bos_q, seqlen_q=seqlen_q, seqlen_k=seqlen_k, diag=diag,
         m_tile=m_tile, t_full=t_full, n_tiles=n_tiles, stride_hm=stride_hm,
         stride_dqt=stride_dqt, stride_dqh=stride_dqh, scale=scale, scale_log2=scale_log2,
-        q_desc=q_desc, do_desc=do_desc, k_desc=k_desc, v_desc=v_desc,
-        HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, SPLIT_P=SPLIT_P, PADDED=PADDED,
-        STAGES=STAGES), _consume, _producer)
+        q_desc=q_desc, do_desc=do_desc, k_desc=k_desc, v_desc=v_desc)
+    ws.specialize(program, ws.Config(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
+                                     PADDED=PADDED), _consume, _producer)

@@ -58,7 +58,8 @@ def ws_supports(tiles: Tiles, head_dim: int) -> bool:
 
 
 class _Program(NamedTuple):
-    """What the partitions of one program read (``ws.specialize``), by name."""
+    """The runtime state that the partitions of one program read, by name (``ws.specialize``;
+    its compile-time parameters travel in a ``ws.Config``)."""
 
     # Shared memory: both groups' Q tiles [2, 64, HEAD_DIM], the K and V rings [STAGES,
     # BLOCK_N, HEAD_DIM]; the mbarriers of Q (one per group), of the ring's fills and frees.
@@ -93,31 +94,26 @@ class _Program(NamedTuple):
     q_desc: tma.tensor_descriptor
     k_desc: tma.tensor_descriptor
     v_desc: tma.tensor_descriptor
-    HEAD_DIM: gl.constexpr
-    BLOCK_N: gl.constexpr
-    CAUSAL: gl.constexpr
-    SPLIT_P: gl.constexpr
-    STORE_O32: gl.constexpr
-    STAGES: gl.constexpr
 
 
 @gluon.jit
-def _softmax_p(b_s, b_m, b_l, i_tile, st, m_start, s_layout: gl.constexpr):
+def _softmax_p(b_s, b_m, b_l, i_tile, st, cfg, m_start, s_layout: gl.constexpr):
     """Mask key tile ``i_tile``'s raw scores where it needs it, then one online-softmax step."""
     if i_tile >= st.t_full:
         o_q = m_start + gl.arange(0, ws.GROUP_ROWS, layout=gl.SliceLayout(1, s_layout))
-        o_k = i_tile * st.BLOCK_N + gl.arange(0, st.BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        m_vis = visible_mask(o_q[:, None], o_k[None, :], st.seqlen_k, st.diag, st.CAUSAL)
+        o_k = i_tile * cfg.BLOCK_N + gl.arange(0, cfg.BLOCK_N,
+                                               layout=gl.SliceLayout(0, s_layout))
+        m_vis = visible_mask(o_q[:, None], o_k[None, :], st.seqlen_k, st.diag, cfg.CAUSAL)
         b_s = mask_scores(b_s, m_vis)
     return online_softmax_step(b_s, b_m, b_l, st.scale_log2)
 
 
 @gluon.jit
-def _consume(GROUP: gl.constexpr, st):
+def _consume(GROUP: gl.constexpr, st, cfg):
     """Consumer warp group ``GROUP``: query rows [m_tile + 64 GROUP, + 64) of the program."""
-    HEAD_DIM: gl.constexpr = st.HEAD_DIM
-    BLOCK_N: gl.constexpr = st.BLOCK_N
-    STAGES: gl.constexpr = st.STAGES
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    STAGES: gl.constexpr = cfg.STAGES
     # Scores [64, BLOCK_N] and output [64, HEAD_DIM] in wgmma accumulator layouts; P is the
     # register A operand of P V.
     s_layout: gl.constexpr = ws.acc_layout(BLOCK_N)
@@ -147,11 +143,11 @@ def _consume(GROUP: gl.constexpr, st):
         b_s = warpgroup_mma(q_tile, st.k_ring.index(0).permute((1, 0)), b_zero, use_acc=False,
                             is_async=True)
         b_s = warpgroup_mma_wait(0, deps=(b_s,))
-        b_p, b_alpha, b_m, b_l = _softmax_p(b_s, b_m, b_l, 0, st, m_start, s_layout)
+        b_p, b_alpha, b_m, b_l = _softmax_p(b_s, b_m, b_l, 0, st, cfg, m_start, s_layout)
 
     # Iteration i: P of tile i is ready and acc holds tiles < i. Q K^T of tile i + 1 runs under
     # the rescale of acc, P V of tile i under the softmax of tile i + 1.
-    PV_GROUPS: gl.constexpr = 2 if st.SPLIT_P else 1  # wgmma groups of one P V
+    PV_GROUPS: gl.constexpr = 2 if cfg.SPLIT_P else 1  # wgmma groups of one P V
     for i_tile in range(0, st.n_tiles - 1):
         i_next = i_tile + 1
         ws.wait_filled(st.k_bars, i_next, STAGES)
@@ -159,10 +155,11 @@ def _consume(GROUP: gl.constexpr, st):
                             use_acc=False, is_async=True)
         b_acc = b_acc * gl.convert_layout(b_alpha, row_layout)[:, None]
         ws.wait_filled(st.v_bars, i_tile, STAGES)
-        b_acc = ws.issue_rounded_mma(b_p, st.v_ring.index(i_tile % STAGES), b_acc, st.SPLIT_P,
+        b_acc = ws.issue_rounded_mma(b_p, st.v_ring.index(i_tile % STAGES), b_acc, cfg.SPLIT_P,
                                      p_layout)
         b_s = warpgroup_mma_wait(PV_GROUPS, deps=(b_s,))  # Q K^T done, P V may run on
-        b_p, b_alpha, b_m, b_l = _softmax_p(b_s, b_m, b_l, i_next, st, m_start, s_layout)
+        b_p, b_alpha, b_m, b_l = _softmax_p(b_s, b_m, b_l, i_next, st, cfg, m_start,
+                                            s_layout)
         b_acc = warpgroup_mma_wait(0, deps=(b_acc,))
         mbarrier.arrive(st.free_bars.index(i_tile % STAGES), count=1)  # done with tile i
 
@@ -170,7 +167,7 @@ def _consume(GROUP: gl.constexpr, st):
         i_tile = st.n_tiles - 1
         b_acc = b_acc * gl.convert_layout(b_alpha, row_layout)[:, None]
         ws.wait_filled(st.v_bars, i_tile, STAGES)
-        b_acc = ws.issue_rounded_mma(b_p, st.v_ring.index(i_tile % STAGES), b_acc, st.SPLIT_P,
+        b_acc = ws.issue_rounded_mma(b_p, st.v_ring.index(i_tile % STAGES), b_acc, cfg.SPLIT_P,
                                      p_layout)
         b_acc = warpgroup_mma_wait(0, deps=(b_acc,))
 
@@ -185,16 +182,16 @@ def _consume(GROUP: gl.constexpr, st):
     gl.store(p_o, b_out.to(st.o.dtype.element_ty), mask=m_o)
     p_lse = st.lse + (st.bos_q + o_q.to(gl.int64)) * st.n_heads_q + st.i_h
     gl.store(p_lse, b_lse, mask=o_q < st.seqlen_q)
-    if st.STORE_O32:
+    if cfg.STORE_O32:
         p_o32 = (st.o32 + o_rows * st.stride_o32t + st.i_h.to(gl.int64) * st.stride_o32h
                  + o_d[None, :])
         gl.store(p_o32, b_out, mask=m_o)
 
 
 @gluon.jit
-def _producer(st):
+def _producer(st, cfg):
     """One warp: both groups' Q tiles, then K and V tiles into the ring as slots free up."""
-    STAGES: gl.constexpr = st.STAGES
+    STAGES: gl.constexpr = cfg.STAGES
     for group in gl.static_range(2):
         mbarrier.expect(st.q_bars.index(group), st.q_desc.block_type.nbytes)
         ws.tma_load(st.q_desc, [st.m_tile + group * ws.GROUP_ROWS, 0], st.q_bars.index(group),
@@ -203,10 +200,10 @@ def _producer(st):
         slot = i_tile % STAGES
         ws.wait_free(st.free_bars, i_tile, STAGES)
         mbarrier.expect(st.k_bars.index(slot), st.k_desc.block_type.nbytes)
-        ws.tma_load(st.k_desc, [i_tile * st.BLOCK_N, 0], st.k_bars.index(slot),
+        ws.tma_load(st.k_desc, [i_tile * cfg.BLOCK_N, 0], st.k_bars.index(slot),
                     st.k_ring.index(slot))
         mbarrier.expect(st.v_bars.index(slot), st.v_desc.block_type.nbytes)
-        ws.tma_load(st.v_desc, [i_tile * st.BLOCK_N, 0], st.v_bars.index(slot),
+        ws.tma_load(st.v_desc, [i_tile * cfg.BLOCK_N, 0], st.v_bars.index(slot),
                     st.v_ring.index(slot))
 
 
@@ -246,12 +243,13 @@ def attn_fwd_ws_kernel(
     free_bars = ws.barriers(STAGES, 2)  # one arrival per consumer group
     fence_async_shared()
 
-    ws.specialize(_Program(
+    # The runtime state, assigned as the positional tuples were (``ws.specialize``).
+    program = _Program(
         q_smem=q_smem, k_ring=k_ring, v_ring=v_ring, q_bars=q_bars, k_bars=k_bars,
         v_bars=v_bars, free_bars=free_bars, o=o, lse=lse, o32=o32,
         bos_q=bos_q, seqlen_q=seqlen_q, seqlen_k=seqlen_k, diag=diag, t_full=t_full,
         n_tiles=n_tiles, m_tile=m_tile, i_h=i_h, n_heads_q=n_heads_q, stride_ot=stride_ot,
         stride_oh=stride_oh, stride_o32t=stride_o32t, stride_o32h=stride_o32h,
-        scale_log2=scale_log2, q_desc=q_desc, k_desc=k_desc, v_desc=v_desc,
-        HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, SPLIT_P=SPLIT_P,
-        STORE_O32=STORE_O32, STAGES=STAGES), _consume, _producer)
+        scale_log2=scale_log2, q_desc=q_desc, k_desc=k_desc, v_desc=v_desc)
+    ws.specialize(program, ws.Config(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
+                                     STORE_O32=STORE_O32), _consume, _producer)

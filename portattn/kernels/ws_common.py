@@ -12,6 +12,8 @@ whole pass ahead, so every consumer group waits for every fill, also of a tile i
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import triton
 
 if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 6):
@@ -78,30 +80,49 @@ def operand_layout(acc):
     return gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
 
 
-@gluon.jit
-def _consumer_group(consume: gl.constexpr, GROUP: gl.constexpr, program):
-    consume(GROUP, program)
+class Config(NamedTuple):
+    """The compile-time parameters of a warp-specialised program, which every partition gets
+    beside its state (``specialize``); a kernel leaves the flags it has not at False. Build it
+    in the call to ``specialize``: Triton turns the constexprs of a tuple assigned to a local
+    into tensors."""
+
+    HEAD_DIM: gl.constexpr
+    BLOCK_M: gl.constexpr  # query rows of a program (forward, dQ) or of a ring tile (dK/dV)
+    BLOCK_N: gl.constexpr  # key rows of a ring tile (forward, dQ) or of a program (dK/dV)
+    CAUSAL: gl.constexpr
+    SPLIT_P: gl.constexpr
+    STAGES: gl.constexpr  # ring slots
+    STORE_O32: gl.constexpr = False  # forward: also the float32 copy of out
+    PADDED: gl.constexpr = False  # dQ: lse2 and delta in the padded head-major layout
 
 
 @gluon.jit
-def _producer_warp(produce: gl.constexpr, program):
-    produce(program)
+def _consumer_group(consume: gl.constexpr, GROUP: gl.constexpr, program, cfg):
+    consume(GROUP, program, cfg)
 
 
 @gluon.jit
-def specialize(program, consume: gl.constexpr, produce: gl.constexpr):
-    """Run one program as two consumer warp groups, ``consume(0, program)`` (the default
-    partition) and ``consume(1, program)``, and a producer warp, ``produce(program)``.
+def _producer_warp(produce: gl.constexpr, program, cfg):
+    produce(program, cfg)
 
-    ``program`` is the kernel's state by name: a ``NamedTuple`` of shared memory, barriers,
-    descriptors, pointers, scalars and constexprs, which every partition gets whole. A named
-    tuple flattens as a plain one, in field order, so the partitions capture the values that
-    positional tuples gave them, in the same order (the same machine code). Pass it here as
-    it is built: Triton turns the constexprs of a tuple assigned to a local into tensors."""
+
+@gluon.jit
+def specialize(program, cfg, consume: gl.constexpr, produce: gl.constexpr):
+    """Run one program as two consumer warp groups, ``consume(0, program, cfg)`` (the default
+    partition) and ``consume(1, program, cfg)``, and a producer warp, ``produce(program,
+    cfg)``; ``cfg`` is its ``Config``.
+
+    ``program`` is the kernel's runtime state by name: a ``NamedTuple`` (``_Program``) of
+    shared memory, barriers, descriptors, pointers and scalars, which every partition gets
+    whole. A named tuple flattens as a plain one, in field order, so the partitions capture
+    the values that positional tuples gave them, in the same order (the same machine code).
+    The kernel assigns it to a local first, as it did the positional tuples: Triton then
+    turns an integer argument that the launch specialised to a constexpr (a 1: ``batch``,
+    ``group``, ``stride_hm``) into a tensor, as before."""
     gl.warp_specialize([
-        (_consumer_group, (consume, 0, program)),
-        (_consumer_group, (consume, 1, program)),
-        (_producer_warp, (produce, program)),
+        (_consumer_group, (consume, 0, program, cfg)),
+        (_consumer_group, (consume, 1, program, cfg)),
+        (_producer_warp, (produce, program, cfg)),
     ], [GROUP_WARPS, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
