@@ -35,9 +35,11 @@ except ImportError:
     attn_bwd_dq_ws_kernel = dq_ws_supports = None
 from portattn.kernels.primitives import (
     P_SCALE,
+    KeyLoop,
     head_dim_chunk,
     head_major_start,
     head_rows_tiles,
+    key_tile,
     key_value_tiles,
     load_head_rows,
     load_key_tile,
@@ -128,11 +130,8 @@ def attn_bwd_dkdv_kernel(
     is the same ordered sum whatever the split. The split is by launch, not by a branch on the
     program id: LLVM merged the two branches' loop exits, and the accumulator copies that
     merge put inside the in-flight wgmma made ptxas serialize every wgmma (C7515)."""
-    i_b, i_n = tile_index(batch, False)
-    i_hk = tl.program_id(1)
-    bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
-    bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
-    n_start = i_n * BLOCK_N
+    i_b, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, n_start = key_tile(
+        cu_seqlens_q, cu_seqlens_k, batch, BLOCK_N)
     if n_start >= seqlen_k:
         return
     diag = seqlen_k - seqlen_q
@@ -280,26 +279,20 @@ def _dq_key_tiles(
     b_dq, b_q, b_do, b_lse2, b_delta,
     src_k, src_v, stride_kt, stride_vt,
     o_q, o_d, m_d, seqlen_k, diag, scale_log2,
-    n_lo, n_hi,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    SPLIT_P: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    TMA: tl.constexpr,
-    WINDOW_LEFT: tl.constexpr = -1,
-    WINDOW_RIGHT: tl.constexpr = -1,
-    SOFTCAP: tl.constexpr = 0.0,
+    n_lo, n_hi, loop, MASKED: tl.constexpr,
 ):
-    """Accumulate key tiles [n_lo, n_hi) (ascending) into dQ."""
+    """Accumulate key tiles [n_lo, n_hi) (ascending) into dQ, with the mask where ``MASKED``
+    (``loop``: the ``KeyLoop`` of the forward's tiles; no pages)."""
+    BLOCK_M: tl.constexpr = loop.BLOCK_M
+    BLOCK_N: tl.constexpr = loop.BLOCK_N
+    SOFTCAP: tl.constexpr = loop.SOFTCAP
     for n_start in range(n_lo, n_hi, BLOCK_N):
         o_k = n_start + tl.arange(0, BLOCK_N)
         b_k = load_key_tile(src_k, n_start, 0, o_k, seqlen_k, stride_kt, o_d, m_d,
-                            TMA)  # [BLOCK_N, BLOCK_D]
+                            loop.TMA)  # [BLOCK_N, BLOCK_D]
         b_v = load_key_tile(src_v, n_start, 0, o_k, seqlen_k, stride_vt, o_d, m_d,
-                            TMA)  # [BLOCK_N, BLOCK_D]
-        b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
+                            loop.TMA)  # [BLOCK_N, BLOCK_D]
+        b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), loop.INTERPRET)
         if SOFTCAP > 0:  # as in the dK/dV kernel
             b_qk, b_tanh = softcap_scores(b_qk, scale_log2, SOFTCAP)
             p_scale = 1.0
@@ -307,13 +300,14 @@ def _dq_key_tiles(
             p_scale = scale_log2
         if MASKED:
             b_qk = mask_scores(b_qk, visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag,
-                                                  CAUSAL, WINDOW_LEFT, WINDOW_RIGHT))
+                                                  loop.CAUSAL, loop.WINDOW_LEFT,
+                                                  loop.WINDOW_RIGHT))
         b_p = recompute_p(b_qk, b_lse2[:, None], p_scale)  # [BLOCK_M, BLOCK_N]
-        b_dp = mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
+        b_dp = mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), loop.INTERPRET)
         b_ds = b_p * (b_dp - b_delta[:, None])  # [BLOCK_M, BLOCK_N]
         if SOFTCAP > 0:
             b_ds = b_ds * (1.0 - b_tanh * b_tanh)
-        b_dq = mma_rounded(b_ds, b_k, b_dq, SPLIT_P, INTERPRET)  # [BLOCK_M, BLOCK_D]
+        b_dq = mma_rounded(b_ds, b_k, b_dq, loop.SPLIT_P, loop.INTERPRET)  # [BLOCK_M, BLOCK_D]
     return b_dq
 
 
@@ -368,13 +362,14 @@ def attn_bwd_dq_kernel(
     b_dq = _dq_key_tiles(
         b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_lo, n_full,
-        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, TMA, SOFTCAP=SOFTCAP,
+        KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
+                SOFTCAP), False,
     )
     b_dq = _dq_key_tiles(
         b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_full, n_hi,
-        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
-        SOFTCAP,
+        KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
+                SOFTCAP), True,
     )
     b_dq = b_dq * scale
     tl.store(dq + o_rows * stride_dqt + i_h.to(tl.int64) * stride_dqh + o_d[None, :],

@@ -42,6 +42,7 @@ from portattn.kernels import ws_common as ws
 from portattn.kernels.primitives import (
     P_SCALE,
     head_major_start,
+    key_tile,
     mask_scores,
     query_range,
     recompute_p,
@@ -259,11 +260,8 @@ def attn_bwd_dkdv_ws_kernel(
     ``BLOCK_M`` query rows. lse2 and delta are the preprocess kernel's padded head-major
     buffers (``head_major_start``)."""
     gl.static_assert(BLOCK_N == 2 * ws.GROUP_ROWS)
-    i_b, i_n = tile_index(batch, False)
-    i_hk = gl.program_id(1)
-    bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
-    bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
-    n_start = i_n * BLOCK_N
+    i_b, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, n_start = key_tile(
+        cu_seqlens_q, cu_seqlens_k, batch, BLOCK_N)
     if n_start >= seqlen_k:
         return
     diag = seqlen_k - seqlen_q

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from portattn.kernels.plan import KernelLaunch, VarlenProblem
 from portattn.kernels.primitives import (
+    KeyLoop,
     forward_tile,
     head_dim_chunk,
     seq_bounds,
@@ -98,9 +99,8 @@ def attn_decode_kernel(
     b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
         b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
-        BLOCK_M, BLOCK_DC, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False,
-        p_pages, stride_kp, stride_vp, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
-        b_sink, HAS_SINK,
+        KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, WINDOW_LEFT, WINDOW_RIGHT,
+                SOFTCAP, PAGE_SIZE), BLOCK_DC, p_pages, stride_kp, stride_vp, b_sink, HAS_SINK,
     )
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]

@@ -29,6 +29,7 @@ except ImportError:
     attn_fwd_ws_kernel = ws_launch_options = ws_supports = None
 from portattn.kernels.decode import decode_fits, plan_decode
 from portattn.kernels.primitives import (
+    KeyLoop,
     forward_tile,
     head_dim_chunk,
     key_value_tiles,
@@ -101,9 +102,8 @@ def attn_fwd_kernel(
     b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
         b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
-        BLOCK_M, BLOCK_DC, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA,
-        WINDOW_LEFT=WINDOW_LEFT, WINDOW_RIGHT=WINDOW_RIGHT, SOFTCAP=SOFTCAP,
-        b_sink=b_sink, HAS_SINK=HAS_SINK,
+        KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
+                SOFTCAP), BLOCK_DC, b_sink=b_sink, HAS_SINK=HAS_SINK,
     )
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]

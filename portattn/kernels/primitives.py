@@ -9,6 +9,8 @@ Conventions: ``b_`` block values, ``p_`` pointers, ``o_`` offsets, ``m_`` masks.
 Scores are kept in log2 units: ``s2 = (q . k) * scale * log2(e)``, so ``exp2`` replaces ``exp``.
 """
 
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
 
@@ -204,41 +206,50 @@ def online_softmax_step(b_qk, b_m, b_l, scale_log2):
     return b_p, b_alpha, b_m_new, b_l
 
 
+class KeyLoop(NamedTuple):
+    """The compile-time options of a key loop (``forward_tile``, ``forward_key_tiles``, the dQ
+    kernel's ``_dq_key_tiles``), in one bundle, so that an option reaches every loop as one
+    argument. A named tuple of constexprs: build it in the call that takes it (Triton turns
+    the constexprs of a tuple assigned to a local into tensors)."""
+
+    BLOCK_M: tl.constexpr  # query rows of the tile
+    BLOCK_N: tl.constexpr  # keys per key tile
+    CAUSAL: tl.constexpr
+    SPLIT_P: tl.constexpr
+    INTERPRET: tl.constexpr
+    TMA: tl.constexpr  # K/V read through ``key_value_tiles``' descriptors
+    WINDOW_LEFT: tl.constexpr = -1  # ``visible_mask``
+    WINDOW_RIGHT: tl.constexpr = -1
+    SOFTCAP: tl.constexpr = 0.0  # ``scores_log2``
+    PAGE_SIZE: tl.constexpr = 0  # ``paged_rows``
+
+
 @triton.jit
 def forward_key_tiles(
     b_acc, b_m, b_l, b_q,
     src_k, src_v, stride_kt, stride_vt,
     o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2,
-    n_lo, n_hi,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    SPLIT_P: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    TMA: tl.constexpr,
+    n_lo, n_hi, loop, MASKED: tl.constexpr,
     p_pages=None, stride_kp=0, stride_vp=0,
-    PAGE_SIZE: tl.constexpr = 0,
-    WINDOW_LEFT: tl.constexpr = -1,
-    WINDOW_RIGHT: tl.constexpr = -1,
-    SOFTCAP: tl.constexpr = 0.0,
 ):
     """The key loop of the Triton forward and decode kernels: accumulate key tiles
-    [n_lo, n_hi) (ascending) into (acc, m, l); the scores use all head-dim columns ``o_d``, the
-    accumulator the value columns ``o_dc`` (from ``c_v``).
-    ``PAGE_SIZE`` > 0: K and V are paged caches, key ``j`` lives in page ``p_pages[j //
+    [n_lo, n_hi) (ascending) into (acc, m, l), with the mask where ``MASKED``; the scores use
+    all head-dim columns ``o_d``, the accumulator the value columns ``o_dc`` (from ``c_v``).
+    ``loop.PAGE_SIZE`` > 0: K and V are paged caches, key ``j`` lives in page ``p_pages[j //
     PAGE_SIZE]`` at slot ``j % PAGE_SIZE`` (``paged_rows``); the tiles, their order and the
     arithmetic are those of the packed layout, so a row gets the same bits from either."""
+    BLOCK_M: tl.constexpr = loop.BLOCK_M
+    BLOCK_N: tl.constexpr = loop.BLOCK_N
     for n_start in range(n_lo, n_hi, BLOCK_N):
         o_k = n_start + tl.arange(0, BLOCK_N)
-        if TMA:
+        if loop.TMA:
             b_k = src_k.load([n_start, 0])  # [BLOCK_N, BLOCK_D]
             b_v = src_v.load([n_start, c_v])  # [BLOCK_N, BLOCK_DC]
         else:  # both masks and addresses before both loads: keeps the pointer path's code
             m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
             m_v = (o_k < seqlen_k)[:, None] & m_dc[None, :]  # = m_k when unchunked
-            if PAGE_SIZE > 0:
-                o_page, o_slot = paged_rows(p_pages, o_k, seqlen_k, PAGE_SIZE)
+            if loop.PAGE_SIZE > 0:
+                o_page, o_slot = paged_rows(p_pages, o_k, seqlen_k, loop.PAGE_SIZE)
                 r_k = o_page * stride_kp + o_slot * stride_kt  # [BLOCK_N] int64
                 r_v = o_page * stride_vp + o_slot * stride_vt
                 p_k = src_k + r_k[:, None] + o_d[None, :]
@@ -248,15 +259,15 @@ def forward_key_tiles(
                 p_v = src_v + o_k.to(tl.int64)[:, None] * stride_vt + o_dc[None, :]
             b_k = tl.load(p_k, mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
             b_v = tl.load(p_v, mask=m_v, other=0.0)  # [BLOCK_N, BLOCK_DC]
-        b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
-        b_qk, step_scale = scores_log2(b_qk, scale_log2, SOFTCAP)
+        b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), loop.INTERPRET)
+        b_qk, step_scale = scores_log2(b_qk, scale_log2, loop.SOFTCAP)
         if MASKED:
-            m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, CAUSAL,
-                                 WINDOW_LEFT, WINDOW_RIGHT)
+            m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, loop.CAUSAL,
+                                 loop.WINDOW_LEFT, loop.WINDOW_RIGHT)
             b_qk = mask_scores(b_qk, m_vis)
         b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, step_scale)
         b_acc = b_acc * b_alpha[:, None]
-        b_acc = mma_rounded(b_p, b_v, b_acc, SPLIT_P, INTERPRET)  # [BLOCK_M, BLOCK_DC]
+        b_acc = mma_rounded(b_p, b_v, b_acc, loop.SPLIT_P, loop.INTERPRET)  # [BLOCK_M, BLOCK_DC]
     return b_acc, b_m, b_l
 
 
@@ -264,40 +275,29 @@ def forward_key_tiles(
 def forward_tile(
     b_q, src_k, src_v, stride_kt, stride_vt,
     o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
-    BLOCK_M: tl.constexpr,
-    BLOCK_DC: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    SPLIT_P: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    TMA: tl.constexpr,
+    loop, BLOCK_DC: tl.constexpr,
     p_pages=None, stride_kp=0, stride_vp=0,
-    PAGE_SIZE: tl.constexpr = 0,
-    WINDOW_LEFT: tl.constexpr = -1,
-    WINDOW_RIGHT: tl.constexpr = -1,
-    SOFTCAP: tl.constexpr = 0.0,
     b_sink=None,
     HAS_SINK: tl.constexpr = False,
 ):
-    """The forward of one query tile (the Triton forward and decode kernels): the key tiles
-    from ``n_lo`` below ``n_full`` that every row sees whole (no mask), then those up to
-    ``n_hi`` that need the mask (``visited_key_range``), in ascending order; returns (out
-    [BLOCK_M, BLOCK_DC], lse [BLOCK_M]) by ``normalize_rows`` (rows that saw no key: out 0,
-    lse -inf), with ``HAS_SINK`` after ``fold_sink`` of the rows' sinks ``b_sink``."""
-    b_acc = tl.zeros([BLOCK_M, BLOCK_DC], tl.float32)
-    b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    b_l = tl.zeros([BLOCK_M], tl.float32)
+    """The forward of one query tile (the Triton forward and decode kernels; ``loop``: its
+    ``KeyLoop``): the key tiles from ``n_lo`` below ``n_full`` that every row sees whole (no
+    mask), then those up to ``n_hi`` that need the mask (``visited_key_range``), in ascending
+    order; returns (out [BLOCK_M, BLOCK_DC], lse [BLOCK_M]) by ``normalize_rows`` (rows that
+    saw no key: out 0, lse -inf), with ``HAS_SINK`` after ``fold_sink`` of the rows' sinks
+    ``b_sink``."""
+    b_acc = tl.zeros([loop.BLOCK_M, BLOCK_DC], tl.float32)
+    b_m = tl.full([loop.BLOCK_M], float("-inf"), tl.float32)
+    b_l = tl.zeros([loop.BLOCK_M], tl.float32)
     b_acc, b_m, b_l = forward_key_tiles(
         b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
-        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full,
-        BLOCK_M, BLOCK_N, False, CAUSAL, SPLIT_P, INTERPRET, TMA,
-        p_pages, stride_kp, stride_vp, PAGE_SIZE, SOFTCAP=SOFTCAP,
+        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, loop, False,
+        p_pages, stride_kp, stride_vp,
     )
     b_acc, b_m, b_l = forward_key_tiles(
         b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
-        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi,
-        BLOCK_M, BLOCK_N, True, CAUSAL, SPLIT_P, INTERPRET, TMA,
-        p_pages, stride_kp, stride_vp, PAGE_SIZE, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
+        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi, loop, True,
+        p_pages, stride_kp, stride_vp,
     )
     if HAS_SINK:
         b_acc, b_m, b_l = fold_sink(b_acc, b_m, b_l, b_sink)
@@ -475,6 +475,18 @@ def query_tile(cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M: tl.constexpr,
     bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
     m_start = i_m * BLOCK_M
     return i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start
+
+
+@triton.jit
+def key_tile(cu_seqlens_q, cu_seqlens_k, batch, BLOCK_N: tl.constexpr):
+    """Where a program of a key-tile grid works (the dK/dV kernels): program id 0 is (tile,
+    sequence) as ``tile_index`` decodes it, id 1 the kv head. Returns (sequence, kv head,
+    bos_q, seqlen_q, bos_k, seqlen_k, first key row of the tile)."""
+    i_b, i_n = tile_index(batch, False)
+    i_hk = tl.program_id(1)
+    bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
+    bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
+    return i_b, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, i_n * BLOCK_N
 
 
 @triton.jit
