@@ -59,8 +59,9 @@ def dkdv_ws_supports(tiles: Tiles, head_dim: int) -> bool:
 
 
 class _Program(NamedTuple):
-    """The runtime state that the partitions of one program read, by name (``ws.specialize``;
-    its compile-time parameters travel in a ``ws.Config``)."""
+    """The runtime state of one dK/dV program (128 keys of one kv head, and the query tiles
+    of the GQA group's heads), which every partition reads by name (``ws.specialize``); its
+    constexprs are a ``ws.Config``."""
 
     # Shared memory: both groups' K and V rows [2, 64, HEAD_DIM]; the ring of Q and dO tiles
     # [STAGES, BLOCK_M, 1, HEAD_DIM] and of their lse2 and delta [STAGES, 1, BLOCK_M]; the

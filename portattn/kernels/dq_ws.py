@@ -54,8 +54,8 @@ def dq_ws_supports(tiles: Tiles, head_dim: int) -> bool:
 
 
 class _Program(NamedTuple):
-    """The runtime state that the partitions of one program read, by name (``ws.specialize``;
-    its compile-time parameters travel in a ``ws.Config``)."""
+    """The runtime state of one dQ program (a 128-row query tile of one head), which every
+    partition reads by name (``ws.specialize``); its constexprs are a ``ws.Config``."""
 
     # Shared memory: both groups' Q and dO tiles [2, 64, HEAD_DIM], the K and V rings
     # [STAGES, BLOCK_N, HEAD_DIM]; the mbarriers of Q and dO (one per group), of the ring's

@@ -58,8 +58,8 @@ def ws_supports(tiles: Tiles, head_dim: int) -> bool:
 
 
 class _Program(NamedTuple):
-    """The runtime state that the partitions of one program read, by name (``ws.specialize``;
-    its compile-time parameters travel in a ``ws.Config``)."""
+    """The runtime state of one forward program (a 128-row query tile of one head), which
+    every partition reads by name (``ws.specialize``); its constexprs are a ``ws.Config``."""
 
     # Shared memory: both groups' Q tiles [2, 64, HEAD_DIM], the K and V rings [STAGES,
     # BLOCK_N, HEAD_DIM]; the mbarriers of Q (one per group), of the ring's fills and frees.
