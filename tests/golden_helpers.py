@@ -11,8 +11,8 @@ import torch
 from portattn.tools.golden import Case, run_refresh
 from portattn.tools.golden.hashing import tensor_bytes
 from portattn.tools.golden.provenance import toolchain_key
+from portattn.tools.golden.records import build_record
 from portattn.tools.golden.run import CaseResult
-from portattn.tools.golden.store import build_record
 
 REPO = Path(__file__).resolve().parents[1]
 # The device the kernels run on here: the GPU when there is one, else the DEV interpreter.

@@ -35,14 +35,9 @@ from portattn.tools.golden import (
     run_verify,
 )
 from portattn.tools.golden.cli import Hardware, cmd_refresh, cmd_verify
+from portattn.tools.golden.records import config_hashes_of, stale_outputs
 from portattn.tools.golden.run import make_inputs
-from portattn.tools.golden.store import (
-    atomic_write,
-    config_hashes_of,
-    load,
-    stale_outputs,
-    update_file,
-)
+from portattn.tools.golden.store import atomic_write, load, update_file
 
 # ----------------------------------------------------------------------------- verify / refresh
 
