@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 
-from portattn.tools.golden import Case, run_refresh
+from portattn.tools.golden import Case, run_refresh, run_verify
 from portattn.tools.golden.hashing import tensor_bytes
 from portattn.tools.golden.provenance import toolchain_key
+from portattn.tools.golden.records import build_record
 from portattn.tools.golden.run import CaseResult
-from portattn.tools.golden.store import build_record
 
 REPO = Path(__file__).resolve().parents[1]
 # The device the kernels run on here: the GPU when there is one, else the DEV interpreter.
@@ -38,6 +38,14 @@ def sha(t: torch.Tensor) -> str:
 def capture() -> tuple[list[str], callable]:
     lines: list[str] = []
     return lines, lines.append
+
+
+def verify_reports_difference(tmp_path) -> str:
+    """``golden verify`` of the fake family's file in ``tmp_path``, which must find a
+    difference (exit 1); returns what it printed, one string."""
+    lines, out = capture()
+    assert run_verify(FAKE, DEV, tmp_path, out=out) == 1
+    return "\n".join(lines)
 
 
 def refresh(tmp_path, cases=TINY, **kw) -> int:

@@ -6,9 +6,9 @@ and the distributed demo); what is here is the tests' view of it: ``Pack`` in, `
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,6 +16,7 @@ import torch
 from portattn import accuracy
 from portattn.accuracy import rel_err  # noqa: F401  (the tests import it from here)
 from portattn.tools import harness
+from portattn.tools.harness import Pack  # the tests build their packs as the harness reads them
 
 HAS_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_GPU else "cpu"
@@ -32,17 +33,6 @@ def python_stdout(code: str) -> str:
 
 def cu_seqlens(lengths: list[int], device=DEVICE) -> torch.Tensor:
     return harness.cu_seqlens(lengths, device)
-
-
-@dataclass
-class Pack:
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    cu_q: torch.Tensor
-    cu_k: torch.Tensor
-    do: torch.Tensor
-    dlse: torch.Tensor
 
 
 def make_pack(
@@ -81,18 +71,14 @@ def make_pack(
 def run_kernel(p: Pack, kernel: str, causal: bool, use_dlse: bool = True, **kw):
     """Forward + backward through autograd (upstream gradients ``p.do`` on out and, with
     ``use_dlse``, ``p.dlse`` on lse); returns dict of out, lse, dq, dk, dv."""
-    dlse = p.dlse if use_dlse else None
-    return harness.run_kernel(
-        p.q, p.k, p.v, p.cu_q, p.cu_k, p.do, dlse, causal=causal, kernel=kernel, **kw
-    )
+    p = p if use_dlse else dataclasses.replace(p, dlse=None)
+    return harness.run_kernel(p, causal=causal, kernel=kernel, **kw)
 
 
 def run_reference(p: Pack, causal: bool, compute_dtype=torch.float64, use_dlse: bool = True, **kw):
     """The same computation through the reference, in ``compute_dtype``."""
-    dlse = p.dlse if use_dlse else None
-    return harness.run_reference(
-        p.q, p.k, p.v, p.cu_q, p.cu_k, p.do, dlse, causal=causal, compute_dtype=compute_dtype, **kw
-    )
+    p = p if use_dlse else dataclasses.replace(p, dlse=None)
+    return harness.run_reference(p, causal=causal, compute_dtype=compute_dtype, **kw)
 
 
 def lse_err(lse: torch.Tensor, ref: torch.Tensor) -> float:

@@ -45,7 +45,7 @@ def _check(launch: demo.Launch, i: int) -> None:
 
     cp = dict(per_rank[0]["cp"])
     for name in ("dk", "dv"):
-        cp[name] = demo.assemble_keys(launch.ranks, i, name, sum(case.lens_k))
+        cp[name] = demo.assemble_keys(launch.ranks, i, name, sum(case.shape.lens_k))
     # (a) context parallel: the float64-reference rule, like the single call
     for name in ("out", "dq", "dk", "dv"):
         base = rel_err(eager[name], ref[name])
@@ -66,7 +66,7 @@ def _check(launch: demo.Launch, i: int) -> None:
             assert torch.equal(res["cp"][name], cp[name]), f"rank {r} cp {name} differs"
     # (b) tensor parallel: each rank's heads equal the single call's, bitwise
     for r, res in enumerate(per_rank):
-        sq, skv = shard_heads(case.n_heads_q, case.n_heads_kv, launch.world_size, r)
+        sq, skv = shard_heads(case.shape.heads_q, case.shape.heads_kv, launch.world_size, r)
         for name in NAMES:
             want = single[name][:, skv] if name in ("dk", "dv") else single[name][:, sq]
             assert torch.equal(res["tp"][name], want), f"{case.name}: rank {r} TP {name} differs"
@@ -76,7 +76,7 @@ def _splits_a_chunk(case: demo.Case, world: int) -> bool:
     """Whether some rank's key chunk is cut by the causal diagonal for some sequence, so that
     context_parallel_attention needs its two-call path (rows cut by the diagonal + full rows)."""
     for rank in range(world):
-        for sq, sk in zip(case.lens_q, case.lens_k):
+        for sq, sk in zip(case.shape.lens_q, case.shape.lens_k):
             end = sk * (rank + 1) // world  # shard_keys: rank r holds [sk * r // W, end)
             if 0 < min(max(end - sk + sq, 0), sq) < sq:
                 return True

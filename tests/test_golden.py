@@ -21,6 +21,7 @@ from golden_helpers import (
     fake_record,
     fake_result,
     refresh,
+    verify_reports_difference,
 )
 
 import portattn.tools.cli
@@ -35,14 +36,9 @@ from portattn.tools.golden import (
     run_verify,
 )
 from portattn.tools.golden.cli import Hardware, cmd_refresh, cmd_verify
+from portattn.tools.golden.records import config_hashes_of, stale_outputs
 from portattn.tools.golden.run import make_inputs
-from portattn.tools.golden.store import (
-    atomic_write,
-    config_hashes_of,
-    load,
-    stale_outputs,
-    update_file,
-)
+from portattn.tools.golden.store import atomic_write, load, update_file
 
 # ----------------------------------------------------------------------------- verify / refresh
 
@@ -79,17 +75,13 @@ def test_refresh_then_verify_and_mismatch_localised(tmp_path, monkeypatch):
 
     # Sequence 2 of tiny-varlen owns rows 1..17 (sequence 1: row 0). One ulp: drifted, accurate.
     monkeypatch.setattr(golden_run, "run_kernels", _flip("tiny-varlen", "dq", 5, 1))
-    lines, out = capture()
-    assert run_verify(FAKE, DEV, tmp_path, out=out) == 1
-    text = "\n".join(lines)
+    text = verify_reports_difference(tmp_path)
     assert "case tiny-varlen: dq: sequence 2, head 1 differ" in text
     assert "tiny-fixed" in text and "MISMATCH" in text
     assert "dq: rel error" in text and "drifted but accurate" in text
 
     monkeypatch.setattr(golden_run, "run_kernels", _flip("tiny-varlen", "out", 0, 0, 100.0))
-    lines, out = capture()
-    assert run_verify(FAKE, DEV, tmp_path, out=out) == 1
-    text = "\n".join(lines)
+    text = verify_reports_difference(tmp_path)
     assert "case tiny-varlen: out: sequence 1, head 0 differ" in text and "WRONG" in text
 
     # refresh refuses the changed hashes without --force and prints what differs

@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 import torch
-from golden_helpers import DEV, FAKE, REPO, TC, capture, refresh
+from golden_helpers import DEV, FAKE, REPO, TC, refresh, verify_reports_difference
 
 import portattn.kernels.buffers as buffers
 import portattn.tools.golden.run as golden_run
@@ -222,9 +222,7 @@ def test_feature_records_round_trip_and_dsinks_mismatch_is_named(tmp_path, monke
     assert run_verify(FAKE, DEV, tmp_path, out=lambda line: None) == 0
 
     monkeypatch.setattr(golden_run, "run_kernels", _nudge_dsinks(1))
-    lines, out = capture()
-    assert run_verify(FAKE, DEV, tmp_path, out=out) == 1
-    text = "\n".join(lines)
+    text = verify_reports_difference(tmp_path)
     assert "case tiny-window-cap-sinks: dsinks: sequence 0, head 1 differ" in text
     assert "dsinks: rel error" in text and "drifted but accurate" in text
     assert "tiny-paged-window-cap-sinks" in text and "1 of 2 case(s) differ" in text

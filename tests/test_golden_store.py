@@ -242,7 +242,9 @@ def _python(script: str, *args: str) -> subprocess.Popen:
 
 _WRITER = """
 import sys, hashlib
-from portattn.tools.golden.store import build_record, merge, update_file
+from portattn.tools.golden.merging import merge
+from portattn.tools.golden.records import build_record
+from portattn.tools.golden.store import update_file
 from portattn.tools.golden.cases import Case
 from portattn.tools.golden.run import CaseResult
 path, prefix = sys.argv[1], sys.argv[2]

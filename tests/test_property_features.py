@@ -33,6 +33,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from invariance_checks import rows_of
 
+from portattn.tools.harness import PackShape
+
 # The interpreter is slow: few, small examples on the CPU (each runs the kernels twice).
 EXAMPLES = 40 if HAS_GPU else 16
 DTYPES = [torch.float16, torch.bfloat16] if HAS_GPU else [torch.float16]
@@ -59,11 +61,7 @@ class Draw:
 
     kernel: str
     causal: bool
-    lens_q: tuple[int, ...]
-    lens_k: tuple[int, ...]
-    heads_q: int
-    heads_kv: int
-    head_dim: int
+    shape: PackShape
     dtype: torch.dtype
     window: tuple[int, int]
     softcap: float | None
@@ -93,11 +91,9 @@ def draws(draw) -> Draw:
     return Draw(
         kernel=draw(st.sampled_from(KERNELS)),
         causal=draw(st.booleans()),
-        lens_q=tuple(lens_q),
-        lens_k=tuple(lens_k),
-        heads_q=heads_q,
-        heads_kv=heads_kv,
-        head_dim=draw(st.sampled_from(HEAD_DIMS)),
+        shape=PackShape(
+            tuple(lens_q), tuple(lens_k), heads_q, heads_kv, draw(st.sampled_from(HEAD_DIMS))
+        ),
         dtype=draw(st.sampled_from(DTYPES)),
         window=draw(WINDOWS),
         softcap=draw(SOFTCAPS),
@@ -126,14 +122,15 @@ def check_alone(d: Draw, p: Pack, full: dict) -> None:
     """Sequence ``d.target`` alone == its rows of the whole pack (design §3: pack positions)."""
     b = d.target
     alone = run_kernel(_sequence(p, b), d.kernel, d.causal, poison=True, **d.features())
-    q0, k0 = sum(d.lens_q[:b]), sum(d.lens_k[:b])
-    rows = rows_of(full, q0, q0 + d.lens_q[b], k0, k0 + d.lens_k[b])
+    lens_q, lens_k = d.shape.lens_q, d.shape.lens_k
+    q0, k0 = sum(lens_q[:b]), sum(lens_k[:b])
+    rows = rows_of(full, q0, q0 + lens_q[b], k0, k0 + lens_k[b])
     assert_bitwise_equal(alone, rows)
 
 
 def check_heads(d: Draw, p: Pack, full: dict) -> None:
     """The second kv head's GQA group alone == those heads of the full call (head slices)."""
-    group = d.heads_q // d.heads_kv
+    group = d.shape.heads_q // d.shape.heads_kv
     a, b = group, 2 * group
     part = Pack(p.q[:, a:b], p.k[:, 1:], p.v[:, 1:], p.cu_q, p.cu_k, p.do[:, a:b], p.dlse[:, a:b])
     kw = d.features()
@@ -150,11 +147,13 @@ def check_heads(d: Draw, p: Pack, full: dict) -> None:
 # three features, a two-sided window, Sq > Sk causal rows and an empty sequence.
 _EXAMPLES = [
     Draw(
-        *("fixed_order", False, (17, 0, 40), (5, 9, 63), 4, 2, 80, torch.float16, (5, 3), 2.5),
+        *("fixed_order", False, PackShape((17, 0, 40), (5, 9, 63), 4, 2, 80), torch.float16),
+        *((5, 3), 2.5),
         *((1.5, -3.0, 0.0, 4.0), 7, "heads", 0),
     ),
     Draw(
-        *("varlen", True, (63, 1, 30), (17, 63, 30), 4, 1, 48, torch.float16, (16, -1), None),
+        *("varlen", True, PackShape((63, 1, 30), (17, 63, 30), 4, 1, 48), torch.float16),
+        *((16, -1), None),
         *((-2.0, 0.5, 2.0, 6.0), 8, "alone", 0),
     ),
 ]
@@ -170,15 +169,17 @@ _EXAMPLES = [
 @example(d=_EXAMPLES[0])
 @example(d=_EXAMPLES[1])
 def test_feature_combinations(d: Draw):
+    shape = d.shape
     p = make_pack(
-        list(d.lens_q), list(d.lens_k), d.heads_q, d.heads_kv, d.head_dim, d.dtype, d.seed
+        *(list(shape.lens_q), list(shape.lens_k), shape.heads_q, shape.heads_kv, shape.head_dim),
+        *(d.dtype, d.seed),
     )
     features = d.features()
     # (b): poison=True NaN-fills the output buffers; assert_outputs_accurate rejects any NaN.
     full = run_kernel(p, d.kernel, d.causal, poison=True, **features)
     assert set(full) >= {"out", "lse", "dq", "dk", "dv"} | ({"dsinks"} if d.sinks else set())
     assert_outputs_accurate(full, p, d.causal, **features)  # (a)
-    if d.invariance == "heads" and d.heads_kv == 2:  # (c)
+    if d.invariance == "heads" and shape.heads_kv == 2:  # (c)
         check_heads(d, p, full)
     else:
         check_alone(d, p, full)

@@ -34,6 +34,7 @@ over to this one (``runpy``), so ``python -m portattn.distributed --demo`` and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import itertools
 import os
@@ -52,6 +53,8 @@ from portattn.distributed import context_parallel_attention, shard_heads, shard_
 from portattn.tools.check import numpy_problem
 from portattn.tools.harness import (
     NAMES,
+    Pack,
+    PackShape,
     cu_seqlens,
     forward_backward,
     measure,
@@ -70,16 +73,12 @@ NO_MULTICAST = {
 
 @dataclass(frozen=True)
 class Case:
-    """One checked configuration. ``lens_q``/``lens_k``: per-sequence lengths of the pack."""
+    """One checked configuration: the pack's ``shape`` and its dtype, kernel, mask and seed."""
 
     dtype: str
     kernel: str
     causal: bool
-    lens_q: tuple[int, ...]
-    lens_k: tuple[int, ...]
-    n_heads_q: int
-    n_heads_kv: int
-    head_dim: int
+    shape: PackShape
     seed: int
 
     @property
@@ -91,32 +90,33 @@ def default_cases(device_kind: str, world_size: int = 2) -> list[Case]:
     """CPU (interpreter): small float16 packs. GPU: larger packs, both dtypes and kernels. The
     packs hold an empty query sequence, an empty key chunk, and (causal) rows that see no key."""
     if device_kind == "cpu":
-        shape = ((5, 0, 12, 3, 7), (9, 4, 12, 1, 2), 2 * world_size, world_size, 32)
+        shape = PackShape((5, 0, 12, 3, 7), (9, 4, 12, 1, 2), 2 * world_size, world_size, 32)
         combos = [("float16", "varlen", False), ("float16", "varlen", True)]
         combos += [("float16", "fixed_order", True)]
     else:
         lens = ((1, 63, 0, 300, 1000, 17), (40, 63, 9, 300, 1000, 5))
-        shape = (*lens, 4 * world_size, world_size, 128)
+        shape = PackShape(*lens, 4 * world_size, world_size, 128)
         combos = list(
             itertools.product(("bfloat16", "float16"), ("varlen", "fixed_order"), (False, True))
         )
-    return [Case(d, k, c, *shape, seed=1000 + i) for i, (d, k, c) in enumerate(combos)]
+    return [Case(d, k, c, shape, seed=1000 + i) for i, (d, k, c) in enumerate(combos)]
 
 
 def make_inputs(case: Case, device) -> dict[str, torch.Tensor]:
     """q, k, v, dout (case dtype), dlse (float32), cu_q, cu_k: the same on every process."""
     names = ("q", "k", "v", "dout", "dlse")
+    shape = case.shape
     x = seeded_inputs(
-        case.lens_q,
-        case.lens_k,
-        case.n_heads_q,
-        case.n_heads_kv,
-        case.head_dim,
+        shape.lens_q,
+        shape.lens_k,
+        shape.heads_q,
+        shape.heads_kv,
+        shape.head_dim,
         getattr(torch, case.dtype),
         device,
         case.seed,
     )
-    cu = {"cu_q": cu_seqlens(case.lens_q, device), "cu_k": cu_seqlens(case.lens_k, device)}
+    cu = {"cu_q": cu_seqlens(shape.lens_q, device), "cu_k": cu_seqlens(shape.lens_k, device)}
     return dict(zip(names, x, strict=True)) | cu
 
 
@@ -143,7 +143,7 @@ def _rank_results(case: Case, rank: int, world: int, device) -> dict:
     result = {"cp": _fwd_bwd(cp, (q, *local_kv), x["dout"], x["dlse"])}
     result["cp"]["index"] = index.cpu()
 
-    sq, skv = shard_heads(case.n_heads_q, case.n_heads_kv, world, rank)
+    sq, skv = shard_heads(case.shape.heads_q, case.shape.heads_kv, world, rank)
 
     def attn(q_, k_, v_):
         return varlen_attention(q_, k_, v_, cu_q, cu_k, **kw)
@@ -263,17 +263,18 @@ def assemble_keys(ranks: list[dict], case_index: int, name: str, total_k: int) -
 def _check_case(launch_: Launch, i: int, device) -> tuple[bool, list[str]]:
     case = launch_.cases[i]
     x = make_inputs(case, device)
-    args = (x["q"], x["k"], x["v"], x["cu_q"], x["cu_k"], x["dout"])
-    ref = run_reference(*args, x["dlse"], causal=case.causal)
-    dlse = zero_where_no_key(x["dlse"], ref["lse"])  # the reference's rows that see no key
-    eager = _cpu(run_reference(*args, dlse, causal=case.causal, compute_dtype=x["q"].dtype))
+    pack = Pack(x["q"], x["k"], x["v"], x["cu_q"], x["cu_k"], x["dout"], x["dlse"])
+    ref = run_reference(pack, causal=case.causal)
+    # the reference's rows that see no key
+    pack = dataclasses.replace(pack, dlse=zero_where_no_key(x["dlse"], ref["lse"]))
+    eager = _cpu(run_reference(pack, causal=case.causal, compute_dtype=x["q"].dtype))
     ref = _cpu(ref)
 
     per_rank = [r["results"][i] for r in launch_.ranks]
     single = per_rank[0]["single"]
     cp = dict(per_rank[0]["cp"])
     for name in ("dk", "dv"):
-        cp[name] = assemble_keys(launch_.ranks, i, name, sum(case.lens_k))
+        cp[name] = assemble_keys(launch_.ranks, i, name, sum(case.shape.lens_k))
     problems, cells, single_cells = [], [], []
     for name in NAMES:
         err, _, bound = measure(name, cp[name], ref[name], eager[name])
@@ -295,7 +296,7 @@ def _check_case(launch_: Launch, i: int, device) -> tuple[bool, list[str]]:
     )
     tp_bad = []
     for r, res in enumerate(per_rank):
-        sq, skv = shard_heads(case.n_heads_q, case.n_heads_kv, launch_.world_size, r)
+        sq, skv = shard_heads(case.shape.heads_q, case.shape.heads_kv, launch_.world_size, r)
         for name in NAMES:
             want = single[name][:, skv] if name in ("dk", "dv") else single[name][:, sq]
             if not torch.equal(res["tp"][name], want):

@@ -20,6 +20,7 @@ CLI sets for its own process) and only float16 is checked (the interpreter misha
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import sys
@@ -31,6 +32,7 @@ import torch
 from portattn.accuracy import LSE_MARGIN, REL_MARGIN
 from portattn.tools.harness import (
     NAMES,
+    Pack,
     cu_seqlens,
     measure,
     run_kernel,
@@ -79,14 +81,14 @@ def check_case(
     q, k, v, dout, dlse = seeded_inputs(
         lens_q, lens_k, N_HEADS_Q, N_HEADS_K, head_dim, dtype, device, seed=0
     )
-    args = (q, k, v, cu_seqlens(lens_q, device), cu_seqlens(lens_k, device), dout)
-    ref = run_reference(*args, dlse, causal=causal)
+    pack = Pack(q, k, v, cu_seqlens(lens_q, device), cu_seqlens(lens_k, device), dout, dlse)
+    ref = run_reference(pack, causal=causal)
     # Rows that see no key have lse = -inf; their upstream lse gradient is meaningless: the
     # eager yardstick and the kernels get dlse zeroed on the reference's -inf rows.
-    dlse = zero_where_no_key(dlse, ref["lse"])
-    eager = run_reference(*args, dlse, causal=causal, compute_dtype=dtype)
+    pack = dataclasses.replace(pack, dlse=zero_where_no_key(dlse, ref["lse"]))
+    eager = run_reference(pack, causal=causal, compute_dtype=dtype)
     try:  # output buffers start as NaN: an element the kernels never write shows up
-        got = run_kernel(*args, dlse, causal=causal, kernel=kernel, poison=True)
+        got = run_kernel(pack, causal=causal, kernel=kernel, poison=True)
     except Exception as exc:  # report, keep checking the other cases
         result.problems.append(f"raised {type(exc).__name__}: {exc}")
         result.seconds = time.perf_counter() - start

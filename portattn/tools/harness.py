@@ -8,11 +8,14 @@ from a counter-based generator, the others from a seeded ``torch.Generator``) an
 report; what they share is here:
 
 - :func:`cu_seqlens`: int32 sequence boundaries from lengths;
+- :class:`PackShape`: a packed batch's shape (lengths, heads, head dim), as the distributed
+  demo's cases and the tests' drawn examples hold it;
 - :func:`seeded_inputs`: q, k, v, dout, dlse from a seeded ``torch.Generator`` (``check``, the
   demo and the tests' contiguous packs draw the same way);
 - :func:`forward_backward`: ``out, lse = fn(q, k, v)`` and the gradients of q, k, v for upstream
   gradients ``dout`` (on out) and ``dlse`` (on lse, zeroed on rows that see no key), as a dict
   ``out, lse, dq, dk, dv`` (and ``dsinks`` when the call has attention sinks, a leaf too);
+- :class:`Pack`: the tensors of one packed call (q, k, v, cu_seqlens, the upstream gradients);
 - :func:`run_kernel` / :func:`run_reference`: that runner on ``portattn.varlen_attention`` /
   ``portattn.reference.reference_varlen_attention`` (float64, or eagerly in another dtype);
 - :func:`measure`: an output's error, the eager error and the limit of ``portattn.accuracy``.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -37,6 +41,18 @@ SINKS_GRAD = "dsinks"  # the extra output of a call with sinks (their gradient, 
 def cu_seqlens(lengths: Iterable[int], device: torch.device | str | None = None) -> torch.Tensor:
     """int32 ``[0, l0, l0 + l1, ...]`` (``B + 1`` entries) on ``device`` (default: the CPU)."""
     return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+
+
+@dataclass(frozen=True)
+class PackShape:
+    """A packed batch's shape: per-sequence query and key lengths, query and kv heads (GQA:
+    ``heads_q % heads_kv == 0``) and the head dim."""
+
+    lens_q: tuple[int, ...]
+    lens_k: tuple[int, ...]
+    heads_q: int
+    heads_kv: int
+    head_dim: int
 
 
 def seeded_inputs(
@@ -106,87 +122,71 @@ def forward_backward(
     return dict(zip(names, (out.detach(), lse.detach(), *grads_in), strict=True))
 
 
-def run_kernel(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_q: torch.Tensor,
-    cu_k: torch.Tensor,
-    dout: torch.Tensor,
-    dlse: torch.Tensor | None = None,
-    *,
-    causal: bool,
-    kernel: str = "varlen",
-    poison: bool = False,
-    **kwargs,
+@dataclass
+class Pack:
+    """The tensors of one packed call: q ``[total_q, Hq, D]``, k and v ``[total_k, Hkv, D]``,
+    their int32 ``cu_seqlens``, and the upstream gradients ``do`` (of out) and ``dlse`` (of
+    lse; None: lse is not differentiated)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    do: torch.Tensor
+    dlse: torch.Tensor | None = None
+
+
+def _varlen_forward_backward(
+    attention: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    leaves: Sequence[torch.Tensor],
+    p: Pack,
+    **options,
 ) -> dict[str, torch.Tensor]:
-    """:func:`forward_backward` of ``portattn.varlen_attention(q, k, v, cu_q, cu_k,
-    causal=causal, return_lse=True, kernel=kernel, **kwargs)``. With ``poison`` the kernels'
-    output buffers start filled with NaN (``portattn.kernels.buffers.POISON``), so an element
-    they never write shows up. ``sinks`` in ``kwargs`` (not None) is a leaf too: the result
-    then has ``dsinks``."""
-    sinks = kwargs.pop("sinks", None)
+    """:func:`forward_backward` of ``attention(q, k, v, p.cu_q, p.cu_k, sinks=..., **options)``
+    (the kernels' or the reference's varlen function) over ``leaves``: q, k, v and, when there
+    are attention sinks, the sinks as a fourth leaf (else ``sinks=None``)."""
 
     def call(q_, k_, v_, *sinks_):
-        return varlen_attention(
-            q_,
-            k_,
-            v_,
-            cu_q,
-            cu_k,
-            causal=causal,
-            return_lse=True,
-            kernel=kernel,
-            sinks=sinks_[0] if sinks_ else None,
-            **kwargs,
-        )
+        sinks = sinks_[0] if sinks_ else None
+        return attention(q_, k_, v_, p.cu_q, p.cu_k, sinks=sinks, **options)
 
-    leaves = (q, k, v) if sinks is None else (q, k, v, sinks)
+    return forward_backward(call, leaves, p.do, p.dlse)
+
+
+def run_kernel(
+    p: Pack, *, causal: bool, kernel: str = "varlen", poison: bool = False, **kwargs
+) -> dict[str, torch.Tensor]:
+    """:func:`forward_backward` of ``portattn.varlen_attention(p.q, p.k, p.v, p.cu_q, p.cu_k,
+    causal=causal, return_lse=True, kernel=kernel, **kwargs)`` (upstream gradients ``p.do`` and
+    ``p.dlse``). With ``poison`` the kernels' output buffers start filled with NaN
+    (``portattn.kernels.buffers.POISON``), so an element they never write shows up. ``sinks``
+    in ``kwargs`` (not None) is a leaf too: the result then has ``dsinks``."""
+    sinks = kwargs.pop("sinks", None)
+    leaves = (p.q, p.k, p.v) if sinks is None else (p.q, p.k, p.v, sinks)
     saved = buffers.POISON
     buffers.POISON = saved or poison
     try:
-        return forward_backward(call, leaves, dout, dlse)
+        options = dict(causal=causal, return_lse=True, kernel=kernel, **kwargs)
+        return _varlen_forward_backward(varlen_attention, leaves, p, **options)
     finally:
         buffers.POISON = saved
 
 
 def run_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_q: torch.Tensor,
-    cu_k: torch.Tensor,
-    dout: torch.Tensor,
-    dlse: torch.Tensor | None = None,
-    *,
-    causal: bool,
-    compute_dtype: torch.dtype = torch.float64,
-    **kwargs,
+    p: Pack, *, causal: bool, compute_dtype: torch.dtype = torch.float64, **kwargs
 ) -> dict[str, torch.Tensor]:
     """The same computation as :func:`run_kernel` through
-    ``portattn.reference.reference_varlen_attention`` in ``compute_dtype`` (q, k, v, dout and
+    ``portattn.reference.reference_varlen_attention`` in ``compute_dtype`` (q, k, v, do and
     dlse cast to it): float64, or the input dtype for the eager yardstick of the accuracy rule.
     ``kwargs``: ``softmax_scale``, ``window_size``, ``softcap`` and ``sinks`` (not None: cast to
     ``compute_dtype`` and a leaf, as in :func:`run_kernel`)."""
     sinks = kwargs.pop("sinks", None)
-
-    def call(q_, k_, v_, *sinks_):
-        return reference_varlen_attention(
-            q_,
-            k_,
-            v_,
-            cu_q,
-            cu_k,
-            causal=causal,
-            compute_dtype=compute_dtype,
-            sinks=sinks_[0] if sinks_ else None,
-            **kwargs,
-        )
-
-    leaves = [x.detach().to(compute_dtype) for x in (q, k, v)]
+    leaves = [x.detach().to(compute_dtype) for x in (p.q, p.k, p.v)]
     if sinks is not None:
         leaves.append(sinks.detach().to(compute_dtype))
-    return forward_backward(call, leaves, dout, dlse)
+    options = dict(causal=causal, compute_dtype=compute_dtype, **kwargs)
+    return _varlen_forward_backward(reference_varlen_attention, leaves, p, **options)
 
 
 def measure(

@@ -8,16 +8,10 @@ docs/design.md).
 from portattn.tools.golden.cases import CASES, CASES_VERSION, Case, cases_by_name
 from portattn.tools.golden.commands import run_fingerprints, run_refresh, run_verify
 from portattn.tools.golden.inputs import generate
+from portattn.tools.golden.layout import SCHEMA, GoldenConflict, GoldenError
+from portattn.tools.golden.merging import merge
+from portattn.tools.golden.records import build_record, output_differences, stale_outputs
 from portattn.tools.golden.run import CaseResult, accuracy, compute_case, make_inputs
-from portattn.tools.golden.store import (
-    SCHEMA,
-    GoldenConflict,
-    GoldenError,
-    build_record,
-    merge,
-    output_differences,
-    stale_outputs,
-)
 
 
 def verify_against(expected: dict, result: CaseResult) -> list[str]:

@@ -21,22 +21,17 @@ from pathlib import Path
 import torch
 
 from portattn.tools.golden.cases import CASES, CASES_VERSION, DTYPES, Case, cases_by_name
+from portattn.tools.golden.layout import GoldenConflict, GoldenError, empty_doc
+from portattn.tools.golden.merging import merge
 from portattn.tools.golden.provenance import REPO_ROOT, device_name, provenance, toolchain_key
-from portattn.tools.golden.run import CaseResult, accuracy, compute_case, make_inputs
-from portattn.tools.golden.store import (
-    GoldenConflict,
-    GoldenError,
+from portattn.tools.golden.records import (
     build_record,
-    check_writable,
     config_hashes_of,
-    empty_doc,
-    golden_path,
-    load,
-    merge,
     output_differences,
     stale_outputs,
-    update_file,
 )
+from portattn.tools.golden.run import CaseResult, accuracy, compute_case, make_inputs
+from portattn.tools.golden.store import check_writable, golden_path, load, update_file
 
 Printer = Callable[[str], None]
 FingerprintFn = Callable[[str], dict[str, dict[str, str | None]]]

@@ -16,7 +16,14 @@ from portattn.api import varlen_attention
 from portattn.tools.golden.cases import SINKS_OUTPUT, TENSOR_IDS, Case
 from portattn.tools.golden.hashing import inputs_sha256, tensor_record
 from portattn.tools.golden.inputs import generate
-from portattn.tools.harness import cu_seqlens, measure, run_kernel, run_reference, zero_where_no_key
+from portattn.tools.harness import (
+    Pack,
+    cu_seqlens,
+    measure,
+    run_kernel,
+    run_reference,
+    zero_where_no_key,
+)
 
 
 @dataclass
@@ -87,13 +94,7 @@ def run_kernels(case: Case, inputs: CaseInputs) -> dict[str, torch.Tensor]:
     q, k, v = (t.detach().clone() for t in (inputs.q, inputs.k, inputs.v))
     sinks = None if inputs.sinks is None else inputs.sinks.detach().clone()
     return run_kernel(
-        q,
-        k,
-        v,
-        inputs.cu_q,
-        inputs.cu_k,
-        inputs.do,
-        inputs.dlse,
+        Pack(q, k, v, inputs.cu_q, inputs.cu_k, inputs.do, inputs.dlse),
         causal=case.causal,
         kernel=case.kernel,
         sinks=sinks,
@@ -183,14 +184,9 @@ def compute_case(case: Case, device: torch.device | str) -> CaseResult:
 def _reference(case: Case, inputs: CaseInputs, compute_dtype: torch.dtype, lse: torch.Tensor):
     """The reference of ``case`` in ``compute_dtype``, with the lse gradient zeroed on the rows
     where the kernels' ``lse`` is -inf (as their backward got it)."""
+    dlse = zero_where_no_key(inputs.dlse, lse)
     return run_reference(
-        inputs.q,
-        inputs.k,
-        inputs.v,
-        inputs.cu_q,
-        inputs.cu_k,
-        inputs.do,
-        zero_where_no_key(inputs.dlse, lse),
+        Pack(inputs.q, inputs.k, inputs.v, inputs.cu_q, inputs.cu_k, inputs.do, dlse),
         causal=case.causal,
         compute_dtype=compute_dtype,
         sinks=inputs.sinks,
