@@ -38,7 +38,7 @@ import nox
 TORCH_CPU = "torch==2.13.0"
 TRITON = "triton==3.6.0"
 TRITON_NEWEST = "triton==3.9.0"
-FAMILIES = ("sm80", "sm90", "cdna2", "cdna3", "cdna4")
+FAMILIES = ("sm80", "sm90", "sm100", "sm120", "cdna2", "cdna3", "cdna4")
 LINT_PATHS = ("portattn", "tests", "noxfile.py")
 
 nox.options.sessions = ["lint", "tests"]

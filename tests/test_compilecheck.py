@@ -343,6 +343,52 @@ def test_sgpr_spills_to_vgpr_lanes_pass_but_scratch_fails():
     assert not result.ok
 
 
+def test_blackwell_instruction_is_the_tcgen05_product():
+    """sm100 counts Blackwell's ``tcgen05.mma`` products; its tensor-memory loads, stores and
+    waits, and an ``mma.sync`` fallback (what Triton emits there for 32-row query tiles), do not
+    count, so such a kernel fails the check."""
+    entry = cc.Entry("sm100", "varlen", 64, "bf16")
+    log = PTXAS_LOG.replace("24 bytes", "0 bytes").replace("16 bytes", "0 bytes")
+    log = log.replace("8 bytes", "0 bytes")
+    support = "tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%r1], 128;\n"
+    support += "tcgen05.ld.sync.aligned.32x32b.x64.b32 {%r2}, [%r3];\n"
+    fallback = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r4}, {%r5}, {%f2};\n"
+    product = "tcgen05.mma.cta_group::1.kind::f16 [%r6], %rd1, %rd2, %r7, 1;\n"
+    for asm, count in ((support + fallback, 0), (support + product * 2, 2)):
+        result = cc.KernelResult(entry, "fwd", "0")
+        cc.check_artifacts(result, cc.Artifacts(4096, b"x", asm, log), FAMILIES["sm100"])
+        assert result.mma == count and result.ok == bool(count), result.failures
+
+
+@pytest.mark.skipif(not Path("/proc/self/personality").exists(), reason="Linux only")
+def test_blackwell_ptxas_runs_without_address_randomisation(tmp_path):
+    """Blackwell's ptxas runs through a wrapper that turns address-space randomisation off
+    (its register allocation follows the layout); the wrapper here runs ``cat`` instead."""
+    wrapper = tmp_path / "wrapper"
+    wrapper.write_text(cc._NO_ASLR_WRAPPER.format(python=sys.executable, ptxas="/bin/cat"))
+    wrapper.chmod(0o755)
+    proc = subprocess.run(
+        [str(wrapper), "/proc/self/personality"], capture_output=True, text=True, check=True
+    )
+    assert int(proc.stdout, 16) & 0x0040000, proc.stderr  # ADDR_NO_RANDOMIZE
+
+
+def test_deterministic_ptxas_only_for_blackwell(tmp_path):
+    from triton import knobs
+
+    with cc.pinned_knobs(str(tmp_path)):
+        bundled = knobs.nvidia.ptxas_blackwell.path
+        for name in ("sm80", "sm90", "cdna3"):
+            with cc.deterministic_ptxas(FAMILIES[name]):
+                assert knobs.nvidia.ptxas_blackwell.path == bundled
+        for name in ("sm100", "sm120"):
+            with cc.deterministic_ptxas(FAMILIES[name]):
+                wrapped = knobs.nvidia.ptxas_blackwell
+                assert wrapped.path == str(tmp_path / "ptxas-blackwell-no-aslr")
+            assert knobs.nvidia.ptxas_blackwell.path == bundled
+            assert wrapped.version == knobs.nvidia.ptxas_blackwell.version
+
+
 def test_preprocess_needs_no_matrix_instruction():
     entry = cc.Entry("sm90", "varlen", 64, "bf16")
     result = cc.KernelResult(entry, "bwd_pre", "0")

@@ -16,7 +16,7 @@ from portattn.families import FAMILIES, family_from_properties, nearest_family
 from portattn.tools import compilecheck
 
 AMD_KNOBS = {"waves_per_eu", "matrix_instr_nonkdim", "kpack"}
-CUDA_FAMILIES = ("sm80", "sm90")
+CUDA_FAMILIES = ("sm80", "sm90", "sm100", "sm120")
 HIP_FAMILIES = ("cdna2", "cdna3", "cdna4")
 
 
@@ -42,7 +42,10 @@ def on_rocm(monkeypatch):
 # ----------------------------------------------------------------------------- detection
 
 
-@pytest.mark.parametrize(("cc", "expected"), [((8, 0), "sm80"), ((9, 0), "sm90")])
+@pytest.mark.parametrize(
+    ("cc", "expected"),
+    [((8, 0), "sm80"), ((9, 0), "sm90"), ((10, 0), "sm100"), ((12, 0), "sm120")],
+)
 def test_cuda_detection(on_cuda, cc, expected):
     assert family_from_properties(cuda_props(*cc)) == expected
 
@@ -75,9 +78,15 @@ def test_rocm_detection_ignores_compute_capability(on_rocm):
         ((8, 6), {}, "sm80"),
         ((8, 9), {}, "sm80"),
         ((7, 5), {}, "sm80"),
-        ((10, 0), {"shared_memory_per_block_optin": 232448}, "sm90"),
-        ((10, 0), {}, "sm90"),
-        ((12, 0), {"shared_memory_per_block_optin": 101376}, "sm80"),
+        ((9, 1), {}, "sm90"),
+        ((9, 1), {"shared_memory_per_block_optin": 101376}, "sm80"),
+        ((10, 3), {"shared_memory_per_block_optin": 232448}, "sm100"),  # B300
+        ((10, 3), {}, "sm100"),
+        ((11, 0), {"shared_memory_per_block_optin": 232448}, "sm100"),
+        ((10, 3), {"shared_memory_per_block_optin": 101376}, "sm80"),
+        ((12, 1), {"shared_memory_per_block_optin": 101376}, "sm120"),  # GB10
+        ((12, 1), {}, "sm120"),
+        ((12, 1), {"shared_memory_per_block_optin": 65536}, "sm80"),
     ],
 )
 def test_unknown_cuda_device(on_cuda, cc, extra, nearest):
@@ -149,6 +158,12 @@ def test_family_descriptions():
         assert fam.target().arch == fam.arch
     assert FAMILIES["sm80"].matrix_instruction == "mma.sync"
     assert FAMILIES["sm90"].matrix_instruction == "wgmma"
+    assert FAMILIES["sm100"].matrix_instruction == "tcgen05"
+    assert FAMILIES["sm120"].matrix_instruction == "mma.sync"
+    assert FAMILIES["sm90"].shared_mem_bytes == FAMILIES["sm100"].shared_mem_bytes == 227 * 1024
+    assert FAMILIES["sm120"].shared_mem_bytes == 99 * 1024
+    for name in CUDA_FAMILIES:  # every instruction has its pattern in the compile check
+        assert FAMILIES[name].matrix_instruction in compilecheck.MMA_PATTERNS
     assert FAMILIES["cdna2"].shared_mem_bytes == FAMILIES["cdna3"].shared_mem_bytes == 64 * 1024
     assert FAMILIES["cdna4"].shared_mem_bytes == 160 * 1024
 

@@ -154,8 +154,8 @@ def test_verify_exit_codes(tmp_path, capsys):
 
 
 def test_verify_fingerprints_only_file_says_so(tmp_path, capsys):
-    """A family whose file holds compile fingerprints and no output hashes (sm80 and cdna2/3/4
-    today): verify exits 2 with one plain line, and runs nothing."""
+    """A family whose file holds compile fingerprints and no output hashes (every family
+    but sm90 today): verify exits 2 with one plain line, and runs nothing."""
     fps = {"varlen/d32/fp16": {"fwd": "f1"}}
     code = run_fingerprints([FAKE], tmp_path, update=True, out=print, fingerprint_fn=lambda f: fps)
     assert code == 0

@@ -11,8 +11,9 @@ the family's ``GPUTarget`` and checked:
   ROCm the AMDGCN metadata's ``.vgpr_spill_count`` and private segment (scratch) size. SGPRs
   spilled into VGPR lanes (``.sgpr_spill_count`` with no scratch) never reach memory: they are
   reported, not failed; an SGPR spill to memory shows as scratch and fails;
-* the family's matrix instruction is in the code (``mma.sync`` / ``wgmma.mma_async`` in the PTX,
-  ``v_mfma`` in the AMDGCN assembly); the preprocess kernel has no product and is exempt;
+* the family's matrix instruction is in the code (``mma.sync`` / ``wgmma.mma_async`` /
+  ``tcgen05.mma`` in the PTX, ``v_mfma`` in the AMDGCN assembly); the preprocess kernel has no
+  product and is exempt;
 * a fingerprint: SHA-256 of the machine code (cubin / hsaco), debug and line info off.
 
 Signatures are not written by hand: the real planners (``plan_forward`` / ``plan_backward``,
@@ -67,6 +68,7 @@ CI_DTYPES = ("bf16",)
 MMA_PATTERNS = {
     "mma.sync": re.compile(r"\bmma\.sync\.aligned\."),
     "wgmma": re.compile(r"\bwgmma\.mma_async\."),
+    "tcgen05": re.compile(r"\btcgen05\.mma\."),  # Blackwell's tensor-memory products
     "v_mfma": re.compile(r"\bv_mfma_"),
 }
 # Kernels allowed to use another matrix instruction than their family's (still not FMA):
@@ -225,6 +227,49 @@ def pinned_knobs(cache_dir: str) -> Iterator[None]:
         yield
 
 
+# Blackwell targets (compute capability >= 10.0): the ptxas that Triton runs for them
+# (ptxas-blackwell: CUDA 12.9 in Triton 3.6, 13.4 in 3.9) may allocate registers in an order
+# that depends on its address-space layout: under Triton 3.6 the same PTX of sm100's d64
+# forward and decode kernels (6 of its 104) assembled to two cubins that differ only in register
+# names (UR40 / UR42 swapped), about half the runs each (13.4: none in 10 runs of each). Their
+# fingerprints are made with that ptxas run without address-space randomisation (the Linux
+# personality ADDR_NO_RANDOMIZE, as ``setarch -R``), which makes it deterministic. Older targets
+# keep the plain ptxas invocation (their fingerprints are what they were).
+DETERMINISTIC_PTXAS_FROM_ARCH = 100
+_NO_ASLR_WRAPPER = """#!{python}
+# ptxas without address-space randomisation (portattn.tools.compilecheck; see there).
+import ctypes, os, sys
+try:
+    libc = ctypes.CDLL(None, use_errno=True)
+    current = libc.personality(0xFFFFFFFF)
+    if current == -1 or libc.personality(current | 0x0040000) == -1:
+        raise OSError(ctypes.get_errno(), "personality")
+except (AttributeError, OSError) as exc:
+    print(f"portattn: ptxas runs with a randomised address space ({{exc}})", file=sys.stderr)
+os.execv({ptxas!r}, [{ptxas!r}, *sys.argv[1:]])
+"""
+
+
+@contextlib.contextmanager
+def deterministic_ptxas(family: Family) -> Iterator[None]:
+    """For a Blackwell target, Triton's ptxas-blackwell runs through a wrapper (written into
+    Triton's cache directory, which :func:`pinned_knobs` makes per check) that turns off
+    address-space randomisation for it; nothing changes for other targets."""
+    if family.vendor != "cuda" or family.arch < DETERMINISTIC_PTXAS_FROM_ARCH:
+        yield
+        return
+    from triton import knobs
+
+    real = knobs.nvidia.ptxas_blackwell.path  # the bundled one (pinned_knobs sets None)
+    wrapper = Path(knobs.cache.dir) / "ptxas-blackwell-no-aslr"
+    if not wrapper.exists():
+        wrapper.write_text(_NO_ASLR_WRAPPER.format(python=sys.executable, ptxas=real))
+        wrapper.chmod(0o755)
+    with knobs.nvidia.scope():
+        knobs.nvidia.ptxas_blackwell = str(wrapper)
+        yield
+
+
 def compile_launch(launch: Launch, family: Family) -> Artifacts:
     """Compile one recorded launch for ``family``'s target (call inside :func:`pinned_knobs`)."""
     import triton
@@ -242,7 +287,7 @@ def compile_launch(launch: Launch, family: Family) -> Artifacts:
     src = ASTSource(launch.fn, signature, constexprs, attrs)
     options = dict(launch.options, debug=False, **PINNED_OPTIONS[target.backend])
     log = io.StringIO()
-    with contextlib.redirect_stdout(log):
+    with contextlib.redirect_stdout(log), deterministic_ptxas(family):
         kernel = triton.compile(src, target=target, options=options)
     asm = kernel.asm["ptx"] if target.backend == "cuda" else kernel.asm["amdgcn"]
     return Artifacts(kernel.metadata.shared, kernel.kernel, asm, log.getvalue())

@@ -19,7 +19,7 @@ from portattn.tools.golden.commands import (
 
 NOT_A_FAMILY = (
     "no GPU here: golden hashes are recorded and verified on a GPU of a family (sm80, sm90, "
-    "cdna2, cdna3, cdna4); Triton's CPU interpreter is not a family"
+    "sm100, sm120, cdna2, cdna3, cdna4); Triton's CPU interpreter is not a family"
 )
 
 
