@@ -362,6 +362,9 @@ _SINCE_TRITON = {
         ("sm90", "varlen", 128):       _retuned(_SM90[128], fwd_ws=False, bwd_ws=False),
         ("sm90", "varlen", 256):       _retuned(_SM90[256], fwd=(64, 32, 8, 2), dq=(64, 16, 8, 2)),
         ("sm90", "fixed_order", 256):  _retuned(_FIXED_ORDER["sm90"][256], fwd=(128, 32, 8, 2)),
+        # sm80 (the same ptxas 13): the fixed_order d256 decode kernel spills (16 bytes, fp16)
+        # at the forward's 64 rows; 32 rows fit, as d96/d128's decode rows, at 8 warps (4: 576).
+        ("sm80", "fixed_order", 256):  _retuned(_SM80[256], decode=(32, 64, 8, 1)),
         # sm100 (ptxas 13.4 here, 12.9 in 3.6): the varlen d96/d128 forwards spill (24 / 32
         # bytes at 255 registers) and get half the key tile, which their decode kernels follow
         # (d96's then spills 16 bytes at 3 stages: 2); the fixed_order d256 decode kernel

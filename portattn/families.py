@@ -36,15 +36,7 @@ FAMILIES: dict[str, Family] = {
         Family("sm80", "cuda", 80, 32, 166912, "mma.sync", "A100, A800, A30 (cc 8.0)"),
         Family("sm90", "cuda", 90, 32, 232448, "wgmma", "H100, H200, H20, GH200 (cc 9.0)"),
         Family("sm100", "cuda", 100, 32, 232448, "tcgen05", "B200, GB200 (cc 10.0)"),
-        Family(
-            "sm120",
-            "cuda",
-            120,
-            32,
-            101376,
-            "mma.sync",
-            "RTX 5090, RTX 5080, RTX PRO 6000 Blackwell (cc 12.0)",
-        ),
+        Family("sm120", "cuda", 120, 32, 101376, "mma.sync", "RTX 50xx, RTX PRO 6000 (cc 12.0)"),
         Family("cdna2", "hip", "gfx90a", 64, 65536, "v_mfma", "MI210, MI250X (gfx90a)"),
         Family("cdna3", "hip", "gfx942", 64, 65536, "v_mfma", "MI300X, MI300A, MI325X (gfx942)"),
         Family("cdna4", "hip", "gfx950", 64, 163840, "v_mfma", "MI350X, MI355X (gfx950)"),
@@ -72,7 +64,8 @@ def nearest_family(props) -> str:
     CDNA entry fits). CUDA: the CUDA family of the highest compute capability at or below the
     device's whose shared-memory limit the device's opt-in maximum per block reaches (a device
     that does not report it is taken to), e.g. cc 10.3 -> sm100, cc 12.1 with 99 KiB -> sm120,
-    cc 9.x -> sm90; else sm80, whose entries fit in 99 KiB (cc 7.5, 8.6, 8.9)."""
+    cc 9.x -> sm90; else sm80, whose entries fit in 99 KiB (cc 8.6, 8.9; below 8.0 nothing is
+    promised). Triton still compiles for the device's own target; only the tiles are taken."""
     arch_name = getattr(props, "gcnArchName", None) or ""
     if torch.version.hip is not None or arch_name.startswith("gfx"):
         gfx = arch_name.split(":")[0]

@@ -12,8 +12,8 @@ the family's ``GPUTarget`` and checked:
   spilled into VGPR lanes (``.sgpr_spill_count`` with no scratch) never reach memory: they are
   reported, not failed; an SGPR spill to memory shows as scratch and fails;
 * the family's matrix instruction is in the code (``mma.sync`` / ``wgmma.mma_async`` /
-  ``tcgen05.mma`` in the PTX, ``v_mfma`` in the AMDGCN assembly); the preprocess kernel has no
-  product and is exempt;
+  ``tcgen05.mma`` in the PTX, ``v_mfma`` in the AMDGCN assembly), and on sm90 / sm100 no older
+  one beside it (:data:`FALLBACK_MMA`); the preprocess kernel has no product and is exempt;
 * a fingerprint: SHA-256 of the machine code (cubin / hsaco), debug and line info off.
 
 Signatures are not written by hand: the real planners (``plan_forward`` / ``plan_backward``,
@@ -60,6 +60,7 @@ from portattn.tools.compile_launches import (  # noqa: F401  (re-exported: the c
     select_entries,
     table_mismatches,
 )
+from portattn.tools.ptxas import deterministic_ptxas
 
 HAS_PRODUCT = {"fwd": True, "bwd_pre": False, "bwd_dkdv": True, "bwd_dq": True, "decode": True}
 CI_HEAD_DIMS = (128, 64, 80)  # 80: a borrowed head dim (the d96 row), Phi-2's
@@ -71,6 +72,10 @@ MMA_PATTERNS = {
     "tcgen05": re.compile(r"\btcgen05\.mma\."),  # Blackwell's tensor-memory products
     "v_mfma": re.compile(r"\bv_mfma_"),
 }
+# Older matrix instructions that must not appear beside a family's own: one product of a kernel
+# that fell back (to mma.sync, say, where a tile is too small for wgmma / tcgen05) would pass
+# the presence check above. Measured absent from every sm90 and sm100 kernel (Triton 3.6, 3.9).
+FALLBACK_MMA = {"wgmma": ("mma.sync",), "tcgen05": ("mma.sync", "wgmma")}
 # Kernels allowed to use another matrix instruction than their family's (still not FMA):
 # (family, kernel, stage, head_dim) -> instruction. Empty: every kernel of every entry must use
 # its family's instruction; kept so that a documented exception has one place to live.
@@ -227,49 +232,6 @@ def pinned_knobs(cache_dir: str) -> Iterator[None]:
         yield
 
 
-# Blackwell targets (compute capability >= 10.0): the ptxas that Triton runs for them
-# (ptxas-blackwell: CUDA 12.9 in Triton 3.6, 13.4 in 3.9) may allocate registers in an order
-# that depends on its address-space layout: under Triton 3.6 the same PTX of sm100's d64
-# forward and decode kernels (6 of its 104) assembled to two cubins that differ only in register
-# names (UR40 / UR42 swapped), about half the runs each (13.4: none in 10 runs of each). Their
-# fingerprints are made with that ptxas run without address-space randomisation (the Linux
-# personality ADDR_NO_RANDOMIZE, as ``setarch -R``), which makes it deterministic. Older targets
-# keep the plain ptxas invocation (their fingerprints are what they were).
-DETERMINISTIC_PTXAS_FROM_ARCH = 100
-_NO_ASLR_WRAPPER = """#!{python}
-# ptxas without address-space randomisation (portattn.tools.compilecheck; see there).
-import ctypes, os, sys
-try:
-    libc = ctypes.CDLL(None, use_errno=True)
-    current = libc.personality(0xFFFFFFFF)
-    if current == -1 or libc.personality(current | 0x0040000) == -1:
-        raise OSError(ctypes.get_errno(), "personality")
-except (AttributeError, OSError) as exc:
-    print(f"portattn: ptxas runs with a randomised address space ({{exc}})", file=sys.stderr)
-os.execv({ptxas!r}, [{ptxas!r}, *sys.argv[1:]])
-"""
-
-
-@contextlib.contextmanager
-def deterministic_ptxas(family: Family) -> Iterator[None]:
-    """For a Blackwell target, Triton's ptxas-blackwell runs through a wrapper (written into
-    Triton's cache directory, which :func:`pinned_knobs` makes per check) that turns off
-    address-space randomisation for it; nothing changes for other targets."""
-    if family.vendor != "cuda" or family.arch < DETERMINISTIC_PTXAS_FROM_ARCH:
-        yield
-        return
-    from triton import knobs
-
-    real = knobs.nvidia.ptxas_blackwell.path  # the bundled one (pinned_knobs sets None)
-    wrapper = Path(knobs.cache.dir) / "ptxas-blackwell-no-aslr"
-    if not wrapper.exists():
-        wrapper.write_text(_NO_ASLR_WRAPPER.format(python=sys.executable, ptxas=real))
-        wrapper.chmod(0o755)
-    with knobs.nvidia.scope():
-        knobs.nvidia.ptxas_blackwell = str(wrapper)
-        yield
-
-
 def compile_launch(launch: Launch, family: Family) -> Artifacts:
     """Compile one recorded launch for ``family``'s target (call inside :func:`pinned_knobs`)."""
     import triton
@@ -353,6 +315,9 @@ def check_artifacts(result: KernelResult, art: Artifacts, family: Family) -> Non
         result.mma = len(MMA_PATTERNS[instr].findall(art.asm))
         if not result.mma:
             result.failures.append(f"no {instr} instruction")
+        for other in FALLBACK_MMA.get(instr, ()):
+            if found := len(MMA_PATTERNS[other].findall(art.asm)):
+                result.failures.append(f"{found} {other} instruction(s) beside {instr}")
 
 
 def matrix_instruction(entry: Entry, stage: str, family: Family) -> str:
