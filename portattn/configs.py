@@ -367,11 +367,12 @@ _SINCE_TRITON = {
         ("sm80", "fixed_order", 256):  _retuned(_SM80[256], decode=(32, 64, 8, 1)),
         # sm100 (ptxas 13.4 here, 12.9 in 3.6): the varlen d96/d128 forwards spill (24 / 32
         # bytes at 255 registers) and get half the key tile, which their decode kernels follow
-        # (d96's then spills 16 bytes at 3 stages: 2); the fixed_order d256 decode kernel
-        # spills (12 bytes, bf16) and gets 4 warps.
+        # at 2 stages (3 spill 16 bytes: d96, and d112 on the d128 row); the fixed_order d256
+        # decode kernel spills (12 bytes, bf16) and gets 4 warps.
         ("sm100", "varlen", 96):       _retuned(_SM100[96], fwd=(128, 64, 8, 3),
                                                 decode=(64, 64, 8, 2)),
-        ("sm100", "varlen", 128):      _retuned(_SM100[128], fwd=(128, 64, 8, 3)),
+        ("sm100", "varlen", 128):      _retuned(_SM100[128], fwd=(128, 64, 8, 3),
+                                                decode=(64, 64, 8, 2)),
         ("sm100", "fixed_order", 256): _retuned(_FIXED_ORDER["sm100"][256], decode=(64, 64, 4, 2)),
     },
 }
