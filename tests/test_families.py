@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import python_stdout
+from helpers import ROOT, python_stdout
 
 import portattn
 from portattn import configs, families
@@ -311,3 +313,46 @@ def test_family_accepts_device_forms(monkeypatch):
     assert fam.family(torch.device("cuda", 1)) == "fam1"
     assert fam.family(torch.device("cuda")) == "fam0"
     assert fam.family("cpu") is None
+
+
+def test_ci_names_every_family():
+    """The nox GPU sessions, the GPU CI job and the workflow's family lists are the table's."""
+    table = list(FAMILIES)
+    nox_line = re.search(r"^FAMILIES = \((.*)\)$", (ROOT / "noxfile.py").read_text(), re.M)
+    assert [f.strip(' "') for f in nox_line[1].split(",")] == table
+    gpu_sh = (ROOT / "ci" / "gpu.sh").read_text()
+    assert re.search(r"^  ([\w|]+)\) family=", gpu_sh, re.M)[1].split("|") == table
+    workflow = (ROOT / "ci" / "github" / "portattn.yml").read_text()
+    assert re.search(r"options: \[(.*)\]", workflow)[1].split(", ") == table
+    matrix = re.search(r"PORTATTN_GPU_FAMILIES \|\| '(\[.*\])'", workflow)[1]
+    assert json.loads(matrix) == table
+
+
+def test_family_status_table():
+    """docs/families.md's table of what each family has been shown to do stays true: one row
+    per family of the table, compiled and tile-checked for all (what CI runs for every family:
+    the compile check of every entry for the fingerprints, under 3.6 and 3.9, and
+    tests/test_family_tiles.py), and the hashes column says "yes" exactly where
+    golden/<family>.json holds output hashes (of some Triton version) recorded on the family's
+    own hardware, "provisional" where they carry the override's provisional mark."""
+    text = (ROOT / "docs" / "families.md").read_text()
+    section = text.split("## What each family has been shown to do", 1)[1]
+    rows = [ln for ln in section.splitlines() if re.match(r"\| `\w+` \|", ln)]
+    cells = {}
+    for line in rows[: len(FAMILIES)]:
+        name, *rest = (c.strip() for c in line.strip("|").split("|"))
+        cells[name.strip("`")] = rest
+    assert list(cells) == list(FAMILIES)
+    for name, (compiled, tiles, other, suite, recorded) in cells.items():
+        golden = json.loads((ROOT / "golden" / f"{name}.json").read_text())["toolchains"]
+        assert {"triton-3.6.0", "triton-3.9.0"} <= set(golden), name
+        assert all(golden[t]["fingerprints"] for t in ("triton-3.6.0", "triton-3.9.0")), name
+        assert compiled == tiles == "yes", name
+        held = [toolchain for toolchain in golden.values() if toolchain.get("outputs")]
+        provisional = any(t.get("provenance", {}).get("provisional") for t in held)
+        own_hardware = bool(held) and not provisional
+        assert recorded.startswith("provisional") == provisional, (name, recorded)
+        assert recorded.startswith("yes") == own_hardware, (name, recorded)
+        assert not (own_hardware and suite.startswith("no")), name  # recorded where it ran
+        assert not (provisional and other.startswith("no")), name  # the override's run
+        assert other.startswith(("yes", "no")) and suite.startswith(("yes", "no")), name
