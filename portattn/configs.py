@@ -362,9 +362,16 @@ _SINCE_TRITON = {
         ("sm90", "varlen", 128):       _retuned(_SM90[128], fwd_ws=False, bwd_ws=False),
         ("sm90", "varlen", 256):       _retuned(_SM90[256], fwd=(64, 32, 8, 2), dq=(64, 16, 8, 2)),
         ("sm90", "fixed_order", 256):  _retuned(_FIXED_ORDER["sm90"][256], fwd=(128, 32, 8, 2)),
-        # sm80 (the same ptxas 13): the fixed_order d256 decode kernel spills (16 bytes, fp16)
-        # at the forward's 64 rows; 32 rows fit, as d96/d128's decode rows, at 8 warps (4: 576).
-        ("sm80", "fixed_order", 256):  _retuned(_SM80[256], decode=(32, 64, 8, 1)),
+        # sm80 (the same ptxas 13): the fixed_order d256 decode kernel spills at the forward's
+        # tiles (64, 64, 8, 1): 16 bytes in float16 (bf16 fits); 2 or 3 stages spill 128 bytes
+        # in both dtypes. Its rows and warps must stay the forward's (other ones changed the lse
+        # bits of decode rows on the H200, see d96/d128 above) and its key tile too (a row's
+        # bits depend on its key tiles). So the whole entry splits the head dim instead: the
+        # forward and decode kernels each run two programs of 128 output columns at the same
+        # tiles (fwd_chunks, as sm90's fixed_order d256), both computing the scores and softmax
+        # over the full head dim; 0 spills (forward 206 / 213 registers, decode 232 / 240, fp16
+        # / bf16). The interpreter gives the same bits as unsplit (test_table_variants).
+        ("sm80", "fixed_order", 256):  _retuned(_SM80[256], fwd_chunks=2),
         # sm100 (ptxas 13.4 here, 12.9 in 3.6): the varlen d96/d128 forwards spill (24 / 32
         # bytes at 255 registers) and get half the key tile, which their decode kernels follow
         # at 2 stages (3 spill 16 bytes: d96, and d112 on the d128 row); the fixed_order d256
