@@ -1,14 +1,17 @@
 """nox sessions for portattn.
 
 - ``tests``: the CPU suite, in its own virtualenv (kernels run under Triton's interpreter; the
-  test harness ``tests/conftest.py`` sets TRITON_INTERPRET=1, nox does not), followed by the
-  CI subset of the ahead-of-time compile check (compiles, fits, no spills, matrix instructions)
-  and the golden fingerprint check (what every configuration of every family compiles to must
+  test harness ``tests/conftest.py`` sets TRITON_INTERPRET=1, nox does not; every family's
+  configuration entries run there too, ``tests/test_family_tiles.py``), followed by the
+  ahead-of-time compile check of every configuration of every family (compiles, fits, no
+  spills, matrix instructions; and the CI subset's borrowed head dim) and the golden
+  fingerprint check of that compile (what every configuration of every family compiles to must
   match ``golden/<family>.json``). This is the README's test command, and what ``.ci/run`` runs.
   It pins Triton 3.6, the GPU machine's.
 - ``tests_newest``: the same with the newest supported Triton (3.9), whose configuration
   table has its own rows where it must (``portattn.configs._SINCE_TRITON``) and whose
-  fingerprints ``golden/`` keeps beside 3.6's.
+  fingerprints ``golden/`` keeps beside 3.6's; of the family entries under the interpreter it
+  runs only those rows.
 - ``lint``: ruff check and ruff format --check.
 - ``compile``: the full ahead-of-time compile matrix (every family, kernel, head dim, dtype);
   CPU only, no GPU needed.
@@ -26,6 +29,7 @@ Default (plain ``nox``): lint and tests.
 
 from __future__ import annotations
 
+import os
 import re
 
 import nox
@@ -38,7 +42,7 @@ import nox
 TORCH_CPU = "torch==2.13.0"
 TRITON = "triton==3.6.0"
 TRITON_NEWEST = "triton==3.9.0"
-FAMILIES = ("sm80", "sm90", "cdna2", "cdna3", "cdna4")
+FAMILIES = ("sm80", "sm90", "sm100", "sm120", "cdna2", "cdna3", "cdna4")
 LINT_PATHS = ("portattn", "tests", "noxfile.py")
 
 nox.options.sessions = ["lint", "tests"]
@@ -49,10 +53,12 @@ def _install_cpu_stack(session: nox.Session, extras: str = "", triton: str = TRI
     session.install(triton, "-e", f".{extras}")
 
 
-def _pytest(session: nox.Session, *args: str, external: bool = False) -> None:
+def _pytest(
+    session: nox.Session, *args: str, external: bool = False, env: dict | None = None
+) -> None:
     """Run pytest; exit code 5 ("no tests collected") is an error with a clear message."""
     try:
-        session.run("python", "-m", "pytest", *args, external=external)
+        session.run("python", "-m", "pytest", *args, external=external, env=env)
     except nox.command.CommandFailed as exc:
         code = getattr(exc, "return_code", None)
         if code == 5 or (code is None and "code 5" in str(exc)):
@@ -65,8 +71,9 @@ def _pytest(session: nox.Session, *args: str, external: bool = False) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """CPU test suite under Triton's interpreter, then the compile check's CI subset, then the
-    compile fingerprints of every family against ``golden/`` (docs/golden.md); Triton 3.6."""
+    """CPU test suite under Triton's interpreter, then the compile check of every entry of every
+    family (and the CI subset's borrowed head dim), then the fingerprints of that compile
+    against ``golden/`` (docs/golden.md); Triton 3.6."""
     _cpu_suite(session, TRITON)
 
 
@@ -78,10 +85,17 @@ def tests_newest(session: nox.Session) -> None:
 
 def _cpu_suite(session: nox.Session, triton: str) -> None:
     _install_cpu_stack(session, "[test,transformers]", triton)
-    _pytest(session, "-m", "not gpu", *(session.posargs or ["-q"]))
-    # Resources and instructions (spills, shared memory / LDS, mma.sync / wgmma / v_mfma) of the
-    # CI subset; the fingerprint check below compiles every entry but checks only the bits.
-    session.run("python", "-m", "portattn", "compile", "--subset", "ci")
+    # tests/test_family_tiles.py runs every family's configuration entries under the
+    # interpreter: all of them with TRITON, and with a newer Triton only those its table
+    # changes (the rows of configs._SINCE_TRITON that the interpreter sees).
+    scope = {"PORTATTN_FAMILY_TILES": "all" if triton == TRITON else "versioned"}
+    _pytest(session, "-m", "not gpu", *(session.posargs or ["-q"]), env=scope)
+    # Every entry of every family compiled once and checked (spills, shared memory / LDS, the
+    # family's matrix instruction), its results kept for the fingerprint check below, which
+    # then compiles nothing; and the CI subset's borrowed head dim (80: the d96 row, Phi-2's).
+    results = os.path.join(session.create_tmp(), "compile.json")
+    session.run("python", "-m", "portattn", "compile", "--json", results)
+    session.run("python", "-m", "portattn", "compile", "--subset", "ci", "--head-dim", "80")
     # A kernel or configuration change fails here until golden/ is updated on purpose
     # (`python -m portattn golden fingerprints --update`, then a hardware refresh of the
     # families whose output hashes it marks stale). Exit 1: a fingerprint differs; 2: a family
@@ -89,17 +103,19 @@ def _cpu_suite(session: nox.Session, triton: str) -> None:
     # TRITON the pin must also equal the GPU's Triton, whose output hashes golden/ holds).
     fingerprints = ("python", "-m", "portattn", "golden", "fingerprints")
     if triton == TRITON:
-        session.run(*fingerprints)
+        session.run(*fingerprints, "--results", results)
         return
     # Triton 3.9's AMD backend: an entry compiled after others in one process got other
     # machine code (its codegen library keeps state; the compile check now gives every entry a
     # fresh process), and beyond that, rarely, one entry differs in one run and not in the
     # next (cdna4 varlen/d32/fp16 decode once in a full run, 2026-12-01; five single compiles,
     # four of them concurrent, gave the recorded code). So an entry fails only if it differs in
-    # every one of up to three passes: a change of the code differs every time.
+    # every one of up to three passes: a change of the code differs every time. The first pass
+    # reads the compile above; the others compile again.
     differing: set[str] | None = None
     for attempt in range(3):
-        out = session.run(*fingerprints, silent=True, success_codes=[0, 1]) or ""
+        reuse = ("--results", results) if attempt == 0 else ()
+        out = session.run(*fingerprints, *reuse, silent=True, success_codes=[0, 1]) or ""
         print(out)
         found = set()
         for line in out.splitlines():

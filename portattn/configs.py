@@ -264,6 +264,26 @@ _SM80 = {
     128: _cfg((64, 64, 8, 3),    (16, 64, 8, 2),   (64, 32, 4, 2)),
     256: _cfg((64, 64, 8, 1),    (32, 32, 8, 1),   (32, 32, 4, 1)),
 }
+# sm100 (B200, GB200): sm90's tiles without its Hopper-only fields (descriptors, Gluon
+# kernels); Triton's Blackwell path turns the products into tcgen05 (accumulators in tensor
+# memory). dQ at d96/d128 keeps two stages, not three (three spill: 32 / 8 bytes).
+_SM100 = {
+    32:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2)),
+    64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3)),
+    96:  _cfg((128, 128, 8, 3),  (32, 64, 4, 3),   (128, 64, 8, 2)),
+    128: _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2)),
+    256: _cfg((64, 64, 8, 2),    (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=2),
+}
+# sm120 (RTX 50xx, RTX PRO 6000 Blackwell; 99 KiB of shared memory per block, mma.sync like
+# sm80): sm80's tiles, whose largest kernel takes 88 KiB (written out, so a retune of sm80
+# does not move them).
+_SM120 = {
+    32:  _cfg((128, 64, 4, 3),   (16, 64, 4, 2),   (64, 32, 4, 2)),
+    64:  _cfg((128, 64, 8, 3),   (32, 32, 4, 2),   (64, 32, 4, 2)),
+    96:  _cfg((64, 64, 8, 3),    (16, 64, 8, 2),   (64, 32, 4, 2)),
+    128: _cfg((64, 64, 8, 3),    (16, 64, 8, 2),   (64, 32, 4, 2)),
+    256: _cfg((64, 64, 8, 1),    (32, 32, 8, 1),   (32, 32, 4, 1)),
+}
 # CDNA: d32 to d128 run one row (written once; each head dim still gets its own entry).
 _CDNA_UP_TO_128 = (32, 64, 96, 128)
 _CDNA3 = {
@@ -297,6 +317,16 @@ _FIXED_ORDER = {
     },
 }
 _FIXED_ORDER["cdna4"] = _FIXED_ORDER["cdna3"]
+# sm100: sm90's fixed_order rows (without descriptors and Gluon); d32: the decode kernel
+# spills at 8 warps (24 bytes, bf16) and fits at 4; d256: dQ at 64 query rows (Triton 3.6
+# compiles 128-row dQ tiles to a kernel that is only a trap, no tcgen05).
+_FIXED_ORDER["sm100"] = {
+    32:  _retuned(_SM100[32], decode=(64, 128, 4, 3)),
+    64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3)),
+    96:  _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 2)),
+    128: _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 3)),
+    256: _cfg((128, 64, 8, 2),   (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=4, fwd_chunks=2),
+}
 # sm80 fixed_order d96/d128: the decode kernel (per-row heads and page addresses beside the
 # split-P products) spills at the forward's 64 rows and 3 stages; one stage fits. It keeps
 # the forward's rows and warps: at 32 rows of 4 warps its row sums (l, so the lse) were not
@@ -332,6 +362,25 @@ _SINCE_TRITON = {
         ("sm90", "varlen", 128):       _retuned(_SM90[128], fwd_ws=False, bwd_ws=False),
         ("sm90", "varlen", 256):       _retuned(_SM90[256], fwd=(64, 32, 8, 2), dq=(64, 16, 8, 2)),
         ("sm90", "fixed_order", 256):  _retuned(_FIXED_ORDER["sm90"][256], fwd=(128, 32, 8, 2)),
+        # sm80 (the same ptxas 13): the fixed_order d256 decode kernel spills at the forward's
+        # tiles (64, 64, 8, 1): 16 bytes in float16 (bf16 fits); 2 or 3 stages spill 128 bytes
+        # in both dtypes. Its rows and warps must stay the forward's (other ones changed the lse
+        # bits of decode rows on the H200, see d96/d128 above) and its key tile too (a row's
+        # bits depend on its key tiles). So the whole entry splits the head dim instead: the
+        # forward and decode kernels each run two programs of 128 output columns at the same
+        # tiles (fwd_chunks, as sm90's fixed_order d256), both computing the scores and softmax
+        # over the full head dim; 0 spills (forward 206 / 213 registers, decode 232 / 240, fp16
+        # / bf16). The interpreter gives the same bits as unsplit (test_table_variants).
+        ("sm80", "fixed_order", 256):  _retuned(_SM80[256], fwd_chunks=2),
+        # sm100 (ptxas 13.4 here, 12.9 in 3.6): the varlen d96/d128 forwards spill (24 / 32
+        # bytes at 255 registers) and get half the key tile, which their decode kernels follow
+        # at 2 stages (3 spill 16 bytes: d96, and d112 on the d128 row); the fixed_order d256
+        # decode kernel spills (12 bytes, bf16) and gets 4 warps.
+        ("sm100", "varlen", 96):       _retuned(_SM100[96], fwd=(128, 64, 8, 3),
+                                                decode=(64, 64, 8, 2)),
+        ("sm100", "varlen", 128):      _retuned(_SM100[128], fwd=(128, 64, 8, 3),
+                                                decode=(64, 64, 8, 2)),
+        ("sm100", "fixed_order", 256): _retuned(_FIXED_ORDER["sm100"][256], decode=(64, 64, 4, 2)),
     },
 }
 # Small tiles under the CPU interpreter: fast there, and many tile boundaries in small tests.
@@ -341,6 +390,8 @@ _INTERP = {d: _cfg((32, 16, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)) for d in HEAD
 _BY_FAMILY = {
     "sm80": _SM80,
     "sm90": _SM90,
+    "sm100": _SM100,
+    "sm120": _SM120,
     "cdna2": _CDNA2,
     "cdna3": _CDNA3,
     "cdna4": _CDNA3,

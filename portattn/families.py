@@ -35,13 +35,15 @@ FAMILIES: dict[str, Family] = {
     for f in (
         Family("sm80", "cuda", 80, 32, 166912, "mma.sync", "A100, A800, A30 (cc 8.0)"),
         Family("sm90", "cuda", 90, 32, 232448, "wgmma", "H100, H200, H20, GH200 (cc 9.0)"),
+        Family("sm100", "cuda", 100, 32, 232448, "tcgen05", "B200, GB200 (cc 10.0)"),
+        Family("sm120", "cuda", 120, 32, 101376, "mma.sync", "RTX 50xx, RTX PRO 6000 (cc 12.0)"),
         Family("cdna2", "hip", "gfx90a", 64, 65536, "v_mfma", "MI210, MI250X (gfx90a)"),
         Family("cdna3", "hip", "gfx942", 64, 65536, "v_mfma", "MI300X, MI300A, MI325X (gfx942)"),
         Family("cdna4", "hip", "gfx950", 64, 163840, "v_mfma", "MI350X, MI355X (gfx950)"),
     )
 }
 
-_CUDA_CC = {(8, 0): "sm80", (9, 0): "sm90"}
+_CUDA_CC = {(8, 0): "sm80", (9, 0): "sm90", (10, 0): "sm100", (12, 0): "sm120"}
 _HIP_ARCH = {"gfx90a": "cdna2", "gfx942": "cdna3", "gfx950": "cdna4"}
 
 
@@ -59,19 +61,24 @@ def nearest_family(props) -> str:
     """The family whose configuration an unknown device runs (it reports no golden family).
 
     ROCm: gfx95x -> cdna4, gfx94x -> cdna3, any other gfx -> cdna2 (64 KiB LDS, which every
-    CDNA entry fits). CUDA: compute capability >= 9.0 -> sm90, unless the device reports less
-    opt-in shared memory per block than sm90's limit (e.g. cc 12.x with 99 KiB): then sm80,
-    whose entries fit in 99 KiB (cc 8.6/8.9 too)."""
+    CDNA entry fits). CUDA: the CUDA family of the highest compute capability at or below the
+    device's whose shared-memory limit the device's opt-in maximum per block reaches (a device
+    that does not report it is taken to), e.g. cc 10.3 -> sm100, cc 12.1 with 99 KiB -> sm120,
+    cc 9.x -> sm90; else sm80, whose entries fit in 99 KiB (cc 8.6, 8.9; below 8.0 nothing is
+    promised). Triton still compiles for the device's own target; only the tiles are taken."""
     arch_name = getattr(props, "gcnArchName", None) or ""
     if torch.version.hip is not None or arch_name.startswith("gfx"):
         gfx = arch_name.split(":")[0]
         if gfx.startswith("gfx95"):
             return "cdna4"
         return "cdna3" if gfx.startswith("gfx94") else "cdna2"
-    if (props.major, props.minor) < (9, 0):
-        return "sm80"
+    capability = props.major * 10 + props.minor
     optin = getattr(props, "shared_memory_per_block_optin", None)
-    return "sm80" if optin is not None and optin < FAMILIES["sm90"].shared_mem_bytes else "sm90"
+    cuda = sorted((f for f in FAMILIES.values() if f.vendor == "cuda"), key=lambda f: -f.arch)
+    for fam in cuda:
+        if fam.arch <= capability and (optin is None or optin >= fam.shared_mem_bytes):
+            return fam.name
+    return "sm80"
 
 
 @cache

@@ -19,6 +19,7 @@ import pytest
 from portattn.configs import HEAD_DIMS, KERNELS, Tiles
 from portattn.families import FAMILIES
 from portattn.tools import compilecheck as cc
+from portattn.tools import ptxas
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -341,6 +342,78 @@ def test_sgpr_spills_to_vgpr_lanes_pass_but_scratch_fails():
     result = cc.KernelResult(entry, "fwd", "0")
     cc.check_artifacts(result, cc.Artifacts(16384, b"x", AMDGCN_META), FAMILIES["cdna3"])
     assert not result.ok
+
+
+NO_SPILLS_LOG = PTXAS_LOG.replace("24 bytes", "0 bytes").replace("16 bytes", "0 bytes")
+NO_SPILLS_LOG = NO_SPILLS_LOG.replace("8 bytes", "0 bytes")
+MMA_SYNC = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r4}, {%r5}, {%f2};\n"
+WGMMA = "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1}, %rd1, %rd2, 1, 1, 1;\n"
+TCGEN05 = "tcgen05.mma.cta_group::1.kind::f16 [%r6], %rd1, %rd2, %r7, 1;\n"
+# Blackwell's tensor-memory allocation and loads, which are not products.
+TMEM = (
+    "tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%r1], 128;\n"
+    "tcgen05.ld.sync.aligned.32x32b.x64.b32 {%r2}, [%r3];\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("family", "asm", "count", "ok"),
+    [
+        ("sm100", TMEM + TCGEN05 * 2, 2, True),
+        ("sm100", TMEM + MMA_SYNC, 0, False),  # Triton's code for 32-row query tiles there
+        ("sm100", TMEM + TCGEN05 + MMA_SYNC, 1, False),  # one product fell back
+        ("sm90", WGMMA * 3, 3, True),
+        ("sm90", WGMMA + MMA_SYNC, 1, False),
+        ("sm80", MMA_SYNC * 2, 2, True),
+        ("sm120", MMA_SYNC, 1, True),
+        ("sm120", "fma.rn.f32 %f1, %f2, %f3, %f4;\n", 0, False),
+    ],
+)
+def test_family_matrix_instruction_and_no_fallback(family, asm, count, ok):
+    """A kernel passes with its family's matrix instruction (sm100: the ``tcgen05.mma``
+    products, not its tensor-memory loads) and, on sm90 / sm100, no ``mma.sync`` beside it: a
+    product that fell back fails even where the others did not."""
+    entry = cc.Entry(family, "varlen", 64, "bf16")
+    result = cc.KernelResult(entry, "fwd", "0")
+    cc.check_artifacts(result, cc.Artifacts(4096, b"x", asm, NO_SPILLS_LOG), FAMILIES[family])
+    assert result.mma == count and result.ok == ok, result.failures
+    if not ok and count:
+        assert result.failures == [
+            "1 mma.sync instruction(s) beside " + FAMILIES[family].matrix_instruction
+        ]
+
+
+@pytest.mark.skipif(not Path("/proc/self/personality").exists(), reason="Linux only")
+def test_blackwell_ptxas_runs_without_address_randomisation(tmp_path):
+    """Blackwell's ptxas runs through a wrapper that turns address-space randomisation off
+    (its register allocation follows the layout); the wrapper here runs ``cat`` instead, which
+    shows the personality it was started with and gets the wrapper's arguments."""
+
+    def personality(program: str) -> int:
+        cmd = [program, "/proc/self/personality"]
+        return int(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout, 16)
+
+    assert ptxas.ADDR_NO_RANDOMIZE == 0x0040000  # <linux/personality.h>
+    if personality("/bin/cat") & ptxas.ADDR_NO_RANDOMIZE:
+        pytest.skip("this process already runs without address-space randomisation")
+    wrapper = ptxas.write_wrapper(tmp_path / "wrapper", "/bin/cat")
+    assert personality(str(wrapper)) & ptxas.ADDR_NO_RANDOMIZE
+
+
+def test_deterministic_ptxas_only_for_blackwell(tmp_path):
+    from triton import knobs
+
+    with cc.pinned_knobs(str(tmp_path)):
+        bundled = knobs.nvidia.ptxas_blackwell.path
+        for name in ("sm80", "sm90", "cdna3"):
+            with ptxas.deterministic_ptxas(FAMILIES[name]):
+                assert knobs.nvidia.ptxas_blackwell.path == bundled
+        for name in ("sm100", "sm120"):
+            with ptxas.deterministic_ptxas(FAMILIES[name]):
+                wrapped = knobs.nvidia.ptxas_blackwell
+                assert wrapped.path == str(tmp_path / "ptxas-blackwell-no-aslr")
+            assert knobs.nvidia.ptxas_blackwell.path == bundled
+            assert wrapped.version == knobs.nvidia.ptxas_blackwell.version
 
 
 def test_preprocess_needs_no_matrix_instruction():

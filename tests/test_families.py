@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import python_stdout
+from helpers import ROOT, python_stdout
 
 import portattn
 from portattn import configs, families
@@ -16,7 +18,7 @@ from portattn.families import FAMILIES, family_from_properties, nearest_family
 from portattn.tools import compilecheck
 
 AMD_KNOBS = {"waves_per_eu", "matrix_instr_nonkdim", "kpack"}
-CUDA_FAMILIES = ("sm80", "sm90")
+CUDA_FAMILIES = ("sm80", "sm90", "sm100", "sm120")
 HIP_FAMILIES = ("cdna2", "cdna3", "cdna4")
 
 
@@ -42,7 +44,10 @@ def on_rocm(monkeypatch):
 # ----------------------------------------------------------------------------- detection
 
 
-@pytest.mark.parametrize(("cc", "expected"), [((8, 0), "sm80"), ((9, 0), "sm90")])
+@pytest.mark.parametrize(
+    ("cc", "expected"),
+    [((8, 0), "sm80"), ((9, 0), "sm90"), ((10, 0), "sm100"), ((12, 0), "sm120")],
+)
 def test_cuda_detection(on_cuda, cc, expected):
     assert family_from_properties(cuda_props(*cc)) == expected
 
@@ -75,9 +80,15 @@ def test_rocm_detection_ignores_compute_capability(on_rocm):
         ((8, 6), {}, "sm80"),
         ((8, 9), {}, "sm80"),
         ((7, 5), {}, "sm80"),
-        ((10, 0), {"shared_memory_per_block_optin": 232448}, "sm90"),
-        ((10, 0), {}, "sm90"),
-        ((12, 0), {"shared_memory_per_block_optin": 101376}, "sm80"),
+        ((9, 1), {}, "sm90"),
+        ((9, 1), {"shared_memory_per_block_optin": 101376}, "sm80"),
+        ((10, 3), {"shared_memory_per_block_optin": 232448}, "sm100"),  # B300
+        ((10, 3), {}, "sm100"),
+        ((11, 0), {"shared_memory_per_block_optin": 232448}, "sm100"),
+        ((10, 3), {"shared_memory_per_block_optin": 101376}, "sm80"),
+        ((12, 1), {"shared_memory_per_block_optin": 101376}, "sm120"),  # GB10
+        ((12, 1), {}, "sm120"),
+        ((12, 1), {"shared_memory_per_block_optin": 65536}, "sm80"),
     ],
 )
 def test_unknown_cuda_device(on_cuda, cc, extra, nearest):
@@ -149,6 +160,12 @@ def test_family_descriptions():
         assert fam.target().arch == fam.arch
     assert FAMILIES["sm80"].matrix_instruction == "mma.sync"
     assert FAMILIES["sm90"].matrix_instruction == "wgmma"
+    assert FAMILIES["sm100"].matrix_instruction == "tcgen05"
+    assert FAMILIES["sm120"].matrix_instruction == "mma.sync"
+    assert FAMILIES["sm90"].shared_mem_bytes == FAMILIES["sm100"].shared_mem_bytes == 227 * 1024
+    assert FAMILIES["sm120"].shared_mem_bytes == 99 * 1024
+    for name in CUDA_FAMILIES:  # every instruction has its pattern in the compile check
+        assert FAMILIES[name].matrix_instruction in compilecheck.MMA_PATTERNS
     assert FAMILIES["cdna2"].shared_mem_bytes == FAMILIES["cdna3"].shared_mem_bytes == 64 * 1024
     assert FAMILIES["cdna4"].shared_mem_bytes == 160 * 1024
 
@@ -296,3 +313,46 @@ def test_family_accepts_device_forms(monkeypatch):
     assert fam.family(torch.device("cuda", 1)) == "fam1"
     assert fam.family(torch.device("cuda")) == "fam0"
     assert fam.family("cpu") is None
+
+
+def test_ci_names_every_family():
+    """The nox GPU sessions, the GPU CI job and the workflow's family lists are the table's."""
+    table = list(FAMILIES)
+    nox_line = re.search(r"^FAMILIES = \((.*)\)$", (ROOT / "noxfile.py").read_text(), re.M)
+    assert [f.strip(' "') for f in nox_line[1].split(",")] == table
+    gpu_sh = (ROOT / "ci" / "gpu.sh").read_text()
+    assert re.search(r"^  ([\w|]+)\) family=", gpu_sh, re.M)[1].split("|") == table
+    workflow = (ROOT / "ci" / "github" / "portattn.yml").read_text()
+    assert re.search(r"options: \[(.*)\]", workflow)[1].split(", ") == table
+    matrix = re.search(r"PORTATTN_GPU_FAMILIES \|\| '(\[.*\])'", workflow)[1]
+    assert json.loads(matrix) == table
+
+
+def test_family_status_table():
+    """docs/families.md's table of what each family has been shown to do stays true: one row
+    per family of the table, compiled and tile-checked for all (what CI runs for every family:
+    the compile check of every entry for the fingerprints, under 3.6 and 3.9, and
+    tests/test_family_tiles.py), and the hashes column says "yes" exactly where
+    golden/<family>.json holds output hashes (of some Triton version) recorded on the family's
+    own hardware, "provisional" where they carry the override's provisional mark."""
+    text = (ROOT / "docs" / "families.md").read_text()
+    section = text.split("## What each family has been shown to do", 1)[1]
+    rows = [ln for ln in section.splitlines() if re.match(r"\| `\w+` \|", ln)]
+    cells = {}
+    for line in rows[: len(FAMILIES)]:
+        name, *rest = (c.strip() for c in line.strip("|").split("|"))
+        cells[name.strip("`")] = rest
+    assert list(cells) == list(FAMILIES)
+    for name, (compiled, tiles, other, suite, recorded) in cells.items():
+        golden = json.loads((ROOT / "golden" / f"{name}.json").read_text())["toolchains"]
+        assert {"triton-3.6.0", "triton-3.9.0"} <= set(golden), name
+        assert all(golden[t]["fingerprints"] for t in ("triton-3.6.0", "triton-3.9.0")), name
+        assert compiled == tiles == "yes", name
+        held = [toolchain for toolchain in golden.values() if toolchain.get("outputs")]
+        provisional = any(t.get("provenance", {}).get("provisional") for t in held)
+        own_hardware = bool(held) and not provisional
+        assert recorded.startswith("provisional") == provisional, (name, recorded)
+        assert recorded.startswith("yes") == own_hardware, (name, recorded)
+        assert not (own_hardware and suite.startswith("no")), name  # recorded where it ran
+        assert not (provisional and other.startswith("no")), name  # the override's run
+        assert other.startswith(("yes", "no")) and suite.startswith(("yes", "no")), name

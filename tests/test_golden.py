@@ -36,6 +36,7 @@ from portattn.tools.golden import (
     run_verify,
 )
 from portattn.tools.golden.cli import Hardware, cmd_refresh, cmd_verify
+from portattn.tools.golden.commands import results_fingerprints
 from portattn.tools.golden.records import config_hashes_of, stale_outputs
 from portattn.tools.golden.run import make_inputs
 from portattn.tools.golden.store import atomic_write, load, update_file
@@ -146,8 +147,8 @@ def test_verify_exit_codes(tmp_path, capsys):
 
 
 def test_verify_fingerprints_only_file_says_so(tmp_path, capsys):
-    """A family whose file holds compile fingerprints and no output hashes (sm80 and cdna2/3/4
-    today): verify exits 2 with one plain line, and runs nothing."""
+    """A family whose file holds compile fingerprints and no output hashes (every family
+    but sm90 today): verify exits 2 with one plain line, and runs nothing."""
     fps = {"varlen/d32/fp16": {"fwd": "f1"}}
     code = run_fingerprints([FAKE], tmp_path, update=True, out=print, fingerprint_fn=lambda f: fps)
     assert code == 0
@@ -193,6 +194,31 @@ def test_repository_files_without_outputs_verify_to_exit_2():
         checked += 1
     if TC != "triton-3.6.0":
         assert checked == sum((REPO / "golden" / f"{f}.json").exists() for f in FAMILIES)
+
+
+def test_fingerprints_from_compile_results(tmp_path):
+    """``golden fingerprints --results PATH`` compares the fingerprints of a compile check's
+    JSON (what CI compiles once for both the checks and the fingerprints) as if compiled: equal
+    ones match, a changed one differs, a family or kernel the results lack differs too."""
+    fps = {"varlen/d32/fp16": {"fwd": "f1", "bwd_dq": "g1"}}
+    made = lambda family: fps  # noqa: E731
+    assert run_fingerprints([FAKE], tmp_path, update=True, out=print, fingerprint_fn=made) == 0
+    record = {"fingerprint": "f1", "ok": True, "shared": 0}
+    for fwd, dq, code in (("f1", "g1", 0), ("f2", "g1", 1), ("f1", None, 1)):
+        stages = {"fwd": dict(record, fingerprint=fwd)}
+        if dq is not None:
+            stages["bwd_dq"] = dict(record, fingerprint=dq)
+        path = tmp_path / "results.json"
+        path.write_text(json.dumps({FAKE: {"varlen/d32/fp16": stages}}))
+        lines, out = capture()
+        made = results_fingerprints(path)
+        assert run_fingerprints([FAKE], tmp_path, out=out, fingerprint_fn=made) == code, lines
+    path.write_text(json.dumps({"sm80": {"varlen/d32/fp16": {"fwd": record}}}))
+    assert results_fingerprints(path)(FAKE) == {}
+    assert (
+        run_fingerprints([FAKE], tmp_path, out=print, fingerprint_fn=results_fingerprints(path))
+        == 1
+    )
 
 
 def test_fingerprint_change_marks_outputs_stale(tmp_path):

@@ -407,13 +407,16 @@ def test_dense_specialized():
 
 
 def test_tma_only_in_hopper_entries():
-    """Tensor descriptors are a Hopper feature: only sm90 entries switch them on, and only for
-    kernels that have a descriptor path (in the table of every supported Triton version)."""
+    """Tensor descriptors and the warp-specialised Gluon kernels (``wgmma``) are Hopper
+    features here: only sm90 entries switch them on (not sm100's, whose rows start from
+    sm90's), descriptors only for kernels that have a descriptor path (in the table of every
+    supported Triton version)."""
     for version in configs.table_versions():
         for (family, *_), cfg in configs.table_for(version).items():
             assert set(cfg.tma) <= set(configs.TMA_KERNELS)
             if family != "sm90":
                 assert cfg.tma == (), (version, family)
+                assert not (cfg.fwd_ws or cfg.bwd_ws or cfg.dq_ws), (version, family)
 
 
 def test_rows_aligned():

@@ -3,6 +3,7 @@ the configuration table (``portattn.configs``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -172,3 +173,27 @@ def test_triton_39_runs_sm90_d128_forward_and_dkdv_as_triton_kernels():
     cfg = configs.table_for((3, 9))[key]
     assert not cfg.fwd_ws and not cfg.bwd_ws and cfg.dq_ws
     assert cfg.fwd == configs.table_for((3, 6))[key].fwd  # same tiles: the same bits
+
+
+def test_sm80_decode_kernels_keep_the_forward_tiles():
+    """On the H200 under the sm80 override, a decode kernel with other query rows and warps
+    than its forward gave decode rows other lse bits than the prefill's; the key tile decides
+    a row's bits too. So in every version's table, every sm80 decode kernel whose forward has
+    at most 64 rows (the decode kernel's cap) keeps the forward's rows, warps and key tile;
+    Triton 3.9's fixed_order d256 splits the head dim of both kernels instead (its decode
+    kernel spills at the forward's tiles)."""
+    for version in configs.table_versions():
+        for (family, kernel, head_dim, _), cfg in configs.table_for(version).items():
+            if family != "sm80" or cfg.fwd.block_m > 64:
+                continue
+            dec, fwd = cfg.decode_tiles(), cfg.fwd
+            same = (dec.block_m, dec.num_warps, dec.block_n) == (
+                fwd.block_m,
+                fwd.num_warps,
+                fwd.block_n,
+            )
+            assert same, (version, kernel, head_dim, dec, fwd)
+    key = ("sm80", "fixed_order", 256, torch.float16)
+    old, new = configs.table_for((3, 6))[key], configs.table_for((3, 9))[key]
+    assert (old.fwd_chunks, new.fwd_chunks) == (1, 2)
+    assert new == dataclasses.replace(old, fwd_chunks=2)

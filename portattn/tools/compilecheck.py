@@ -11,8 +11,9 @@ the family's ``GPUTarget`` and checked:
   ROCm the AMDGCN metadata's ``.vgpr_spill_count`` and private segment (scratch) size. SGPRs
   spilled into VGPR lanes (``.sgpr_spill_count`` with no scratch) never reach memory: they are
   reported, not failed; an SGPR spill to memory shows as scratch and fails;
-* the family's matrix instruction is in the code (``mma.sync`` / ``wgmma.mma_async`` in the PTX,
-  ``v_mfma`` in the AMDGCN assembly); the preprocess kernel has no product and is exempt;
+* the family's matrix instruction is in the code (``mma.sync`` / ``wgmma.mma_async`` /
+  ``tcgen05.mma`` in the PTX, ``v_mfma`` in the AMDGCN assembly), and on sm90 / sm100 no older
+  one beside it (:data:`FALLBACK_MMA`); the preprocess kernel has no product and is exempt;
 * a fingerprint: SHA-256 of the machine code (cubin / hsaco), debug and line info off.
 
 Signatures are not written by hand: the real planners (``plan_forward`` / ``plan_backward``,
@@ -59,6 +60,7 @@ from portattn.tools.compile_launches import (  # noqa: F401  (re-exported: the c
     select_entries,
     table_mismatches,
 )
+from portattn.tools.ptxas import deterministic_ptxas
 
 HAS_PRODUCT = {"fwd": True, "bwd_pre": False, "bwd_dkdv": True, "bwd_dq": True, "decode": True}
 CI_HEAD_DIMS = (128, 64, 80)  # 80: a borrowed head dim (the d96 row), Phi-2's
@@ -67,8 +69,13 @@ CI_DTYPES = ("bf16",)
 MMA_PATTERNS = {
     "mma.sync": re.compile(r"\bmma\.sync\.aligned\."),
     "wgmma": re.compile(r"\bwgmma\.mma_async\."),
+    "tcgen05": re.compile(r"\btcgen05\.mma\."),  # Blackwell's tensor-memory products
     "v_mfma": re.compile(r"\bv_mfma_"),
 }
+# Older matrix instructions that must not appear beside a family's own: one product of a kernel
+# that fell back (to mma.sync, say, where a tile is too small for wgmma / tcgen05) would pass
+# the presence check above. Measured absent from every sm90 and sm100 kernel (Triton 3.6, 3.9).
+FALLBACK_MMA = {"wgmma": ("mma.sync",), "tcgen05": ("mma.sync", "wgmma")}
 # Kernels allowed to use another matrix instruction than their family's (still not FMA):
 # (family, kernel, stage, head_dim) -> instruction. Empty: every kernel of every entry must use
 # its family's instruction; kept so that a documented exception has one place to live.
@@ -242,7 +249,7 @@ def compile_launch(launch: Launch, family: Family) -> Artifacts:
     src = ASTSource(launch.fn, signature, constexprs, attrs)
     options = dict(launch.options, debug=False, **PINNED_OPTIONS[target.backend])
     log = io.StringIO()
-    with contextlib.redirect_stdout(log):
+    with contextlib.redirect_stdout(log), deterministic_ptxas(family):
         kernel = triton.compile(src, target=target, options=options)
     asm = kernel.asm["ptx"] if target.backend == "cuda" else kernel.asm["amdgcn"]
     return Artifacts(kernel.metadata.shared, kernel.kernel, asm, log.getvalue())
@@ -308,6 +315,9 @@ def check_artifacts(result: KernelResult, art: Artifacts, family: Family) -> Non
         result.mma = len(MMA_PATTERNS[instr].findall(art.asm))
         if not result.mma:
             result.failures.append(f"no {instr} instruction")
+        for other in FALLBACK_MMA.get(instr, ()):
+            if found := len(MMA_PATTERNS[other].findall(art.asm)):
+                result.failures.append(f"{found} {other} instruction(s) beside {instr}")
 
 
 def matrix_instruction(entry: Entry, stage: str, family: Family) -> str:

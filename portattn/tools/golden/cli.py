@@ -11,6 +11,7 @@ import torch
 from portattn.tools.golden.commands import (
     compile_fingerprints,
     default_golden_dir,
+    results_fingerprints,
     run_fingerprints,
     run_refresh,
     run_verify,
@@ -19,7 +20,7 @@ from portattn.tools.golden.commands import (
 
 NOT_A_FAMILY = (
     "no GPU here: golden hashes are recorded and verified on a GPU of a family (sm80, sm90, "
-    "cdna2, cdna3, cdna4); Triton's CPU interpreter is not a family"
+    "sm100, sm120, cdna2, cdna3, cdna4); Triton's CPU interpreter is not a family"
 )
 
 
@@ -98,7 +99,9 @@ def cmd_fingerprints(args: argparse.Namespace) -> int:
     from portattn.families import FAMILIES
 
     families = args.family or list(FAMILIES)
-    return run_fingerprints(families, args.golden_dir or default_golden_dir(), args.update)
+    made = results_fingerprints(args.results) if args.results else compile_fingerprints
+    golden_dir = args.golden_dir or default_golden_dir()
+    return run_fingerprints(families, golden_dir, args.update, fingerprint_fn=made)
 
 
 def _add_action(
@@ -190,6 +193,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="family (repeatable; default: all)",
     )
     p.add_argument("--update", action="store_true", help="store the current fingerprints")
+    p.add_argument(
+        "--results",
+        metavar="PATH",
+        help="take the fingerprints from `python -m portattn compile --json PATH` (every "
+        "entry, same Triton) instead of compiling again",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

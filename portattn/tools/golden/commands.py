@@ -13,6 +13,7 @@ golden file that cannot be used (malformed, unreadable, not writable): one line 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -90,6 +91,23 @@ def compile_fingerprints(family: str) -> dict[str, dict[str, str | None]]:
     from portattn.tools.compilecheck import fingerprints
 
     return fingerprints(family)
+
+
+def results_fingerprints(path: str | os.PathLike) -> FingerprintFn:
+    """Fingerprints read from a compile check's results (``python -m portattn compile --json
+    PATH``: family -> entry -> kernel -> record) instead of compiling every entry again: the
+    same compiles give the same fingerprints. A family or entry the results lack counts as
+    missing, so it differs from what golden/ stores."""
+    with open(path) as f:
+        results = json.load(f)
+
+    def fingerprints(family: str) -> dict[str, dict[str, str | None]]:
+        return {
+            label: {stage: record["fingerprint"] for stage, record in stages.items()}
+            for label, stages in results.get(family, {}).items()
+        }
+
+    return fingerprints
 
 
 def case_definition(case: Case) -> dict:
