@@ -355,7 +355,8 @@ def attn_bwd_dq_kernel(
     b_lse2 = load_row_lse2(lse2 + o_hm, m_row)  # [BLOCK_M]
     b_delta = tl.load(delta + o_hm, mask=m_row, other=0.0)  # [BLOCK_M]
     src_k, src_v = key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt,
-                                   stride_vh, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_D, TMA)
+                                   stride_vh, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_D, TMA,
+                                   HEAD_DIM)
     b_dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     n_lo, n_full, n_hi = visited_key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL,
                                            WINDOW_LEFT, WINDOW_RIGHT)  # the forward's tiles
