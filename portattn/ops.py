@@ -209,7 +209,7 @@ def varlen_bwd(
     All with ``stride(-1) == 1``. Returns contiguous (dq [total_q, Hq, D], dk, dv
     [total_k, Hkv, D]) in the input dtype.
     """
-    features = dict(window=(window_left, window_right), softcap=softcap)
+    features = dict(window=(window_left, window_right), softcap=softcap, head_dim_v=v.shape[-1])
     problem = describe(
         q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, softmax_scale, kernel, **features
     )
@@ -252,7 +252,7 @@ def _fwd_backward(ctx, dout, dlse, _dout32):
             "backward (the row term is computed from the float32 output)"
         )
     if dout is None:  # only lse was used downstream
-        dout = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+        dout = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
     dsinks = None
     if sinks is not None and ctx.needs_input_grad[16]:
         dsinks = sink_grad(sinks, o_for_delta, dout, lse, dlse)
