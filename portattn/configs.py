@@ -34,6 +34,12 @@ HEAD_DIMS = (32, 64, 96, 128, 256)  # the table's rows
 # rows of their own.
 BORROWED_HEAD_DIMS = (48, 80, 112)
 SUPPORTED_HEAD_DIMS = tuple(sorted(HEAD_DIMS + BORROWED_HEAD_DIMS))
+# A value head dim of its own (v, out: [..., Dv]; q, k: [..., D]): any two supported head dims,
+# and these (D, Dv) pairs whose D is no supported head dim by itself (MLA training and prefill:
+# DeepSeek V3, Kimi K2). A pair runs the row of the wider head dim, table_head_dim(max(D, Dv)),
+# and only the Triton kernels (``plan.gluon_applies``); the compile check covers each pair
+# (``python -m portattn compile --head-dim 192 --head-dim-v 128``: no spills in any family).
+VALUE_HEAD_DIM_PAIRS = ((192, 128),)
 
 
 def table_head_dim(head_dim: int) -> int:
