@@ -14,7 +14,7 @@ recomputed QK^T, dP, dV, dQ, dK): ``4 * D`` and 3.5x that where Dv == D. Timing:
 warmed first, two passes in alternating order, the better median kept. q, k, v require grad
 in the forward + backward rows.
 
-    python ci/bench_features.py [--json PATH]
+    python ci/bench_features.py [--json PATH] [--only "d192 v128"]
 """
 
 from __future__ import annotations
@@ -136,16 +136,24 @@ def run_row(
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
+    ap.add_argument("--only", default="", help="run only the rows whose name contains this")
     args = ap.parse_args()
     for n, left in ((100, 9), (1000, 127), (33, 0), (5, 10)):
         assert visible_pairs(n, left) == _exact_pairs(n, left), (n, left)
+    plan = [
+        (name, [32768], 128, left, None)
+        for name, left in (
+            ("32k d128 full causal", -1),
+            ("32k d128 window 4096", 4095),
+            ("32k d128 window 128", 127),
+        )
+    ]
+    plan += [(f"4x8192 d{d} causal", [8192] * 4, d, -1, None) for d in (64, 80, 128)]
+    plan.append(("4x8192 d192 v128 causal", [8192] * 4, 192, -1, 128))
     rows = []
-    for name, left in (("32k d128 full causal", -1), ("32k d128 window 4096", 4095)):
-        rows += run_row(name, [32768], 128, left, print)
-    rows += run_row("32k d128 window 128", [32768], 128, 127, print)
-    for d in (64, 80, 128):
-        rows += run_row(f"4x8192 d{d} causal", [8192] * 4, d, -1, print)
-    rows += run_row("4x8192 d192 v128 causal", [8192] * 4, 192, -1, print, head_dim_v=128)
+    for name, lengths, head_dim, left, head_dim_v in plan:
+        if args.only in name:
+            rows += run_row(name, lengths, head_dim, left, print, head_dim_v=head_dim_v)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
     if args.json:
         with open(args.json, "w") as f:

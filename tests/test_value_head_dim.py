@@ -7,6 +7,8 @@ larger sizes too (``gpu`` marker)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import (
@@ -20,8 +22,10 @@ from helpers import (
     run_kernel,
 )
 from invariance_checks import pack_of, rows_of
+from test_fixed_order import accuracy_table
 
 import portattn
+from portattn.configs import Tiles, pair_config, table_for
 from portattn.flash_compat import flash_attn_func, flash_attn_varlen_func
 from portattn.kvcache import flash_attn_with_kvcache
 from portattn.reference import reference_attention
@@ -169,6 +173,39 @@ def test_under_torch_compile():
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize(
+    "dims, dtype",
+    [((48, 32), torch.float16)]
+    + ([(d, t) for d in ((192, 128), (64, 128)) for t in DTYPES] if HAS_GPU else []),
+    ids=str,
+)
+def test_fixed_order_correctly_rounded(dims, dtype):
+    """fixed_order keeps split-P with v's own head dim: >= 99% of out/dq/dk/dv correctly
+    rounded, Frobenius error within 1.05x of the rounding floor, lse within 1e-5 (as
+    test_fixed_order.test_correctly_rounded holds for Dv == D)."""
+    p = make_dv_pack([63, 17, 30, 1], [63, 30, 40, 1], *dims, 2, 1, dtype, seed=65)
+    table = accuracy_table(p, True)
+    for name in ("out", "dq", "dk", "dv"):
+        fraction, ratio = table[("fixed_order", name)]
+        assert fraction >= 0.99, f"{name}: only {fraction:.4f} correctly rounded"
+        assert ratio <= 1.05, f"{name}: error {ratio:.3f}x the rounding floor"
+    assert table[("fixed_order", "lse")] <= 1e-5
+
+
+def test_pair_rows():
+    """A pair runs its wider head dim's row; from Triton 3.9 the sm90 fixed_order (192, 128)
+    dQ has half the key tile (d256's spills with the pair there); Dv == D is the row itself."""
+    for triton in ((3, 6), (3, 9)):
+        table = table_for(triton)
+        for kernel in KERNELS:
+            row = table[("sm90", kernel, 256, torch.bfloat16)]
+            got = pair_config(row, "sm90", kernel, 192, 128, triton)
+            changed = kernel == "fixed_order" and triton >= (3, 9)
+            assert got.bwd_dq == (Tiles(128, 16, 8, 2) if changed else row.bwd_dq)
+            assert dataclasses.replace(got, bwd_dq=row.bwd_dq) == row  # nothing else differs
+            assert pair_config(row, "sm90", kernel, 256, 256, triton) is row
+
+
 def _tensors(q_dim: int, k_dim: int, v_dim: int, tk: int = 3, hk: int = 1, hv: int = 1):
     z = dict(dtype=torch.float16, device=DEVICE)
     q = torch.zeros(3, 2, q_dim, **z)
@@ -186,7 +223,7 @@ def _tensors(q_dim: int, k_dim: int, v_dim: int, tk: int = 3, hk: int = 1, hv: i
         ((64, 64, 32), dict(tk=4), "k and v must have the same shape but for the head dim"),
         ((64, 64, 32), dict(hk=2, hv=1), "k and v must have the same shape but for the head"),
     ],
-    ids=str,
+    ids=["dv40", "dv264", "dk-not-dq", "d192-dv192", "d192-dv64", "tokens", "heads"],
 )
 def test_errors(dims, counts, match):
     q, k, v = _tensors(*dims, **counts)
@@ -226,7 +263,8 @@ def test_gpu_accuracy(dims, causal, kernel, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_gpu_mla_features_and_pack_bitwise(kernel, dtype):
-    """(192, 128) with window, softcap and sinks; and a sequence alone vs in a pack."""
+    """(192, 128) with window, softcap and sinks; a sequence alone vs in a pack; its last row
+    by the decode kernel (fixed_order on sm90: two output chunks) == the prefill's."""
     p = make_dv_pack([700, 129], [700, 300], 192, 128, 8, 2, dtype, 62)
     sinks = torch.linspace(-1.0, 1.0, 8, device=p.q.device)
     assert_accurate(p, kernel, True, window_size=(256, -1), softcap=20.0, sinks=sinks)
@@ -235,3 +273,9 @@ def test_gpu_mla_features_and_pack_bitwise(kernel, dtype):
     alone = run_kernel(target, kernel, True)
     res = run_kernel(pack_of([other, target]), kernel, True)
     assert_bitwise_equal(alone, rows_of(res, 77, 77 + 513, 77, 77 + 513))
+    with torch.no_grad():
+        t = target
+        last = portattn.varlen_attention(
+            t.q[-1:], t.k, t.v, cu_seqlens([1], DEVICE), t.cu_k, causal=True, kernel=kernel
+        )
+    assert torch.equal(last, alone["out"][-1:])

@@ -153,10 +153,9 @@ def describe(
     With ``block_table``, k is a paged cache [num_pages, page_size, Hkv, D]. ``window``: the
     normalized (left, right) sliding window; ``softcap``: 0.0 (off) or the cap;
     ``head_dim_v``: v's head dim (None: q's). The entry is the table row of the wider of the
-    two head dims (``configs.table_head_dim``)."""
+    two head dims (``configs.resolve_config``, ``configs.pair_config``)."""
     total_q, n_heads_q, head_dim = q.shape
     value_dim = head_dim if head_dim_v is None else head_dim_v
-    row_dim = max(head_dim, value_dim)
     paged = block_table is not None
     return VarlenProblem(
         total_q=total_q,
@@ -172,7 +171,9 @@ def describe(
         split_p=splits_p(kernel),
         dtype=q.dtype,
         device=q.device,
-        cfg=cfg if cfg is not None else resolve_config(q.device, kernel, row_dim, q.dtype),
+        cfg=cfg
+        if cfg is not None
+        else resolve_config(q.device, kernel, head_dim, q.dtype, head_dim_v=value_dim),
         interpret=interpreter_active(),
         page_size=k.shape[1] if paged else 0,
         window_left=window[0],

@@ -21,6 +21,7 @@ from portattn.configs import (
     KERNELS,
     KernelConfig,
     config_table,
+    pair_config,
     table_head_dim,
 )
 from portattn.families import FAMILIES
@@ -71,7 +72,8 @@ class Entry:
         return (self.family, self.kernel, row, self.torch_dtype())
 
     def config(self) -> KernelConfig:
-        return config_table()[self.table_key()]
+        row = config_table()[self.table_key()]
+        return pair_config(row, self.family, self.kernel, self.head_dim, self.value_dim)
 
 
 @dataclass(frozen=True)
