@@ -4,13 +4,17 @@ kernel and d128, with FlashAttention-4 (``deterministic=True``) beside them wher
 Rows (bf16, causal, H = 16 query heads, GQA 16/4 no; one packed batch each):
   * a 32k pack (one sequence of 32768 tokens) at d128: full causal, window (4095, 0) and
     (127, 0) (a 4096- / 128-key sliding window: Mistral's / gpt-oss's convention);
-  * an equal 4 x 8192 pack at d64, d80 (borrowed: runs d96's row), d128.
-Useful FLOPs count the visible (query, key) pairs exactly: ``4 * D * H * pairs`` forward,
-3.5x that forward + backward. Timing: ``portattn.tools.bench.gpu_timer`` (do_bench medians,
-L2 flushed), each implementation warmed first, two passes in alternating order, the better
-median kept. q, k, v require grad in the forward + backward rows.
+  * an equal 4 x 8192 pack at d64, d80 (borrowed: runs d96's row), d128, and (D, Dv) =
+    (192, 128) (MLA's value head dim of its own: runs d256's row, Triton kernels; FA4 beside
+    it where it takes that pair).
+Useful FLOPs count the visible (query, key) pairs exactly: ``2 * (D + Dv) * H * pairs``
+forward (QK^T and PV), ``2 * (4 * D + 3 * Dv) * H * pairs`` forward + backward (with the
+recomputed QK^T, dP, dV, dQ, dK): ``4 * D`` and 3.5x that where Dv == D. Timing:
+``portattn.tools.bench.gpu_timer`` (do_bench medians, L2 flushed), each implementation
+warmed first, two passes in alternating order, the better median kept. q, k, v require grad
+in the forward + backward rows.
 
-    python ci/bench_features.py [--json PATH]
+    python ci/bench_features.py [--json PATH] [--only "d192 v128"]
 """
 
 from __future__ import annotations
@@ -73,14 +77,17 @@ def impls(cu: torch.Tensor, longest: int, left: int):
     return out, err
 
 
-def run_row(name: str, lengths: list[int], head_dim: int, left: int, log) -> list[dict]:
+def run_row(
+    name: str, lengths: list[int], head_dim: int, left: int, log, head_dim_v: int | None = None
+) -> list[dict]:
     total, longest = sum(lengths), max(lengths)
+    dim_v = head_dim if head_dim_v is None else head_dim_v
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (
-        torch.randn(total, HEADS, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-        for _ in range(3)
+        torch.randn(total, HEADS, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        for d in (head_dim, head_dim, dim_v)
     )
-    do = torch.randn_like(q)
+    do = torch.randn(total, HEADS, dim_v, device="cuda", dtype=torch.bfloat16, generator=gen)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32).cuda()
     pairs = sum(visible_pairs(n, left) for n in lengths)
     fns, err = impls(cu, longest, left)
@@ -117,7 +124,8 @@ def run_row(name: str, lengths: list[int], head_dim: int, left: int, log) -> lis
                 key = (impl, mode)
                 best[key] = min(best.get(key, ms), ms)
     for (impl, mode), ms in best.items():
-        flops = 4.0 * head_dim * HEADS * pairs * (3.5 if mode == "fwd+bwd" else 1.0)
+        per_pair = 2.0 * ((4 * head_dim + 3 * dim_v) if mode == "fwd+bwd" else head_dim + dim_v)
+        flops = per_pair * HEADS * pairs
         rows.append(
             dict(row=name, impl=impl, mode=mode, ms=ms, tflops=flops / ms / 1e9, pairs=pairs)
         )
@@ -128,15 +136,24 @@ def run_row(name: str, lengths: list[int], head_dim: int, left: int, log) -> lis
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
+    ap.add_argument("--only", default="", help="run only the rows whose name contains this")
     args = ap.parse_args()
     for n, left in ((100, 9), (1000, 127), (33, 0), (5, 10)):
         assert visible_pairs(n, left) == _exact_pairs(n, left), (n, left)
+    plan = [
+        (name, [32768], 128, left, None)
+        for name, left in (
+            ("32k d128 full causal", -1),
+            ("32k d128 window 4096", 4095),
+            ("32k d128 window 128", 127),
+        )
+    ]
+    plan += [(f"4x8192 d{d} causal", [8192] * 4, d, -1, None) for d in (64, 80, 128)]
+    plan.append(("4x8192 d192 v128 causal", [8192] * 4, 192, -1, 128))
     rows = []
-    for name, left in (("32k d128 full causal", -1), ("32k d128 window 4096", 4095)):
-        rows += run_row(name, [32768], 128, left, print)
-    rows += run_row("32k d128 window 128", [32768], 128, 127, print)
-    for d in (64, 80, 128):
-        rows += run_row(f"4x8192 d{d} causal", [8192] * 4, d, -1, print)
+    for name, lengths, head_dim, left, head_dim_v in plan:
+        if args.only in name:
+            rows += run_row(name, lengths, head_dim, left, print, head_dim_v=head_dim_v)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
     if args.json:
         with open(args.json, "w") as f:

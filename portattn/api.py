@@ -111,7 +111,8 @@ def varlen_attention(
         q: [total_q, Hq, D] float16 or bfloat16, token-major, ``stride(-1) == 1``.
         k: [total_k, Hkv, D], same dtype and device; ``Hq % Hkv == 0`` (GQA/MQA: query head
             ``h`` reads kv head ``h // (Hq // Hkv)``).
-        v: [total_k, Hkv, D].
+        v: [total_k, Hkv, Dv]: Dv is D, or a value head dim of its own (MLA: D 192, Dv 128);
+            k and v have the same token and head counts.
         cu_seqlens_q: int32 [B + 1], contiguous, ``cu[0] == 0``, non-decreasing,
             ``cu[-1] == total_q``. Sequence ``b`` owns query rows
             ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``.
@@ -154,12 +155,13 @@ def varlen_attention(
             is no sink.
 
     Returns:
-        out [total_q, Hq, D] in q's dtype; with ``return_lse``, ``(out, lse)`` where lse is
+        out [total_q, Hq, Dv] in q's dtype; with ``return_lse``, ``(out, lse)`` where lse is
         float32 [total_q, Hq], natural log of the sum of exp of the scaled scores, and is
         differentiable. Rows that see no key (``Sk == 0``, or causal with ``Sq > Sk``) get out 0,
         lse ``-inf`` and zero gradients.
 
-    Head dims: 32, 48, 64, 80, 96, 112, 128, 256. Token offsets are computed in int64, so packs
+    Head dims: 32, 48, 64, 80, 96, 112, 128, 256; Dv any of these too, or (D, Dv) = (192, 128)
+    (``configs.VALUE_HEAD_DIM_PAIRS``). Token offsets are computed in int64, so packs
     with more than 2**31 elements are supported. Bad input raises ValueError / TypeError before
     launch.
 
@@ -275,7 +277,8 @@ def attention(
 
     Args:
         q: [B, Sq, Hq, D] float16 or bfloat16, ``stride(-1) == 1``.
-        k, v: [B, Sk, Hkv, D], ``Hq % Hkv == 0``.
+        k, v: [B, Sk, Hkv, D] and [B, Sk, Hkv, Dv], ``Hq % Hkv == 0`` (Dv: as in
+            :func:`varlen_attention`).
         causal, softmax_scale, kernel, window_size, softcap, sinks: as in
             :func:`varlen_attention`
             (bottom-right causal: row ``i`` sees keys ``j <= i + Sk - Sq``).
@@ -283,7 +286,7 @@ def attention(
             layout; a view of the varlen ``[B * Sq, Hq]`` buffer, no copy).
 
     Returns:
-        out [B, Sq, Hq, D], or ``(out, lse)``.
+        out [B, Sq, Hq, Dv], or ``(out, lse)``.
 
     Contiguous input (more generally, input whose batch and sequence dims merge into one token
     dim) is viewed, never copied; other layouts are copied once into that shape. Needs no host
@@ -300,12 +303,12 @@ def attention(
             f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}"
         )
     batch, seqlen_q, n_heads_q, head_dim = q.shape
-    seqlen_k = k.shape[1]
+    seqlen_k, head_dim_v = k.shape[1], v.shape[-1]
     steps = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
     out, lse = _run_fwd(
         q.reshape(batch * seqlen_q, n_heads_q, head_dim),
         k.reshape(batch * seqlen_k, k.shape[2], head_dim),
-        v.reshape(batch * seqlen_k, v.shape[2], head_dim),
+        v.reshape(batch * seqlen_k, v.shape[2], head_dim_v),
         steps * seqlen_q,
         steps * seqlen_k,
         seqlen_q,
@@ -317,7 +320,7 @@ def attention(
         softcap=softcap,
         sinks=sinks,
     )
-    out = out.view(batch, seqlen_q, n_heads_q, head_dim)
+    out = out.view(batch, seqlen_q, n_heads_q, head_dim_v)
     if not return_lse:
         return out
     return out, lse.view(batch, seqlen_q, n_heads_q).permute(0, 2, 1)

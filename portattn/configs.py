@@ -34,6 +34,13 @@ HEAD_DIMS = (32, 64, 96, 128, 256)  # the table's rows
 # rows of their own.
 BORROWED_HEAD_DIMS = (48, 80, 112)
 SUPPORTED_HEAD_DIMS = tuple(sorted(HEAD_DIMS + BORROWED_HEAD_DIMS))
+# A value head dim of its own (v, out: [..., Dv]; q, k: [..., D]): any two supported head dims,
+# and these (D, Dv) pairs whose D is no supported head dim by itself (MLA training and prefill:
+# DeepSeek V3, Kimi K2). A pair runs the row of the wider head dim, table_head_dim(max(D, Dv)),
+# with per-version tiles where that row spills with it (``pair_config``), and only the Triton
+# kernels (``plan.gluon_applies``); the compile check covers each pair (``python -m portattn
+# compile --head-dim 192 --head-dim-v 128``: no spills in any family, Triton 3.6 and 3.9).
+VALUE_HEAD_DIM_PAIRS = ((192, 128),)
 
 
 def table_head_dim(head_dim: int) -> int:
@@ -377,6 +384,14 @@ _SINCE_TRITON = {
         ("sm100", "fixed_order", 256): _retuned(_FIXED_ORDER["sm100"][256], decode=(64, 64, 4, 2)),
     },
 }
+# Per-Triton-version tiles of a value-head-dim pair (``VALUE_HEAD_DIM_PAIRS``) where the row
+# of its wider head dim spills with it: (first Triton) -> (family, kernel, (D, Dv)) -> the
+# kernels' tiles that replace the row's (``_retuned``), from that version on (``pair_config``).
+# Triton 3.9: the sm90 fixed_order (192, 128) dQ spills at d256's (128, 32, 8, 2) (56 / 40
+# bytes, fp16 / bf16); half the key tile, same warps and stages, as the rows above.
+_PAIR_SINCE_TRITON = {
+    (3, 9): {("sm90", "fixed_order", (192, 128)): dict(dq=(128, 16, 8, 2))},
+}
 # Small tiles under the CPU interpreter: fast there, and many tile boundaries in small tests.
 _INTERP = {d: _cfg((32, 16, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)) for d in HEAD_DIMS}
 # fmt: on
@@ -486,13 +501,45 @@ def upcast_dot(q: torch.Tensor) -> bool:
     return interpreter_active() and q.dtype == torch.bfloat16
 
 
-def resolve_config(device: torch.device, kernel: str, head_dim: int, dtype: torch.dtype):
+def pair_config(
+    cfg: KernelConfig,
+    family: str,
+    kernel: str,
+    head_dim: int,
+    head_dim_v: int,
+    triton: tuple[int, int] | None = None,
+) -> KernelConfig:
+    """The entry a call with v's own head dim runs: ``cfg`` (the row of the wider head dim),
+    with the pair's tiles of :data:`_PAIR_SINCE_TRITON` for Triton ``triton`` (default: the
+    installed one) where it has them."""
+    if head_dim_v == head_dim:
+        return cfg
+    triton = triton or supported_triton_version()
+    for since in sorted(_PAIR_SINCE_TRITON, reverse=True):
+        fields = _PAIR_SINCE_TRITON[since].get((family, kernel, (head_dim, head_dim_v)))
+        if triton >= since and fields:
+            return _retuned(cfg, **fields)
+    return cfg
+
+
+def resolve_config(
+    device: torch.device,
+    kernel: str,
+    head_dim: int,
+    dtype: torch.dtype,
+    head_dim_v: int | None = None,
+):
     """The configuration for tensors on ``device``: the interpreter row for CPU tensors, else the
     device's family (or its nearest family for devices outside the table); head dims between
-    the table's take the row of the next one up (:func:`table_head_dim`)."""
-    row = table_head_dim(head_dim)
+    the table's take the row of the next one up (:func:`table_head_dim`). ``head_dim_v``: v's
+    own head dim: the row of the wider one, as :func:`pair_config` gives it."""
+    dims = head_dim if head_dim_v is None else max(head_dim, head_dim_v)
+    row = table_head_dim(dims)
     if device.type == "cpu":
-        return get_config(INTERPRETER, kernel, row, dtype)
-    from portattn.families import config_family
+        family = INTERPRETER
+    else:
+        from portattn.families import config_family
 
-    return get_config(config_family(device), kernel, row, dtype)
+        family = config_family(device)
+    cfg = get_config(family, kernel, row, dtype)
+    return cfg if head_dim_v is None else pair_config(cfg, family, kernel, head_dim, head_dim_v)

@@ -113,7 +113,9 @@ def flash_attn_varlen_func(
 
     Args:
         q: [total_q, Hq, D] float16 or bfloat16, ``stride(-1) == 1``.
-        k, v: [total_k, Hkv, D], ``Hq % Hkv == 0`` (GQA/MQA as in flash-attn).
+        k, v: [total_k, Hkv, D] and [total_k, Hkv, Dv], ``Hq % Hkv == 0`` (GQA/MQA as in
+            flash-attn; Dv: D, or v's own head dim as flash-attn 3/4 take it, e.g. 128 with
+            D 192).
         cu_seqlens_q, cu_seqlens_k: int32 [B + 1] cumulative sequence lengths.
         max_seqlen_q, max_seqlen_k: ints, at least the longest query / key sequence. Numpy
             integers and 0-d integer tensors are accepted too (a tensor is read with ``int()``,
@@ -138,7 +140,7 @@ def flash_attn_varlen_func(
             flash-attn).
 
     Returns:
-        ``out`` [total_q, Hq, D]; with ``return_attn_probs``, ``(out, softmax_lse, S_dmask)``:
+        ``out`` [total_q, Hq, Dv]; with ``return_attn_probs``, ``(out, softmax_lse, S_dmask)``:
         ``softmax_lse`` float32 [Hq, total_q] (flash-attn's varlen layout, contiguous) and
         ``S_dmask`` an empty tensor (what flash-attn returns when dropout is off).
 
@@ -187,11 +189,11 @@ def flash_attn_func(
 
     Args:
         q: [B, Sq, Hq, D] float16 or bfloat16, ``stride(-1) == 1``.
-        k, v: [B, Sk, Hkv, D], ``Hq % Hkv == 0``.
+        k, v: [B, Sk, Hkv, D] and [B, Sk, Hkv, Dv], ``Hq % Hkv == 0``.
         Other arguments as in :func:`flash_attn_varlen_func`.
 
     Returns:
-        ``out`` [B, Sq, Hq, D]; with ``return_attn_probs``, ``(out, softmax_lse, S_dmask)`` with
+        ``out`` [B, Sq, Hq, Dv]; with ``return_attn_probs``, ``(out, softmax_lse, S_dmask)`` with
         ``softmax_lse`` float32 [B, Hq, Sq] (contiguous) and ``S_dmask`` an empty tensor.
         Same differences from flash-attn as :func:`flash_attn_varlen_func`.
     """

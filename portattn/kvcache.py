@@ -79,29 +79,30 @@ def _cache_seqlens(cache_seqlens, batch: int, capacity: int, device) -> torch.Te
     return _index_tensor("cache_seqlens", cache_seqlens, batch, device)
 
 
-def _check_new_kv(k, v, q, k_cache) -> int:
-    """The new keys and values to append, [B, S_new, Hkv, D] like the cache's rows; returns
-    S_new (0 without them)."""
+def _check_new_kv(k, v, q, k_cache, v_cache) -> int:
+    """The new keys and values to append, [B, S_new, Hkv, D] and [B, S_new, Hkv, Dv] like the
+    caches' rows; returns S_new (0 without them)."""
     if k is None and v is None:
         return 0
     if k is None or v is None:
         raise ValueError("k and v must be given together (the new keys and values to append)")
-    for name, x in (("k", k), ("v", v)):
+    for name, x, cache in (("k", k, k_cache), ("v", v, v_cache)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type_name(x)}")
         if x.dtype != k_cache.dtype:
             raise DTypeError(f"{name} must have the cache's dtype {k_cache.dtype}, got {x.dtype}")
         if x.device != q.device:
             raise ValueError(f"{name} must be on {q.device} like q, got {x.device}")
-        want = (q.shape[0], x.shape[1] if x.dim() == 4 else -1, *k_cache.shape[2:])
+        want = (q.shape[0], x.shape[1] if x.dim() == 4 else -1, *cache.shape[2:])
         if x.dim() != 4 or tuple(x.shape) != want:
             raise ValueError(
-                f"{name} must be [B, S_new, Hkv, D] = [{q.shape[0]}, S_new, "
-                f"{k_cache.shape[2]}, {k_cache.shape[3]}], got shape {tuple(x.shape)}"
+                f"{name} must be [B, S_new, Hkv, {name}_cache's head dim] = [{q.shape[0]}, "
+                f"S_new, {cache.shape[2]}, {cache.shape[3]}], got shape {tuple(x.shape)}"
             )
-    if k.shape != v.shape:
+    if k.shape[:-1] != v.shape[:-1]:
         raise ValueError(
-            f"k and v must have the same shape, got {tuple(k.shape)}, {tuple(v.shape)}"
+            f"k and v must have the same shape but for the head dim, got {tuple(k.shape)}, "
+            f"{tuple(v.shape)}"
         )
     return k.shape[1]
 
@@ -182,10 +183,11 @@ def flash_attn_with_kvcache(
         q: [B, Sq, Hq, D] float16 or bfloat16 (Sq from 1, a decode step, to a few hundred).
         k_cache, v_cache: dense [B_cache, S_cache, Hkv, D] (``Hq % Hkv == 0``), or with
             ``block_table`` paged [num_pages, page_size, Hkv, D] (page_size a power of two
-            from 16 to 256). Written in place when ``k``/``v`` are given.
-        k, v: None, or [B, S_new, Hkv, D]: appended at positions ``cache_seqlens[b]`` onwards
-            of sequence ``b``'s cache before the attention (``cache_seqlens`` is not updated,
-            as in flash-attn).
+            from 16 to 256). Written in place when ``k``/``v`` are given. v_cache may have a
+            head dim Dv of its own (as in :func:`portattn.varlen_attention`).
+        k, v: None, or [B, S_new, Hkv, D] and [B, S_new, Hkv, Dv]: appended at positions
+            ``cache_seqlens[b]`` onwards of sequence ``b``'s cache before the attention
+            (``cache_seqlens`` is not updated, as in flash-attn).
         rotary_cos, rotary_sin, cache_leftpad, alibi_slopes: must be None (ValueError).
         window_size, softcap: a sliding window and the scores' cap, as in
             :func:`portattn.varlen_attention` (a row's bytes are those of the prefill with
@@ -204,7 +206,7 @@ def flash_attn_with_kvcache(
         kernel: ``"varlen"`` or ``"fixed_order"`` (keyword only, not in flash-attn).
 
     Returns:
-        out [B, Sq, Hq, D], or ``(out, softmax_lse)``. Rows that see no key get out 0 and lse
+        out [B, Sq, Hq, Dv], or ``(out, softmax_lse)``. Rows that see no key get out 0 and lse
         ``-inf`` (flash-attn: ``+inf``). Inference only: no argument may require grad.
 
     Eager calls check the values of ``cache_seqlens``, ``block_table`` and ``cache_batch_idx``
@@ -225,7 +227,7 @@ def flash_attn_with_kvcache(
             "(use torch.no_grad(), or detach them)"
         )
     batch, seqlen_q, n_heads_q, head_dim = q.shape
-    new = _check_new_kv(k, v, q, k_cache)
+    new = _check_new_kv(k, v, q, k_cache, v_cache)
     if block_table is not None:
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx applies to dense caches, not with a block_table")
@@ -276,7 +278,7 @@ def flash_attn_with_kvcache(
         window=tuple(window),
         softcap=softcap,
     )
-    out = out.view(batch, seqlen_q, n_heads_q, head_dim)
+    out = out.view(batch, seqlen_q, n_heads_q, v_cache.shape[-1])  # v's head dim
     if not return_lse:
         return out
     return out, lse.view(batch, seqlen_q, n_heads_q).permute(0, 2, 1).contiguous()

@@ -48,9 +48,9 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _empty_o32(q: torch.Tensor) -> torch.Tensor:
-    """Placeholder for the float32 output when it is not stored: [0, Hq, D] float32."""
-    return torch.empty((0, *q.shape[1:]), dtype=torch.float32, device=q.device)
+def _empty_o32(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Placeholder for the float32 output when it is not stored: [0, Hq, Dv] float32."""
+    return torch.empty((0, q.shape[1], v.shape[-1]), dtype=torch.float32, device=q.device)
 
 
 # Explicit schemas (rather than inferred from the annotations) keep the ops' signatures stable
@@ -123,6 +123,7 @@ def varlen_fwd(
         window=(window_left, window_right),
         softcap=softcap,
         sinks=sinks,
+        head_dim_v=v.shape[-1],
     )
     before_launch = None
     if check_values and block_table is not None:
@@ -159,7 +160,7 @@ def varlen_fwd(
         block_table=block_table,
         sinks=sinks,
     )
-    return out, lse, _empty_o32(q) if out32 is None else out32
+    return out, lse, _empty_o32(q, v) if out32 is None else out32
 
 
 # The ops' Python functions (fakes, autograd formula) get every argument by position: the
@@ -169,14 +170,15 @@ _STORE_O32 = 10  # its position in _FWD_SCHEMA
 
 @varlen_fwd.register_fake
 def _varlen_fwd_fake(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The forward's outputs as fake tensors: they follow q and ``store_o32`` alone."""
-    q, store_o32 = args[0], args[_STORE_O32]
+    """The forward's outputs as fake tensors: they follow q, v's head dim and ``store_o32``."""
+    q, v, store_o32 = args[0], args[2], args[_STORE_O32]
     total_q, n_heads_q, _ = q.shape
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out_shape = (total_q, n_heads_q, v.shape[-1])  # [total_q, Hq, Dv]
+    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((total_q, n_heads_q), dtype=torch.float32, device=q.device)
     if not store_o32:
-        return out, lse, _empty_o32(q)
-    return out, lse, torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        return out, lse, _empty_o32(q, v)
+    return out, lse, torch.empty(out_shape, dtype=torch.float32, device=q.device)
 
 
 @torch.library.custom_op("portattn::varlen_bwd", mutates_args=(), schema=_BWD_SCHEMA)
@@ -207,7 +209,7 @@ def varlen_bwd(
     All with ``stride(-1) == 1``. Returns contiguous (dq [total_q, Hq, D], dk, dv
     [total_k, Hkv, D]) in the input dtype.
     """
-    features = dict(window=(window_left, window_right), softcap=softcap)
+    features = dict(window=(window_left, window_right), softcap=softcap, head_dim_v=v.shape[-1])
     problem = describe(
         q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, softmax_scale, kernel, **features
     )
@@ -250,7 +252,7 @@ def _fwd_backward(ctx, dout, dlse, _dout32):
             "backward (the row term is computed from the float32 output)"
         )
     if dout is None:  # only lse was used downstream
-        dout = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+        dout = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
     dsinks = None
     if sinks is not None and ctx.needs_input_grad[16]:
         dsinks = sink_grad(sinks, o_for_delta, dout, lse, dlse)

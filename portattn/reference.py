@@ -21,8 +21,9 @@ def _attention_one(
     softcap: float | None = 0.0,
     sinks=None,
 ):
-    """q: [Sq, Hq, D], k/v: [Sk, Hkv, D] (float64) -> out [Sq, Hq, D], lse [Sq, Hq]."""
-    seqlen_q, n_heads_q, head_dim = q.shape
+    """q: [Sq, Hq, D], k: [Sk, Hkv, D], v: [Sk, Hkv, Dv] (float64) -> out [Sq, Hq, Dv],
+    lse [Sq, Hq]."""
+    seqlen_q, n_heads_q = q.shape[:2]
     seqlen_k, n_heads_k = k.shape[0], k.shape[1]
     group = n_heads_q // n_heads_k
     k = k.repeat_interleave(group, dim=1)  # query head h reads kv head h // group
@@ -69,8 +70,9 @@ def reference_varlen_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 reference of ``portattn.varlen_attention``.
 
-    q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; cu_seqlens_*: [B + 1].
-    Returns (out float64 [total_q, Hq, D], lse float64 [total_q, Hq]). Rows that see no key get
+    q: [total_q, Hq, D]; k: [total_k, Hkv, D]; v: [total_k, Hkv, Dv] (Dv: D, or v's own
+    head dim); cu_seqlens_*: [B + 1]. The scale defaults to ``1 / sqrt(D)`` (q's head dim).
+    Returns (out float64 [total_q, Hq, Dv], lse float64 [total_q, Hq]). Rows that see no key get
     out 0 and lse -inf. Gradients flow to q, k, v (through out and lse). ``window_size``:
     flash-attn's sliding window, ``softcap``: the scores' cap, ``sinks``: [Hq] attention
     sinks (see ``varlen_attention``; differentiable).
@@ -91,7 +93,7 @@ def reference_varlen_attention(
         outs.append(out)
         lses.append(lse)
     if not outs:
-        return q.new_zeros(q.shape), q.new_zeros(q.shape[:2])
+        return q.new_zeros((*q.shape[:2], v.shape[-1])), q.new_zeros(q.shape[:2])
     return torch.cat(outs), torch.cat(lses)
 
 
@@ -106,8 +108,8 @@ def reference_attention(
     softcap: float | None = 0.0,
     sinks=None,
 ):
-    """Float64 reference of the dense ``portattn.attention``: q [B, Sq, Hq, D], k/v
-    [B, Sk, Hkv, D] -> (out [B, Sq, Hq, D], lse [B, Hq, Sq])."""
+    """Float64 reference of the dense ``portattn.attention``: q [B, Sq, Hq, D], k [B, Sk, Hkv,
+    D], v [B, Sk, Hkv, Dv] -> (out [B, Sq, Hq, Dv], lse [B, Hq, Sq])."""
     batch, seqlen_q = q.shape[:2]
     seqlen_k = k.shape[1]
     steps = torch.arange(batch + 1)
@@ -123,4 +125,4 @@ def reference_attention(
         softcap=softcap,
         sinks=sinks,
     )
-    return out.view(*q.shape), lse.view(batch, seqlen_q, -1).permute(0, 2, 1)
+    return out.view(*q.shape[:-1], v.shape[-1]), lse.view(batch, seqlen_q, -1).permute(0, 2, 1)

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from portattn.configs import KERNELS, SUPPORTED_HEAD_DIMS, interpreter_active
+from portattn.configs import (
+    KERNELS,
+    SUPPORTED_HEAD_DIMS,
+    VALUE_HEAD_DIM_PAIRS,
+    interpreter_active,
+)
 
 INT32_MAX = 2**31 - 1
 # No kernel of the configuration table has a smaller block (rows or keys) than this (checked by
@@ -311,8 +316,9 @@ def check_common(
 
 
 def check_heads_and_dims(q, k, v, token_dims: int, kv_token_dims: int | None = None) -> None:
-    """q: [..., Hq, D], k/v: [..., Hkv, D] with ``token_dims`` leading dims (k/v:
-    ``kv_token_dims`` if given)."""
+    """q/k: [..., Hq or Hkv, D], v: [..., Hkv, Dv] with ``token_dims`` leading dims (k/v:
+    ``kv_token_dims`` if given): k has q's head dim; v has it too, or its own
+    (:func:`check_head_dims`)."""
     kv_dims = token_dims if kv_token_dims is None else kv_token_dims
     for name, x, want in (("q", q, token_dims + 2), ("k", k, kv_dims + 2), ("v", v, kv_dims + 2)):
         if x.dim() != want:
@@ -321,15 +327,11 @@ def check_heads_and_dims(q, k, v, token_dims: int, kv_token_dims: int | None = N
             raise ValueError(
                 f"{name}.stride(-1) must be 1 (last dim contiguous), got {x.stride(-1)}"
             )
-    head_dim = q.shape[-1]
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
-    for name, x in (("k", k), ("v", v)):
-        if x.shape[-1] != head_dim:
-            raise ValueError(f"{name} head dim must equal q's ({head_dim}), got {x.shape[-1]}")
+    check_head_dims(q.shape[-1], k.shape[-1], v.shape[-1])
     if k.shape[:-1] != v.shape[:-1]:
         raise ValueError(
-            f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
+            f"k and v must have the same shape but for the head dim (tokens, heads), got "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
         )
     n_heads_q, n_heads_k = q.shape[-2], k.shape[-2]
     if n_heads_k == 0 or n_heads_q == 0:
@@ -338,6 +340,24 @@ def check_heads_and_dims(q, k, v, token_dims: int, kv_token_dims: int | None = N
         raise ValueError(f"Hq ({n_heads_q}) must be a multiple of Hkv ({n_heads_k})")
     if n_heads_q > 65535:
         raise ValueError(f"Hq must be at most 65535 (grid limit), got {n_heads_q}")
+
+
+def check_head_dims(head_dim: int, head_dim_k: int, head_dim_v: int) -> None:
+    """k has q's head dim D; v has D too, or a value head dim Dv of its own (the output then
+    has Dv): D and Dv each one of ``SUPPORTED_HEAD_DIMS``, or (D, Dv) one of
+    ``VALUE_HEAD_DIM_PAIRS`` (MLA's (192, 128))."""
+    if head_dim_k != head_dim:
+        raise ValueError(f"k head dim must equal q's ({head_dim}), got {head_dim_k}")
+    if (head_dim, head_dim_v) in VALUE_HEAD_DIM_PAIRS:
+        return
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        pairs = f"; with a value head dim of its own also {VALUE_HEAD_DIM_PAIRS} (D, Dv)"
+        raise ValueError(f"head dim must be one of {SUPPORTED_HEAD_DIMS}{pairs}, got {head_dim}")
+    if head_dim_v not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(
+            f"v head dim must equal q's ({head_dim}) or be one of {SUPPORTED_HEAD_DIMS} "
+            f"(or (D, Dv) one of {VALUE_HEAD_DIM_PAIRS}), got {head_dim_v}"
+        )
 
 
 def _check_same_batch(n_q: int, n_k: int) -> None:

@@ -304,6 +304,40 @@ def test_entry_selection():
         cc.select_entries(["sm70"])
 
 
+def test_value_head_dim_entries():
+    """``--head-dim 192 --head-dim-v 128`` (MLA): entries of the d256 row whose recorded
+    launches give the kernels v's own width; an invalid pair is a ValueError."""
+    mla = cc._entries_from_args(_args(family=["sm90"], head_dim=[192], head_dim_v=128))
+    assert {(e.head_dim, e.head_dim_v) for e in mla} == {(192, 128)}
+    assert all("/d192v128/" in e.label for e in mla) and len(mla) == 4  # 2 kernels x 2 dtypes
+    assert mla[0].config() == cc.select_entries(["sm90"], [mla[0].kernel], [256])[0].config()
+    launches = cc.record_launches(mla[0])
+    fwd, dq = launches["fwd"][0].args, launches["bwd_dq"][0].args
+    assert (fwd["HEAD_DIM"], fwd["BLOCK_D"], fwd["HEAD_DIM_V"], fwd["BLOCK_DV"]) == (
+        192,
+        256,
+        128,
+        128,
+    )
+    assert (dq["HEAD_DIM_V"], launches["bwd_pre"][0].args["HEAD_DIM"]) == (128, 128)
+    assert launches["decode"][0].args["HEAD_DIM_V"] == 128
+    # sm90 varlen d128 selects the Gluon kernels; with v's own head dim the plan runs the
+    # Triton ones at the entry's tiles (plan.gluon_applies), never the Gluon ones
+    names = {
+        dv: {
+            ln.fn.__name__
+            for ls in cc.record_launches(cc.Entry("sm90", "varlen", 128, "bf16", dv)).values()
+            for ln in ls
+        }
+        for dv in (0, 64)
+    }
+    assert set(cc.WS_KERNELS) & names[0] and not set(cc.WS_KERNELS) & names[64]
+    with pytest.raises(ValueError, match="head dim must be one of"):
+        cc.select_entries(["sm90"], ["varlen"], [192], ["bf16"], head_dim_v=64)
+    with pytest.raises(ValueError, match="--head-dim-v needs --head-dim"):
+        cc._entries_from_args(_args(head_dim_v=128))
+
+
 PTXAS_LOG = """\
 ptxas info    : Compiling entry function 'attn_fwd_kernel' for 'sm_80'
 ptxas info    : Function properties for attn_fwd_kernel

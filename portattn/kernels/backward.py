@@ -55,6 +55,7 @@ from portattn.kernels.primitives import (
     seq_bounds,
     softcap_scores,
     tile_index,
+    value_columns,
     visible_mask,
     visited_key_range,
     window_query_range,
@@ -110,6 +111,8 @@ def attn_bwd_dkdv_kernel(
     batch, stride_hm, group, scale, scale_log2,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -124,12 +127,14 @@ def attn_bwd_dkdv_kernel(
     SOFTCAP: tl.constexpr,
 ):
     """One program per (key tile of one sequence, kv head, head-dim chunk). It sums dK and/or
-    dV (``WANT_DK`` / ``WANT_DV``) over ``BLOCK_D // D_CHUNKS`` columns (chunk
-    ``program_id(2)``). The launcher runs this kernel once (both gradients) or twice (dV, then
-    dK) as the table's ``dkdv_passes`` says; every launch recomputes ``K Q^T``, and each element
-    is the same ordered sum whatever the split. The split is by launch, not by a branch on the
-    program id: LLVM merged the two branches' loop exits, and the accumulator copies that
-    merge put inside the in-flight wgmma made ptxas serialize every wgmma (C7515)."""
+    dV (``WANT_DK`` / ``WANT_DV``) over ``BLOCK_D // D_CHUNKS`` columns of dK and
+    ``BLOCK_DV // D_CHUNKS`` of dV (chunk ``program_id(2)``; ``HEAD_DIM_V``: v's, dO's and
+    dV's head dim, ``HEAD_DIM``: q's and k's). The launcher runs this kernel once (both
+    gradients) or twice (dV, then dK) as the table's ``dkdv_passes`` says; every launch
+    recomputes ``K Q^T``, and each element is the same ordered sum whatever the split. The
+    split is by launch, not by a branch on the program id: LLVM merged the two branches' loop
+    exits, and the accumulator copies that merge put inside the in-flight wgmma made ptxas
+    serialize every wgmma (C7515)."""
     i_b, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, n_start = key_tile(
         cu_seqlens_q, cu_seqlens_k, batch, BLOCK_N)
     if n_start >= seqlen_k:
@@ -139,6 +144,7 @@ def attn_bwd_dkdv_kernel(
     o_k = n_start + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
+    o_dv, m_dv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)  # [BLOCK_DV]
     m_krow = o_k < seqlen_k
     o_krows = (bos_k + o_k.to(tl.int64))[:, None]
     if TMA:
@@ -148,7 +154,8 @@ def attn_bwd_dkdv_kernel(
         p_k = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
         p_v = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
         b_k = row_tiles(p_k, seqlen_k, stride_kt, HEAD_DIM, BLOCK_N, BLOCK_D).load([n_start, 0])
-        b_v = row_tiles(p_v, seqlen_k, stride_vt, HEAD_DIM, BLOCK_N, BLOCK_D).load([n_start, 0])
+        b_v = row_tiles(p_v, seqlen_k, stride_vt, HEAD_DIM_V, BLOCK_N, BLOCK_DV).load([n_start,
+                                                                                      0])
         # Q and dO rows of the sequence, any head of the group: [seqlen_q, Hq, HEAD_DIM] (a
         # tile reads 0 past the sequence end). lse2 and delta of rows past the sequence end
         # read 0, not +inf: those rows' Q and dO tiles are 0, so what they add is exactly 0.
@@ -158,12 +165,12 @@ def attn_bwd_dkdv_kernel(
         desc_q = head_rows_tiles(p_q_seq, seqlen_q, n_heads_q, stride_qt, stride_qh, HEAD_DIM,
                                  BLOCK_M, BLOCK_D)
         desc_do = head_rows_tiles(p_do_seq, seqlen_q, n_heads_q, stride_dot, stride_doh,
-                                  HEAD_DIM, BLOCK_M, BLOCK_D)
+                                  HEAD_DIM_V, BLOCK_M, BLOCK_DV)
         if D_CHUNKS > 1:  # this program's columns of Q and dO
             desc_qc = head_rows_tiles(p_q_seq, seqlen_q, n_heads_q, stride_qt, stride_qh,
                                       HEAD_DIM, BLOCK_M, BLOCK_D // D_CHUNKS)
             desc_doc = head_rows_tiles(p_do_seq, seqlen_q, n_heads_q, stride_dot, stride_doh,
-                                       HEAD_DIM, BLOCK_M, BLOCK_D // D_CHUNKS)
+                                       HEAD_DIM_V, BLOCK_M, BLOCK_DV // D_CHUNKS)
         hm_start = head_major_start(bos_q, i_b, True).to(tl.int32)
         hm_shape = [n_heads_q, hm_start + seqlen_q]
         desc_lse2 = tl.make_tensor_descriptor(lse2, hm_shape, [stride_hm, 1], [1, BLOCK_M])
@@ -172,8 +179,8 @@ def attn_bwd_dkdv_kernel(
         desc_q, desc_do, desc_qc, desc_doc = None, None, None, None
         b_k = tl.load(k + o_krows * stride_kt + i_hk.to(tl.int64) * stride_kh + o_d[None, :],
                       mask=m_krow[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        b_v = tl.load(v + o_krows * stride_vt + i_hk.to(tl.int64) * stride_vh + o_d[None, :],
-                      mask=m_krow[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        b_v = tl.load(v + o_krows * stride_vt + i_hk.to(tl.int64) * stride_vh + o_dv[None, :],
+                      mask=m_krow[:, None] & m_dv[None, :], other=0.0)  # [BLOCK_N, BLOCK_DV]
     WINDOWED: tl.constexpr = WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0
     if WINDOWED:  # only the query tiles that see the key tile, each with the mask
         m_lo, m_hi = window_query_range(n_start, seqlen_q, diag, BLOCK_M, BLOCK_N, CAUSAL,
@@ -184,8 +191,13 @@ def attn_bwd_dkdv_kernel(
         m_hi = seqlen_q
     p_dk = dk + o_krows * stride_dkt + i_hk.to(tl.int64) * stride_dkh
     p_dv = dv + o_krows * stride_dvt + i_hk.to(tl.int64) * stride_dvh
-    BLOCK_DC: tl.constexpr = BLOCK_D // D_CHUNKS  # columns of this program
+    BLOCK_DC: tl.constexpr = BLOCK_D // D_CHUNKS  # dK columns of this program
     o_dc, m_dc, c_dc = head_dim_chunk(o_d, m_d, HEAD_DIM, BLOCK_D, D_CHUNKS)
+    BLOCK_DVC: tl.constexpr = BLOCK_DV // D_CHUNKS  # dV columns of this program
+    if HEAD_DIM_V == HEAD_DIM:
+        o_dvc, m_dvc, c_dvc = o_dc, m_dc, c_dc
+    else:
+        o_dvc, m_dvc, c_dvc = head_dim_chunk(o_dv, m_dv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
 
     # Sum over the query heads of the group (ascending) and, for each, its query tiles from
     # m_lo on (ascending), in transposed form: scores are [BLOCK_N, BLOCK_M], so P^T and dS^T
@@ -194,7 +206,7 @@ def attn_bwd_dkdv_kernel(
     # registers, which made every wgmma tiling spill. Only tiles below m_full (the causal
     # diagonal) take the mask.
     b_dk = tl.zeros([BLOCK_N, BLOCK_DC], tl.float32)
-    b_dv = tl.zeros([BLOCK_N, BLOCK_DC], tl.float32)
+    b_dv = tl.zeros([BLOCK_N, BLOCK_DVC], tl.float32)
     n_tiles = tl.cdiv(m_hi - m_lo, BLOCK_M)
     for i_it in range(group * n_tiles):
         i_g = i_it // n_tiles
@@ -225,15 +237,15 @@ def attn_bwd_dkdv_kernel(
                                                         diag, CAUSAL, WINDOW_LEFT,
                                                         WINDOW_RIGHT))
         b_pT = recompute_p(b_qkT, b_lse2[None, :], p_scale)  # [BLOCK_N, BLOCK_M]
-        if WANT_DK or BLOCK_DC == BLOCK_D:
-            b_do = load_head_rows(desc_do, p_do, m_start, i_h32, 0, o_d, m_row, m_d, BLOCK_M,
-                                  BLOCK_D, TMA)  # [BLOCK_M, BLOCK_D]
+        if WANT_DK or BLOCK_DVC == BLOCK_DV:
+            b_do = load_head_rows(desc_do, p_do, m_start, i_h32, 0, o_dv, m_row, m_dv, BLOCK_M,
+                                  BLOCK_DV, TMA)  # [BLOCK_M, BLOCK_DV]
         if WANT_DV:
-            if BLOCK_DC == BLOCK_D:
+            if BLOCK_DVC == BLOCK_DV:
                 b_doc = b_do
             else:
-                b_doc = load_head_rows(desc_doc, p_do, m_start, i_h32, c_dc, o_dc, m_row, m_dc,
-                                       BLOCK_M, BLOCK_DC, TMA)  # [BLOCK_M, BLOCK_DC]
+                b_doc = load_head_rows(desc_doc, p_do, m_start, i_h32, c_dvc, o_dvc, m_row,
+                                       m_dvc, BLOCK_M, BLOCK_DVC, TMA)  # [BLOCK_M, BLOCK_DVC]
             # P <= 1 is scaled by an exact power of two before it is rounded for the product,
             # so small probabilities keep their bits in float16 (whose exponent range is
             # narrow); the scale is undone exactly on the float32 dV at the end.
@@ -254,6 +266,10 @@ def attn_bwd_dkdv_kernel(
                                       BLOCK_M, BLOCK_DC, TMA)  # [BLOCK_M, BLOCK_DC]
             b_dk = mma_rounded(b_dsT, b_qc, b_dk, SPLIT_P, INTERPRET)
     m_kc = m_krow[:, None] & m_dc[None, :]
+    if HEAD_DIM_V == HEAD_DIM:
+        m_kvc = m_kc
+    else:
+        m_kvc = m_krow[:, None] & m_dvc[None, :]
     if TMA:
         # Stored through descriptors: the copy engine clips rows past the sequence end and
         # columns past the head dim, so no per-row store offsets stay live across the loop
@@ -264,25 +280,26 @@ def attn_bwd_dkdv_kernel(
                 [n_start, c_dc], (b_dk * scale).to(dk.dtype.element_ty))
         if WANT_DV:
             p_dv_seq = dv + bos_k * stride_dvt + i_hk.to(tl.int64) * stride_dvh
-            row_tiles(p_dv_seq, seqlen_k, stride_dvt, HEAD_DIM, BLOCK_N, BLOCK_DC).store(
-                [n_start, c_dc], (b_dv * (1.0 / P_SCALE)).to(dv.dtype.element_ty))
+            row_tiles(p_dv_seq, seqlen_k, stride_dvt, HEAD_DIM_V, BLOCK_N, BLOCK_DVC).store(
+                [n_start, c_dvc], (b_dv * (1.0 / P_SCALE)).to(dv.dtype.element_ty))
     else:
         if WANT_DK:
             tl.store(p_dk + o_dc[None, :], (b_dk * scale).to(p_dk.dtype.element_ty), mask=m_kc)
         if WANT_DV:
-            tl.store(p_dv + o_dc[None, :], (b_dv * (1.0 / P_SCALE)).to(p_dv.dtype.element_ty),
-                     mask=m_kc)
+            tl.store(p_dv + o_dvc[None, :], (b_dv * (1.0 / P_SCALE)).to(p_dv.dtype.element_ty),
+                     mask=m_kvc)
 
 
 @triton.jit
 def _dq_key_tiles(
     b_dq, b_q, b_do, b_lse2, b_delta,
     src_k, src_v, stride_kt, stride_vt,
-    o_q, o_d, m_d, seqlen_k, diag, scale_log2,
+    o_q, o_d, m_d, o_dv, m_dv, seqlen_k, diag, scale_log2,
     n_lo, n_hi, loop, MASKED: tl.constexpr,
 ):
     """Accumulate key tiles [n_lo, n_hi) (ascending) into dQ, with the mask where ``MASKED``
-    (``loop``: the ``KeyLoop`` of the forward's tiles; no pages)."""
+    (``loop``: the ``KeyLoop`` of the forward's tiles; no pages). ``o_d`` / ``m_d``: K's
+    columns, ``o_dv`` / ``m_dv``: V's."""
     BLOCK_M: tl.constexpr = loop.BLOCK_M
     BLOCK_N: tl.constexpr = loop.BLOCK_N
     SOFTCAP: tl.constexpr = loop.SOFTCAP
@@ -290,8 +307,8 @@ def _dq_key_tiles(
         o_k = n_start + tl.arange(0, BLOCK_N)
         b_k = load_key_tile(src_k, n_start, 0, o_k, seqlen_k, stride_kt, o_d, m_d,
                             loop.TMA)  # [BLOCK_N, BLOCK_D]
-        b_v = load_key_tile(src_v, n_start, 0, o_k, seqlen_k, stride_vt, o_d, m_d,
-                            loop.TMA)  # [BLOCK_N, BLOCK_D]
+        b_v = load_key_tile(src_v, n_start, 0, o_k, seqlen_k, stride_vt, o_dv, m_dv,
+                            loop.TMA)  # [BLOCK_N, BLOCK_DV]
         b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), loop.INTERPRET)
         if SOFTCAP > 0:  # as in the dK/dV kernel
             b_qk, b_tanh = softcap_scores(b_qk, scale_log2, SOFTCAP)
@@ -320,6 +337,8 @@ def attn_bwd_dq_kernel(
     batch, stride_hm, group, scale, scale_log2,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -333,7 +352,8 @@ def attn_bwd_dq_kernel(
 ):
     """One program per (query tile of one sequence, query head). ``TMA``: K and V tiles are
     read through per-sequence tensor descriptors (``row_tiles``). ``PADDED``: lse2 and delta
-    are in the preprocess kernel's padded layout (``head_major_start``)."""
+    are in the preprocess kernel's padded layout (``head_major_start``). ``HEAD_DIM_V`` /
+    ``BLOCK_DV``: v's and dO's head dim (``HEAD_DIM``: q's, k's and dQ's)."""
     i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
         cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
     if m_start >= seqlen_q:
@@ -345,29 +365,35 @@ def attn_bwd_dq_kernel(
     m_d = o_d < HEAD_DIM
     m_row = o_q < seqlen_q
     m_q = m_row[:, None] & m_d[None, :]
+    o_dv, m_dv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)  # [BLOCK_DV]
+    if HEAD_DIM_V == HEAD_DIM:
+        m_qv = m_q
+    else:
+        m_qv = m_row[:, None] & m_dv[None, :]
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
     b_q = tl.load(q + o_rows * stride_qt + i_h.to(tl.int64) * stride_qh + o_d[None, :],
                   mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
-    b_do = tl.load(do + o_rows * stride_dot + i_h.to(tl.int64) * stride_doh + o_d[None, :],
-                   mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
+    b_do = tl.load(do + o_rows * stride_dot + i_h.to(tl.int64) * stride_doh + o_dv[None, :],
+                   mask=m_qv, other=0.0)  # [BLOCK_M, BLOCK_DV]
     # [BLOCK_M] head-major offsets
     o_hm = i_h.to(tl.int64) * stride_hm + head_major_start(bos_q, i_b, PADDED) + o_q
     b_lse2 = load_row_lse2(lse2 + o_hm, m_row)  # [BLOCK_M]
     b_delta = tl.load(delta + o_hm, mask=m_row, other=0.0)  # [BLOCK_M]
     src_k, src_v = key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt,
-                                   stride_vh, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_D, TMA)
+                                   stride_vh, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_DV, TMA,
+                                   HEAD_DIM_V)
     b_dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     n_lo, n_full, n_hi = visited_key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL,
                                            WINDOW_LEFT, WINDOW_RIGHT)  # the forward's tiles
     b_dq = _dq_key_tiles(
         b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
-        o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_lo, n_full,
+        o_q, o_d, m_d, o_dv, m_dv, seqlen_k, diag, scale_log2, n_lo, n_full,
         KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
                 SOFTCAP), False,
     )
     b_dq = _dq_key_tiles(
         b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
-        o_q, o_d, m_d, seqlen_k, diag, scale_log2, n_full, n_hi,
+        o_q, o_d, m_d, o_dv, m_dv, seqlen_k, diag, scale_log2, n_full, n_hi,
         KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
                 SOFTCAP), True,
     )
@@ -394,7 +420,8 @@ def use_warp_specialized_dq(problem: VarlenProblem, tma: bool) -> bool:
 
 @dataclass(frozen=True)
 class BackwardPlan:
-    """The gradients (dq [total_q, Hq, D], dk, dv [total_k, Hkv, D], input dtype) and the
+    """The gradients (dq [total_q, Hq, D], dk [total_k, Hkv, D], dv [total_k, Hkv, Dv], input
+    dtype) and the
     launches that write them, in order: preprocess, dK/dV (one or two launches), dQ."""
 
     dq: torch.Tensor
@@ -407,7 +434,7 @@ def plan_backward(problem: VarlenProblem, do, q, k, v, o_for_delta, lse, dlse, c
                   cu_seqlens_k) -> BackwardPlan:
     """Allocate the gradients and the scratch (lse2, delta) and plan the backward's launches.
 
-    do, o_for_delta: [total_q, Hq, D] (any strides with stride(-1) == 1; o_for_delta is the
+    do, o_for_delta: [total_q, Hq, Dv] (any strides with stride(-1) == 1; o_for_delta is the
     forward output, or its float32 copy for split-P); lse: float32 [total_q, Hq];
     dlse: float32 [total_q, Hq] or None.
     """
@@ -434,7 +461,7 @@ def plan_backward(problem: VarlenProblem, do, q, k, v, o_for_delta, lse, dlse, c
     stride_hm = triton.cdiv(p.total_q, 4) * 4 + 4 * p.batch if padded else p.total_q
     lse2 = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
     delta = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
-    common = dict(HEAD_DIM=p.head_dim, BLOCK_D=p.block_d)
+    common = dict(HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, **p.value_flags())
     kernel_flags = dict(CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret,
                         **p.feature_flags())
     launches = []
@@ -447,8 +474,9 @@ def plan_backward(problem: VarlenProblem, do, q, k, v, o_for_delta, lse, dlse, c
             dlse_arg.stride(0), dlse_arg.stride(1),
             p.batch, p.n_heads_q, stride_hm,
         )
-        params = dict(BLOCK_M=pre.block_m, HAS_DLSE=dlse is not None, PADDED=padded, **common,
-                      **pre.launch_kwargs())
+        # delta = rowsum(O * dO) over v's head dim (O and dO have it)
+        params = dict(BLOCK_M=pre.block_m, HAS_DLSE=dlse is not None, PADDED=padded,
+                      HEAD_DIM=p.value_dim, BLOCK_D=p.block_dv, **pre.launch_kwargs())
         grid = (triton.cdiv(p.max_seqlen_q, pre.block_m) * p.batch, p.n_heads_q)
         launches.append(KernelLaunch("bwd_pre", attn_bwd_preprocess_kernel, grid, args, params))
     if p.total_k > 0:

@@ -31,6 +31,7 @@ from portattn.kernels.primitives import (
     head_dim_chunk,
     seq_bounds,
     tile_index,
+    value_columns,
     visited_key_range,
 )
 
@@ -44,6 +45,8 @@ def attn_decode_kernel(
     batch, n_heads_q, group, scale_log2,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEADS: tl.constexpr,
@@ -62,6 +65,7 @@ def attn_decode_kernel(
     times the group's head slices (``HEADS`` query heads each, a power of two); 2 = head-dim
     chunk (``D_CHUNKS``, as the forward's ``fwd_chunks``). ``PAGE_SIZE`` 0: K/V packed, the
     sequence's keys from ``cu_seqlens_k[b]`` on; else paged, ``cu_seqlens_k`` only counts them.
+    ``HEAD_DIM_V`` / ``BLOCK_DV``: v's and the output's head dim (as the forward's).
     """
     ROWS: tl.constexpr = BLOCK_M // HEADS  # query positions per tile
     i_b, i_m = tile_index(batch, CAUSAL)
@@ -84,8 +88,9 @@ def attn_decode_kernel(
     m_d = o_d < HEAD_DIM
     p_q = q + (bos_q + o_q.to(tl.int64))[:, None] * stride_qt + i_h[:, None] * stride_qh
     b_q = tl.load(p_q + o_d[None, :], mask=m_row[:, None] & m_d[None, :], other=0.0)
-    BLOCK_DC: tl.constexpr = BLOCK_D // D_CHUNKS
-    o_dc, m_dc, c_v = head_dim_chunk(o_d, m_d, HEAD_DIM, BLOCK_D, D_CHUNKS)
+    BLOCK_DC: tl.constexpr = BLOCK_DV // D_CHUNKS
+    o_dv, m_dv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)  # [BLOCK_DV]
+    o_dc, m_dc, c_v = head_dim_chunk(o_dv, m_dv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
 
     if PAGE_SIZE > 0:
         bos_k = 0  # a paged sequence starts at its block-table row
@@ -157,7 +162,7 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
     slices = triton.cdiv(p.group, heads)
     grid = (triton.cdiv(p.max_seqlen_q, rows) * p.batch, p.n_heads_k * slices, cfg.fwd_chunks)
     params = dict(
-        HEAD_DIM=p.head_dim, BLOCK_D=p.block_d,
+        HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, **p.value_flags(),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
         CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret, D_CHUNKS=cfg.fwd_chunks,
         **p.feature_flags(), HAS_SINK=sinks is not None, sinks=sinks, **tiles.launch_kwargs(),

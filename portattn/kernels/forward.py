@@ -35,6 +35,7 @@ from portattn.kernels.primitives import (
     key_value_tiles,
     query_tile,
     row_tiles,
+    value_columns,
     visited_key_range,
 )
 
@@ -48,6 +49,8 @@ def attn_fwd_kernel(
     batch, n_heads_q, group, scale_log2,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -70,7 +73,8 @@ def attn_fwd_kernel(
     ``WINDOW_LEFT`` / ``WINDOW_RIGHT`` >= 0: a sliding window (``visible_mask``); only the key
     tiles some row of the tile sees are visited (``visited_key_range``). ``SOFTCAP`` > 0: the
     scores are softcapped (``softcap_scores``). ``HAS_SINK``: float32 ``sinks`` [Hq] (else
-    None), the heads' attention sinks (``fold_sink``)."""
+    None), the heads' attention sinks (``fold_sink``). ``HEAD_DIM_V`` / ``BLOCK_DV``: v's and
+    the output's head dim and its padded width (q's and k's: ``HEAD_DIM`` / ``BLOCK_D``)."""
     i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
         cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
     if m_start >= seqlen_q:
@@ -88,12 +92,14 @@ def attn_fwd_kernel(
         m_q = (o_q < seqlen_q)[:, None] & m_d[None, :]
         p_q = q + (bos_q + o_q.to(tl.int64))[:, None] * stride_qt + i_h.to(tl.int64) * stride_qh
         b_q = tl.load(p_q + o_d[None, :], mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
-    # Output columns of this program: all, or one chunk (from column c_v).
-    BLOCK_DC: tl.constexpr = BLOCK_D // D_CHUNKS
-    o_dc, m_dc, c_v = head_dim_chunk(o_d, m_d, HEAD_DIM, BLOCK_D, D_CHUNKS)
+    # Output columns of this program: all of v's, or one chunk (from column c_v).
+    BLOCK_DC: tl.constexpr = BLOCK_DV // D_CHUNKS
+    o_dv, m_dv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)  # [BLOCK_DV]
+    o_dc, m_dc, c_v = head_dim_chunk(o_dv, m_dv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
     m_o = (o_q < seqlen_q)[:, None] & m_dc[None, :]  # m_q when unchunked
     src_k, src_v = key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt,
-                                   stride_vh, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_DC, TMA)
+                                   stride_vh, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_DC, TMA,
+                                   HEAD_DIM_V)
 
     n_lo, n_full, n_hi = visited_key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL,
                                            WINDOW_LEFT, WINDOW_RIGHT)
@@ -152,9 +158,10 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     """
     p, cfg = problem, problem.cfg
     tiles = cfg.fwd
-    out = new_buffer(q.shape, q.dtype, q.device)
+    out_shape = (p.total_q, p.n_heads_q, p.value_dim)  # v's head dim
+    out = new_buffer(out_shape, q.dtype, q.device)
     lse = new_buffer((p.total_q, p.n_heads_q), torch.float32, q.device)
-    out32 = new_buffer(q.shape, torch.float32, q.device) if store_o32 else None
+    out32 = new_buffer(out_shape, torch.float32, q.device) if store_o32 else None
     if p.total_q == 0 or p.batch == 0:
         return ForwardPlan(out, lse, out32, ())
     if p.page_size or (not store_o32 and decode_fits(p)):
@@ -180,7 +187,7 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
         params = dict(flags, STAGES=tiles.num_stages, **ws_launch_options(tiles))
         launch = KernelLaunch("fwd", attn_fwd_ws_kernel, grid, args, params, tma)
     else:
-        params = dict(flags, BLOCK_D=p.block_d, INTERPRET=p.interpret,
+        params = dict(flags, BLOCK_D=p.block_d, **p.value_flags(), INTERPRET=p.interpret,
                       D_CHUNKS=cfg.fwd_chunks, TMA=tma, **features,
                       HAS_SINK=sinks is not None, sinks=sinks, **tiles.launch_kwargs())
         launch = KernelLaunch("fwd", attn_fwd_kernel, grid, args, params, tma)

@@ -50,7 +50,9 @@ def splits_p(kernel: str) -> bool:
 class VarlenProblem:
     """One attention call over a packed batch, as the launchers see it.
 
-    Shapes: q [total_q, Hq, D], k/v [total_k, Hkv, D], cu_seqlens int32 [batch + 1]."""
+    Shapes: q/k [total_q or total_k, Hq or Hkv, D], v [total_k, Hkv, Dv], cu_seqlens int32
+    [batch + 1]. ``head_dim`` is q's and k's (D), ``head_dim_v`` v's and the output's (Dv;
+    MLA: D 192, Dv 128); the table entry ``cfg`` is the row of the wider one."""
 
     total_q: int
     total_k: int
@@ -79,12 +81,36 @@ class VarlenProblem:
     # denominator; the forward kernels read it (``primitives.fold_sink``), the backward's dQ,
     # dK and dV need only the lse that includes it.
     has_sinks: bool = False
+    # v's head dim (and the output's, dO's, dV's), or 0: q's (``head_dim``). Set through
+    # ``describe``; read as ``value_dim``.
+    head_dim_v: int = 0
 
     @property
     def block_d(self) -> int:
         """The head dim padded for the kernels' blocks: the next power of two, at least 16 (the
         matrix instructions' smallest K); the columns past ``head_dim`` are masked."""
         return max(16, triton.next_power_of_2(self.head_dim))
+
+    @property
+    def value_dim(self) -> int:
+        """v's head dim (Dv): ``head_dim_v``, or ``head_dim`` where v has q's."""
+        return self.head_dim_v or self.head_dim
+
+    @property
+    def block_dv(self) -> int:
+        """The value head dim padded as ``block_d`` pads q's: the width of the kernels' V, O,
+        dO and dV blocks (``block_d`` where Dv == D)."""
+        return max(16, triton.next_power_of_2(self.value_dim))
+
+    @property
+    def split_dv(self) -> bool:
+        """Whether v's head dim differs from q's (only the Triton kernels have it)."""
+        return self.value_dim != self.head_dim
+
+    def value_flags(self) -> dict[str, int]:
+        """The compile-time value width of the Triton kernels that read V or dO, next to
+        ``HEAD_DIM`` / ``BLOCK_D`` (equal to them where Dv == D)."""
+        return dict(HEAD_DIM_V=self.value_dim, BLOCK_DV=self.block_dv)
 
     @property
     def windowed(self) -> bool:
@@ -121,11 +147,15 @@ def describe(
     window: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    head_dim_v: int | None = None,
 ) -> VarlenProblem:
     """The problem of one call (``cfg``: the table entry, looked up for q's device if None).
     With ``block_table``, k is a paged cache [num_pages, page_size, Hkv, D]. ``window``: the
-    normalized (left, right) sliding window; ``softcap``: 0.0 (off) or the cap."""
+    normalized (left, right) sliding window; ``softcap``: 0.0 (off) or the cap;
+    ``head_dim_v``: v's head dim (None: q's). The entry is the table row of the wider of the
+    two head dims (``configs.resolve_config``, ``configs.pair_config``)."""
     total_q, n_heads_q, head_dim = q.shape
+    value_dim = head_dim if head_dim_v is None else head_dim_v
     paged = block_table is not None
     return VarlenProblem(
         total_q=total_q,
@@ -141,13 +171,16 @@ def describe(
         split_p=splits_p(kernel),
         dtype=q.dtype,
         device=q.device,
-        cfg=cfg if cfg is not None else resolve_config(q.device, kernel, head_dim, q.dtype),
+        cfg=cfg
+        if cfg is not None
+        else resolve_config(q.device, kernel, head_dim, q.dtype, head_dim_v=value_dim),
         interpret=interpreter_active(),
         page_size=k.shape[1] if paged else 0,
         window_left=window[0],
         window_right=window[1],
         softcap=float(softcap),
         has_sinks=sinks is not None,
+        head_dim_v=0 if value_dim == head_dim else value_dim,
     )
 
 
@@ -205,10 +238,13 @@ def gluon_applies(
     """Whether the warp-specialised Gluon kernel of a stage runs, for the table field ``name``
     (``fwd_ws``, ``bwd_ws``, ``dq_ws``): the entry selects it, the inputs take the descriptor
     path (``tma``), the interpreter is off (it has no Gluon), there is no sliding window,
-    softcap or sink and the head dim is a table row's. Either kernel gives the same bits. An entry
-    that selects it where Gluon is missing or its tiles do not fit raises."""
+    softcap or sink, v has q's head dim and the head dim is a table row's. Either kernel gives
+    the same bits. An entry that selects it where Gluon is missing or its tiles do not fit
+    raises."""
     if not selected or not tma or problem.interpret:
         return False
+    if problem.split_dv:  # the Gluon kernels have one head dim for Q, K and V: a call with
+        return False  # its own value head dim runs the Triton kernels at the entry's tiles
     if problem.windowed or problem.softcap or problem.has_sinks:  # not in the Gluon kernels;
         return False  # the Triton ones, at the same tiles, have them
     if problem.head_dim not in HEAD_DIMS:  # the Gluon kernels are written for the table's

@@ -367,6 +367,20 @@ def head_dim_chunk(o_d, m_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
 
 
 @triton.jit
+def value_columns(o_d, m_d, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                  BLOCK_DV: tl.constexpr):
+    """The value head-dim columns (offsets [BLOCK_DV], mask) of V, O, dO and dV: q's ``o_d``
+    and ``m_d`` themselves where v has q's head dim (so those kernels' code is what it was
+    before v had its own), else ``HEAD_DIM_V`` columns of their own (MLA: D 192, Dv 128)."""
+    if HEAD_DIM_V == HEAD_DIM:
+        o_dv, m_dv = o_d, m_d
+    else:
+        o_dv = tl.arange(0, BLOCK_DV)
+        m_dv = o_dv < HEAD_DIM_V
+    return o_dv, m_dv
+
+
+@triton.jit
 def row_tiles(base, seqlen, stride_t, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
               BLOCK_C: tl.constexpr):
     """A tensor descriptor (TMA) of one sequence's rows of one head (``base``: its first row),
@@ -378,15 +392,15 @@ def row_tiles(base, seqlen, stride_t, HEAD_DIM: tl.constexpr, BLOCK_R: tl.conste
 @triton.jit
 def key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt, stride_vh,
                     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_DV: tl.constexpr, TMA: tl.constexpr):
+                    BLOCK_DV: tl.constexpr, TMA: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     """Where ``load_key_tile`` reads K tiles ([BLOCK_N, BLOCK_D]) and V tiles ([BLOCK_N,
-    BLOCK_DV]) of sequence ``bos_k`` and kv head ``i_hk``: descriptors (``TMA``) or the base
-    pointers of its first row."""
+    BLOCK_DV], of V's ``HEAD_DIM_V`` columns) of sequence ``bos_k`` and kv head ``i_hk``:
+    descriptors (``TMA``) or the base pointers of its first row."""
     p_k_base = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
     p_v_base = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
     if TMA:
         src_k = row_tiles(p_k_base, seqlen_k, stride_kt, HEAD_DIM, BLOCK_N, BLOCK_D)
-        src_v = row_tiles(p_v_base, seqlen_k, stride_vt, HEAD_DIM, BLOCK_N, BLOCK_DV)
+        src_v = row_tiles(p_v_base, seqlen_k, stride_vt, HEAD_DIM_V, BLOCK_N, BLOCK_DV)
     else:
         src_k = p_k_base
         src_v = p_v_base

@@ -21,9 +21,11 @@ from portattn.configs import (
     KERNELS,
     KernelConfig,
     config_table,
+    pair_config,
     table_head_dim,
 )
 from portattn.families import FAMILIES
+from portattn.validation import check_head_dims
 
 # KernelConfig fields, one kernel each; "decode" is the paged decode kernel (its tiles:
 # KernelConfig.decode_tiles).
@@ -43,26 +45,35 @@ DECODE_PAGE_SIZE = 64
 
 @dataclass(frozen=True)
 class Entry:
-    """One configuration-table entry (family, kernel, head_dim, dtype name)."""
+    """One configuration-table entry (family, kernel, head_dim, dtype name); ``head_dim_v``:
+    v's own head dim (0: q's), for a call with one (the entry of the wider head dim)."""
 
     family: str
     kernel: str
     head_dim: int
     dtype: str
+    head_dim_v: int = 0
+
+    @property
+    def value_dim(self) -> int:
+        return self.head_dim_v or self.head_dim
 
     @property
     def label(self) -> str:
-        return f"{self.kernel}/d{self.head_dim}/{self.dtype}"
+        dims = f"d{self.head_dim}" + (f"v{self.head_dim_v}" if self.head_dim_v else "")
+        return f"{self.kernel}/{dims}/{self.dtype}"
 
     def torch_dtype(self) -> torch.dtype:
         return {v: k for k, v in DTYPE_NAMES.items()}[self.dtype]
 
     def table_key(self) -> tuple[str, str, int, torch.dtype]:
         """Its key in the table: a borrowed head dim runs the next row up."""
-        return (self.family, self.kernel, table_head_dim(self.head_dim), self.torch_dtype())
+        row = table_head_dim(max(self.head_dim, self.value_dim))
+        return (self.family, self.kernel, row, self.torch_dtype())
 
     def config(self) -> KernelConfig:
-        return config_table()[self.table_key()]
+        row = config_table()[self.table_key()]
+        return pair_config(row, self.family, self.kernel, self.head_dim, self.value_dim)
 
 
 @dataclass(frozen=True)
@@ -104,20 +115,21 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
 
     rep = REPRESENTATIVE
     n_tok, dim, dtype = rep["batch"] * rep["seqlen"], entry.head_dim, entry.torch_dtype()
-    q, do = (torch.zeros(n_tok, rep["heads_q"], dim, dtype=dtype) for _ in range(2))
-    k, v = (torch.zeros(n_tok, rep["heads_k"], dim, dtype=dtype) for _ in range(2))
+    dim_v = entry.value_dim
+    q, do = (torch.zeros(n_tok, rep["heads_q"], d, dtype=dtype) for d in (dim, dim_v))
+    k, v = (torch.zeros(n_tok, rep["heads_k"], d, dtype=dtype) for d in (dim, dim_v))
     cu = torch.arange(rep["batch"] + 1, dtype=torch.int32) * rep["seqlen"]
     seq, causal, scale = rep["seqlen"], rep["causal"], dim**-0.5
     split_p, cfg = splits_p(entry.kernel), cfg or entry.config()
     # The launches a GPU run makes: the planners choose some kernels by whether the CPU
     # interpreter is on (the pytest harness sets it), so it is off while planning.
     with _unset_env(["TRITON_INTERPRET"]):
-        problem = describe(q, k, cu, seq, seq, causal, scale, entry.kernel, cfg)
+        problem = describe(q, k, cu, seq, seq, causal, scale, entry.kernel, cfg, head_dim_v=dim_v)
         fwd = plan_forward(problem, q, k, v, cu, cu, store_o32=split_p)
         o_for_delta = fwd.out32 if split_p else fwd.out
         dlse = torch.zeros_like(fwd.lse)
         bwd = plan_backward(problem, do, q, k, v, o_for_delta, fwd.lse, dlse, cu, cu)
-        decode = _plan_paged_decode(entry, cfg, q, k, scale)
+        decode = _plan_paged_decode(entry, cfg, q, k, v, scale)
     launches: dict[str, tuple[Launch, ...]] = {}
     for planned in (*fwd.launches, *bwd.launches, *decode.launches):
         launch = _bind(planned.stage, planned.kernel, planned.args, planned.params)
@@ -128,7 +140,7 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
     return launches
 
 
-def _plan_paged_decode(entry: Entry, cfg: KernelConfig, q, k, scale: float):
+def _plan_paged_decode(entry: Entry, cfg: KernelConfig, q, k, v, scale: float):
     """The decode launch of the representative batch: one row per sequence, paged K/V."""
     from portattn.kernels.forward import plan_forward
     from portattn.kernels.plan import describe
@@ -137,6 +149,7 @@ def _plan_paged_decode(entry: Entry, cfg: KernelConfig, q, k, scale: float):
     pages_per_seq = rep["seqlen"] // page
     q1 = q[: rep["batch"]]
     cache = torch.zeros(rep["batch"] * pages_per_seq, page, *k.shape[1:], dtype=k.dtype)
+    v_cache = torch.zeros(rep["batch"] * pages_per_seq, page, *v.shape[1:], dtype=v.dtype)
     table = torch.arange(rep["batch"] * pages_per_seq, dtype=torch.int32).view(rep["batch"], -1)
     cu_q = torch.arange(rep["batch"] + 1, dtype=torch.int32)
     cu_k = cu_q * rep["seqlen"]
@@ -151,8 +164,9 @@ def _plan_paged_decode(entry: Entry, cfg: KernelConfig, q, k, scale: float):
         entry.kernel,
         cfg,
         block_table=table,
+        head_dim_v=v.shape[-1],
     )
-    return plan_forward(problem, q1, cache, cache, cu_q, cu_k, store_o32=False, block_table=table)
+    return plan_forward(problem, q1, cache, v_cache, cu_q, cu_k, store_o32=False, block_table=table)
 
 
 def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
@@ -180,9 +194,12 @@ def select_entries(
     kernels: Iterable[str] | None = None,
     head_dims: Iterable[int] | None = None,
     dtypes: Iterable[str] | None = None,
+    head_dim_v: int | None = None,
 ) -> list[Entry]:
     """Table entries of the real families (never the interpreter row), filtered; ``head_dims``
-    may name borrowed head dims (``configs.BORROWED_HEAD_DIMS``: the next row up)."""
+    may name borrowed head dims (``configs.BORROWED_HEAD_DIMS``: the next row up).
+    ``head_dim_v``: compile calls whose v has this head dim of its own (each head dim with
+    it must make a valid pair, ``validation.check_head_dims``; ValueError otherwise)."""
     fams = list(families) if families else list(FAMILIES)
     for name in fams:
         if name not in FAMILIES:
@@ -191,7 +208,16 @@ def select_entries(
     dims = list(head_dims) if head_dims else list(HEAD_DIMS)
     names = [DTYPE_ALIASES[d] for d in dtypes] if dtypes else [DTYPE_NAMES[d] for d in DTYPES]
     table = config_table()
-    entries = [Entry(f, k, d, n) for f in fams for k in kerns for d in dims for n in names]
+    for d in dims if head_dim_v else ():
+        check_head_dims(d, d, head_dim_v)
+    dv = 0 if head_dim_v is None else head_dim_v
+    entries = [
+        Entry(f, k, d, n, 0 if dv == d else dv)
+        for f in fams
+        for k in kerns
+        for d in dims
+        for n in names
+    ]
     missing = [e for e in entries if e.table_key() not in table]
     if missing:
         raise ValueError(f"no table entry for {missing[0]}")

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from portattn.configs import KERNELS, SUPPORTED_HEAD_DIMS, KernelConfig
+from portattn.configs import KERNELS, SUPPORTED_HEAD_DIMS, VALUE_HEAD_DIM_PAIRS, KernelConfig
 from portattn.families import FAMILIES, Family
 from portattn.tools.compile_launches import (  # noqa: F401  (re-exported: the check's API)
     DECODE_PAGE_SIZE,
@@ -64,6 +64,8 @@ from portattn.tools.ptxas import deterministic_ptxas
 
 HAS_PRODUCT = {"fwd": True, "bwd_pre": False, "bwd_dkdv": True, "bwd_dq": True, "decode": True}
 CI_HEAD_DIMS = (128, 64, 80)  # 80: a borrowed head dim (the d96 row), Phi-2's
+# --head-dim's choices: the supported head dims and the q/k ones of VALUE_HEAD_DIM_PAIRS (192)
+_QK_HEAD_DIMS = sorted(set(SUPPORTED_HEAD_DIMS) | {d for d, _ in VALUE_HEAD_DIM_PAIRS})
 CI_DTYPES = ("bf16",)
 # How each family's matrix instruction shows in the text the check searches.
 MMA_PATTERNS = {
@@ -513,7 +515,8 @@ def _row(r: KernelResult) -> tuple[str, ...]:
     if r.wgmma_serialized:
         status += " (wgmma serialized, C7515)"
     e = r.entry
-    cells = (e.family, e.kernel, r.stage, e.head_dim, e.dtype, r.shared, r.regs, spills, mma)
+    dims = f"{e.head_dim}/{e.head_dim_v}" if e.head_dim_v else e.head_dim
+    cells = (e.family, e.kernel, r.stage, dims, e.dtype, r.shared, r.regs, spills, mma)
     return (*map(str, cells), (r.fingerprint or "-")[:12], status)
 
 
@@ -539,11 +542,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     filters = (
         ("--family", str, list(FAMILIES), "family (default: all)"),
         ("--kernel", str, list(KERNELS), "kernel (default: both)"),
-        ("--head-dim", int, list(SUPPORTED_HEAD_DIMS), "head dim (default: the table's)"),
+        ("--head-dim", int, _QK_HEAD_DIMS, "head dim (default: the table's)"),
         ("--dtype", str, sorted(DTYPE_ALIASES), "input dtype (default: both)"),
     )
     for flag, kind, choices, text in filters:
         parser.add_argument(flag, action="append", type=kind, choices=choices, help=text)
+    dv_help = "v's own head dim, with --head-dim: e.g. --head-dim 192 --head-dim-v 128 (MLA)"
+    parser.add_argument("--head-dim-v", type=int, choices=SUPPORTED_HEAD_DIMS, help=dv_help)
     ci = "ci: every family, both kernels, head dims 128, 64, 80, bf16 (filters still apply)"
     parser.add_argument("--subset", choices=["ci"], help=ci)
     json_help = "write family -> entry -> kernel -> record as JSON"
@@ -558,7 +563,10 @@ def _entries_from_args(args: argparse.Namespace) -> list[Entry]:
     if args.subset == "ci":
         head_dims = head_dims or list(CI_HEAD_DIMS)
         dtypes = dtypes or list(CI_DTYPES)
-    return select_entries(args.family, args.kernel, head_dims, dtypes)
+    head_dim_v = getattr(args, "head_dim_v", None)
+    if head_dim_v and not head_dims:
+        raise ValueError("--head-dim-v needs --head-dim (the q/k head dims to pair it with)")
+    return select_entries(args.family, args.kernel, head_dims, dtypes, head_dim_v)
 
 
 def main(args: argparse.Namespace) -> int:
