@@ -45,9 +45,14 @@ def make_pack(
     seed: int = 0,
     noncontiguous: bool = False,
     device: str = DEVICE,
+    head_dim_v: int | None = None,
 ) -> Pack:
     """Random packed inputs (never zeros). With ``noncontiguous``, q/k/v/dO are strided views
-    (token stride and head stride larger than dense) with ``stride(-1) == 1``."""
+    (token stride and head stride larger than dense) with ``stride(-1) == 1``. ``head_dim_v``:
+    v and dO get a head dim of their own, ``[T, H, Dv]`` (see :func:`_value_dim_pack`)."""
+    if head_dim_v is not None:
+        shape = harness.PackShape(tuple(lens_q), tuple(lens_k), n_heads_q, n_heads_k, head_dim)
+        return _value_dim_pack(shape, head_dim_v, dtype, seed, noncontiguous, device)
     if not noncontiguous:
         q, k, v, do, dlse = harness.seeded_inputs(
             lens_q, lens_k, n_heads_q, n_heads_k, head_dim, dtype, device, seed
@@ -66,6 +71,36 @@ def make_pack(
     do = rand(tq, n_heads_q, 2 * head_dim)[:, :, :head_dim]
     dlse = torch.randn(tq, n_heads_q, generator=gen).to(device)
     return Pack(q, k, v, cu_seqlens(lens_q, device), cu_seqlens(lens_k, device), do, dlse)
+
+
+def _value_dim_pack(
+    shape: harness.PackShape,
+    head_dim_v: int,
+    dtype: torch.dtype,
+    seed: int,
+    noncontiguous: bool,
+    device: str,
+) -> Pack:
+    """q, k ``[T, H, D]``, v and dO ``[T, H, Dv]``; ``noncontiguous``: one buffer per token
+    holds q's heads (or k's and v's) and padding, so token and head strides exceed dense."""
+    gen = torch.Generator().manual_seed(seed)
+    tq, tk = sum(shape.lens_q), sum(shape.lens_k)
+    heads_q, heads_kv, head_dim = shape.heads_q, shape.heads_kv, shape.head_dim
+
+    def rand(*dims: int) -> torch.Tensor:
+        return torch.randn(*dims, generator=gen).to(dtype).to(device)
+
+    if noncontiguous:
+        q = rand(tq, heads_q + 3, head_dim + 8)[:, 1 : heads_q + 1, 8:]
+        kv = rand(tk, heads_kv + 1, head_dim + head_dim_v + 8)
+        k, v = kv[:, 1:, :head_dim], kv[:, 1:, head_dim + 8 :]
+        do = rand(tq, heads_q, 2 * head_dim_v)[:, :, :head_dim_v]
+    else:
+        q, k = rand(tq, heads_q, head_dim), rand(tk, heads_kv, head_dim)
+        v, do = rand(tk, heads_kv, head_dim_v), rand(tq, heads_q, head_dim_v)
+    dlse = torch.randn(tq, heads_q, generator=gen).to(device)
+    cu_q, cu_k = cu_seqlens(shape.lens_q, device), cu_seqlens(shape.lens_k, device)
+    return Pack(q, k, v, cu_q, cu_k, do, dlse)
 
 
 def run_kernel(p: Pack, kernel: str, causal: bool, use_dlse: bool = True, **kw):

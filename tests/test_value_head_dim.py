@@ -15,53 +15,20 @@ from helpers import (
     DEVICE,
     HAS_GPU,
     KERNELS,
-    Pack,
     assert_accurate,
     assert_bitwise_equal,
     cu_seqlens,
+    make_pack,
     run_kernel,
 )
 from invariance_checks import pack_of, rows_of
-from test_fixed_order import accuracy_table
+from test_fixed_order import assert_correctly_rounded
 
 import portattn
 from portattn.configs import Tiles, pair_config, table_for
 from portattn.flash_compat import flash_attn_func, flash_attn_varlen_func
 from portattn.kvcache import flash_attn_with_kvcache
 from portattn.reference import reference_attention
-
-
-def make_dv_pack(
-    lens_q: list[int],
-    lens_k: list[int],
-    head_dim: int,
-    head_dim_v: int,
-    n_heads_q: int = 4,
-    n_heads_k: int = 2,
-    dtype: torch.dtype = torch.float16,
-    seed: int = 0,
-    noncontiguous: bool = False,
-    device: str = DEVICE,
-) -> Pack:
-    """Random packed inputs: q, k [T, H, D], v and dO [T, H, Dv]. With ``noncontiguous``, q, k,
-    v and dO are strided views (larger token and head strides, ``stride(-1) == 1``)."""
-    gen = torch.Generator().manual_seed(seed)
-    tq, tk = sum(lens_q), sum(lens_k)
-
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen).to(dtype).to(device)
-
-    if noncontiguous:  # one buffer per token holding q's heads (or k's and v's) and padding
-        q = rand(tq, n_heads_q + 3, head_dim + 8)[:, 1 : n_heads_q + 1, 8:]
-        kv = rand(tk, n_heads_k + 1, head_dim + head_dim_v + 8)
-        k, v = kv[:, 1:, :head_dim], kv[:, 1:, head_dim + 8 :]
-        do = rand(tq, n_heads_q, 2 * head_dim_v)[:, :, :head_dim_v]
-    else:
-        q, k = rand(tq, n_heads_q, head_dim), rand(tk, n_heads_k, head_dim)
-        v, do = rand(tk, n_heads_k, head_dim_v), rand(tq, n_heads_q, head_dim_v)
-    dlse = torch.randn(tq, n_heads_q, generator=gen).to(device)
-    return Pack(q, k, v, cu_seqlens(lens_q, device), cu_seqlens(lens_k, device), do, dlse)
-
 
 # Odd lengths, a sequence of one query row, an empty one, causal with Sq > Sk (63 vs 40).
 LENS_Q, LENS_K = [1, 17, 0, 63], [5, 17, 3, 40]
@@ -75,7 +42,7 @@ DTYPES = (torch.float16, torch.bfloat16) if HAS_GPU else (torch.float16,)
 def test_accuracy(dims, causal, kernel):
     """out, lse, dq, dk, dv by the accuracy rule, every element written (NaN-poisoned
     buffers); GQA 4/2, strided views, Dv < D and Dv > D."""
-    p = make_dv_pack(LENS_Q, LENS_K, *dims, seed=51, noncontiguous=True)
+    p = make_pack(LENS_Q, LENS_K, head_dim=dims[0], head_dim_v=dims[1], seed=51, noncontiguous=True)
     got = run_kernel(p, kernel, causal)
     assert got["out"].shape == (sum(LENS_Q), 4, dims[1])
     assert got["dv"].shape == p.v.shape and got["dk"].shape == p.k.shape
@@ -85,14 +52,14 @@ def test_accuracy(dims, causal, kernel):
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_mla_192_128(kernel):
     """The MLA pair itself (the d256 row; block widths 256 and 128), causal, GQA."""
-    p = make_dv_pack([9, 0, 20], [9, 2, 13], 192, 128, 2, 1, seed=52, noncontiguous=True)
+    p = make_pack([9, 0, 20], [9, 2, 13], 2, 1, 192, head_dim_v=128, seed=52, noncontiguous=True)
     assert_accurate(p, kernel, True)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_with_window_softcap_sinks(kernel):
     """Dv != D combined with a sliding window, softcap and sinks (dsinks checked too)."""
-    p = make_dv_pack([17, 30], [17, 40], 48, 32, seed=53)
+    p = make_pack([17, 30], [17, 40], head_dim=48, head_dim_v=32, seed=53)
     sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], device=p.q.device)
     feats = dict(window_size=(9, 3), softcap=3.0, sinks=sinks)
     assert_accurate(p, kernel, False, **feats)
@@ -102,8 +69,9 @@ def test_with_window_softcap_sinks(kernel):
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_pack_positions_bitwise(kernel):
     """A sequence alone gives the bytes it gets first, between and last in a pack."""
-    target = make_dv_pack([19], [26], 48, 32, seed=54)
-    others = [make_dv_pack([n], [n], 48, 32, seed=55 + i) for i, n in enumerate([5, 12])]
+    target = make_pack([19], [26], head_dim=48, head_dim_v=32, seed=54)
+    dims = dict(head_dim=48, head_dim_v=32)
+    others = [make_pack([n], [n], **dims, seed=55 + i) for i, n in enumerate([5, 12])]
     alone = run_kernel(target, kernel, True)
     for j in range(len(others) + 1):
         seqs = others[:j] + [target] + others[j:]
@@ -116,7 +84,7 @@ def test_pack_positions_bitwise(kernel):
 def test_decode_rows_and_paged_cache_bitwise():
     """Decode (the decode kernel: one query row) equals the prefill's last row; a paged cache
     with v's own head dim gives the same bytes as the packed call."""
-    p = make_dv_pack([24], [24], 48, 32, seed=56)
+    p = make_pack([24], [24], head_dim=48, head_dim_v=32, seed=56)
     prefill = portattn.varlen_attention(p.q, p.k, p.v, p.cu_q, p.cu_k, causal=True)
     cu1 = cu_seqlens([1], p.q.device)
     last = portattn.varlen_attention(p.q[-1:], p.k, p.v, cu1, p.cu_k, causal=True)
@@ -135,7 +103,7 @@ def test_decode_rows_and_paged_cache_bitwise():
 def test_dense_and_flash_compat(kernel):
     """``attention`` (BSHD) and flash-attn's functions take v with its own head dim and give
     the varlen bytes; the dense reference agrees with the varlen one."""
-    p = make_dv_pack([12, 12], [15, 15], 64, 32, seed=57)
+    p = make_pack([12, 12], [15, 15], head_dim=64, head_dim_v=32, seed=57)
     want, want_lse = portattn.varlen_attention(
         p.q, p.k, p.v, p.cu_q, p.cu_k, causal=True, return_lse=True, kernel=kernel
     )
@@ -153,7 +121,7 @@ def test_dense_and_flash_compat(kernel):
 def test_under_torch_compile():
     """fullgraph=True: the fake ops give out [T, Hq, Dv] and the gradients their inputs'
     shapes; compiled forward and backward give the eager bytes (lse differentiable)."""
-    p = make_dv_pack([9, 14], [9, 14], 48, 32, seed=58)
+    p = make_pack([9, 14], [9, 14], head_dim=48, head_dim_v=32, seed=58)
 
     def fn(q, k, v):
         out, lse = portattn.varlen_attention(
@@ -183,13 +151,8 @@ def test_fixed_order_correctly_rounded(dims, dtype):
     """fixed_order keeps split-P with v's own head dim: >= 99% of out/dq/dk/dv correctly
     rounded, Frobenius error within 1.05x of the rounding floor, lse within 1e-5 (as
     test_fixed_order.test_correctly_rounded holds for Dv == D)."""
-    p = make_dv_pack([63, 17, 30, 1], [63, 30, 40, 1], *dims, 2, 1, dtype, seed=65)
-    table = accuracy_table(p, True)
-    for name in ("out", "dq", "dk", "dv"):
-        fraction, ratio = table[("fixed_order", name)]
-        assert fraction >= 0.99, f"{name}: only {fraction:.4f} correctly rounded"
-        assert ratio <= 1.05, f"{name}: error {ratio:.3f}x the rounding floor"
-    assert table[("fixed_order", "lse")] <= 1e-5
+    p = make_pack([63, 17, 30, 1], [63, 30, 40, 1], 2, 1, dims[0], dtype, 65, head_dim_v=dims[1])
+    assert_correctly_rounded(p, True)
 
 
 def test_pair_rows():
@@ -253,8 +216,16 @@ def test_kvcache_append_errors():
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("dims", [(192, 128), (128, 64), (64, 128)], ids=str)
 def test_gpu_accuracy(dims, causal, kernel, dtype):
-    p = make_dv_pack(
-        [1, 17, 0, 300, 1000], [5, 17, 3, 200, 1000], *dims, 16, 4, dtype, 61, noncontiguous=True
+    p = make_pack(
+        [1, 17, 0, 300, 1000],
+        [5, 17, 3, 200, 1000],
+        16,
+        4,
+        dims[0],
+        dtype,
+        61,
+        head_dim_v=dims[1],
+        noncontiguous=True,
     )
     assert_accurate(p, kernel, causal)
 
@@ -265,11 +236,11 @@ def test_gpu_accuracy(dims, causal, kernel, dtype):
 def test_gpu_mla_features_and_pack_bitwise(kernel, dtype):
     """(192, 128) with window, softcap and sinks; a sequence alone vs in a pack; its last row
     by the decode kernel (fixed_order on sm90: two output chunks) == the prefill's."""
-    p = make_dv_pack([700, 129], [700, 300], 192, 128, 8, 2, dtype, 62)
+    p = make_pack([700, 129], [700, 300], 8, 2, 192, dtype, 62, head_dim_v=128)
     sinks = torch.linspace(-1.0, 1.0, 8, device=p.q.device)
     assert_accurate(p, kernel, True, window_size=(256, -1), softcap=20.0, sinks=sinks)
-    target = make_dv_pack([513], [513], 192, 128, 8, 2, dtype, 63)
-    other = make_dv_pack([77], [77], 192, 128, 8, 2, dtype, 64)
+    target = make_pack([513], [513], 8, 2, 192, dtype, 63, head_dim_v=128)
+    other = make_pack([77], [77], 8, 2, 192, dtype, 64, head_dim_v=128)
     alone = run_kernel(target, kernel, True)
     res = run_kernel(pack_of([other, target]), kernel, True)
     assert_bitwise_equal(alone, rows_of(res, 77, 77 + 513, 77, 77 + 513))
