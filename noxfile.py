@@ -92,10 +92,15 @@ def _cpu_suite(session: nox.Session, triton: str) -> None:
     _pytest(session, "-m", "not gpu", *(session.posargs or ["-q"]), env=scope)
     # Every entry of every family compiled once and checked (spills, shared memory / LDS, the
     # family's matrix instruction), its results kept for the fingerprint check below, which
-    # then compiles nothing; and the CI subset's borrowed head dim (80: the d96 row, Phi-2's).
+    # then compiles nothing; the CI subset's borrowed head dim (80: the d96 row, Phi-2's) and
+    # its value-head-dim pair (192, 128: MLA, the d256 row with v's own width).
     results = os.path.join(session.create_tmp(), "compile.json")
     session.run("python", "-m", "portattn", "compile", "--json", results)
     session.run("python", "-m", "portattn", "compile", "--subset", "ci", "--head-dim", "80")
+    session.run(
+        "python", "-m", "portattn", "compile", "--subset", "ci", "--head-dim", "192",
+        "--head-dim-v", "128",
+    )  # fmt: skip
     # A kernel or configuration change fails here until golden/ is updated on purpose
     # (`python -m portattn golden fingerprints --update`, then a hardware refresh of the
     # families whose output hashes it marks stale). Exit 1: a fingerprint differs; 2: a family
