@@ -388,9 +388,14 @@ _SINCE_TRITON = {
 # of its wider head dim spills with it: (first Triton) -> (family, kernel, (D, Dv)) -> the
 # kernels' tiles that replace the row's (``_retuned``), from that version on (``pair_config``).
 # Triton 3.9: the sm90 fixed_order (192, 128) dQ spills at d256's (128, 32, 8, 2) (56 / 40
-# bytes, fp16 / bf16); half the key tile, same warps and stages, as the rows above.
+# bytes, fp16 / bf16); half the key tile, same warps and stages, as the rows above. The sm80
+# fixed_order (192, 128) forward and decode kernels spill (1,228 to 1,336 bytes) at d256's 3.9
+# entry, whose two programs per query tile (fwd_chunks=2) each recompute the scores for 64 of
+# v's 128 columns; one program (d256's 3.6 tiles, which v's 128 columns do not need split) has
+# 0 spills (183 to 239 registers).
 _PAIR_SINCE_TRITON = {
-    (3, 9): {("sm90", "fixed_order", (192, 128)): dict(dq=(128, 16, 8, 2))},
+    (3, 9): {("sm90", "fixed_order", (192, 128)): dict(dq=(128, 16, 8, 2)),
+             ("sm80", "fixed_order", (192, 128)): dict(fwd_chunks=1)},
 }
 # Small tiles under the CPU interpreter: fast there, and many tile boundaries in small tests.
 _INTERP = {d: _cfg((32, 16, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)) for d in HEAD_DIMS}

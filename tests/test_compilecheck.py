@@ -7,6 +7,7 @@ Compiling needs Triton's compiler, while this test session may run under its int
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -19,7 +20,6 @@ import pytest
 from portattn.configs import HEAD_DIMS, KERNELS, Tiles
 from portattn.families import FAMILIES
 from portattn.tools import compilecheck as cc
-from portattn.tools import ptxas
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -417,37 +417,20 @@ def test_family_matrix_instruction_and_no_fallback(family, asm, count, ok):
         ]
 
 
-@pytest.mark.skipif(not Path("/proc/self/personality").exists(), reason="Linux only")
-def test_blackwell_ptxas_runs_without_address_randomisation(tmp_path):
-    """Blackwell's ptxas runs through a wrapper that turns address-space randomisation off
-    (its register allocation follows the layout); the wrapper here runs ``cat`` instead, which
-    shows the personality it was started with and gets the wrapper's arguments."""
-
-    def personality(program: str) -> int:
-        cmd = [program, "/proc/self/personality"]
-        return int(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout, 16)
-
-    assert ptxas.ADDR_NO_RANDOMIZE == 0x0040000  # <linux/personality.h>
-    if personality("/bin/cat") & ptxas.ADDR_NO_RANDOMIZE:
-        pytest.skip("this process already runs without address-space randomisation")
-    wrapper = ptxas.write_wrapper(tmp_path / "wrapper", "/bin/cat")
-    assert personality(str(wrapper)) & ptxas.ADDR_NO_RANDOMIZE
-
-
-def test_deterministic_ptxas_only_for_blackwell(tmp_path):
-    from triton import knobs
-
-    with cc.pinned_knobs(str(tmp_path)):
-        bundled = knobs.nvidia.ptxas_blackwell.path
-        for name in ("sm80", "sm90", "cdna3"):
-            with ptxas.deterministic_ptxas(FAMILIES[name]):
-                assert knobs.nvidia.ptxas_blackwell.path == bundled
-        for name in ("sm100", "sm120"):
-            with ptxas.deterministic_ptxas(FAMILIES[name]):
-                wrapped = knobs.nvidia.ptxas_blackwell
-                assert wrapped.path == str(tmp_path / "ptxas-blackwell-no-aslr")
-            assert knobs.nvidia.ptxas_blackwell.path == bundled
-            assert wrapped.version == knobs.nvidia.ptxas_blackwell.version
+@pytest.mark.parametrize("family", ["sm80", "sm90", "sm100", "sm120", "cdna3"])
+def test_fingerprint_is_the_ptx_on_blackwell(family):
+    """Blackwell targets are fingerprinted by their PTX (ptxas-blackwell's register names follow
+    its address-space layout), every other target by its machine code."""
+    entry = cc.Entry(family, "varlen", 64, "bf16")
+    result = cc.KernelResult(entry, "fwd", "0")
+    asm = {"sm80": "mma.sync", "sm120": "mma.sync", "sm90": "wgmma.mma_async"}.get(family)
+    asm = asm or ("tcgen05.mma" if family == "sm100" else "v_mfma")
+    art = cc.Artifacts(4096, b"cubin", asm, NO_SPILLS_LOG)
+    cc.check_artifacts(result, art, FAMILIES[family])
+    blackwell = FAMILIES[family].vendor == "cuda" and FAMILIES[family].arch >= 100
+    hashed = asm.encode() if blackwell else b"cubin"
+    assert result.fingerprint == hashlib.sha256(hashed).hexdigest()
+    assert blackwell == (family in ("sm100", "sm120"))
 
 
 def test_preprocess_needs_no_matrix_instruction():

@@ -157,7 +157,8 @@ def test_fixed_order_correctly_rounded(dims, dtype):
 
 def test_pair_rows():
     """A pair runs its wider head dim's row; from Triton 3.9 the sm90 fixed_order (192, 128)
-    dQ has half the key tile (d256's spills with the pair there); Dv == D is the row itself."""
+    dQ has half the key tile (d256's spills with the pair there) and the sm80 fixed_order
+    forward one program per query tile; Dv == D is the row itself."""
     for triton in ((3, 6), (3, 9)):
         table = table_for(triton)
         for kernel in KERNELS:
@@ -167,6 +168,13 @@ def test_pair_rows():
             assert got.bwd_dq == (Tiles(128, 16, 8, 2) if changed else row.bwd_dq)
             assert dataclasses.replace(got, bwd_dq=row.bwd_dq) == row  # nothing else differs
             assert pair_config(row, "sm90", kernel, 256, 256, triton) is row
+    # sm80 fixed_order under 3.9: d256's two programs per query tile (fwd_chunks=2) spill with
+    # the pair; it runs one, the row's tiles otherwise.
+    for triton in ((3, 6), (3, 9)):
+        row = table_for(triton)[("sm80", "fixed_order", 256, torch.bfloat16)]
+        got = pair_config(row, "sm80", "fixed_order", 192, 128, triton)
+        assert row.fwd_chunks == (2 if triton >= (3, 9) else 1)
+        assert got == dataclasses.replace(row, fwd_chunks=1)
 
 
 def _tensors(q_dim: int, k_dim: int, v_dim: int, tk: int = 3, hk: int = 1, hv: int = 1):
