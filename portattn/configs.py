@@ -535,16 +535,27 @@ def resolve_config(
     head_dim_v: int | None = None,
 ):
     """The configuration for tensors on ``device``: the interpreter row for CPU tensors, else the
-    device's family (or its nearest family for devices outside the table); head dims between
-    the table's take the row of the next one up (:func:`table_head_dim`). ``head_dim_v``: v's
-    own head dim: the row of the wider one, as :func:`pair_config` gives it."""
-    dims = head_dim if head_dim_v is None else max(head_dim, head_dim_v)
-    row = table_head_dim(dims)
+    device's family (or its nearest family for devices outside the table), as
+    :func:`family_entry` gives it."""
     if device.type == "cpu":
         family = INTERPRETER
     else:
         from portattn.families import config_family
 
         family = config_family(device)
-    cfg = get_config(family, kernel, row, dtype)
+    return family_entry(family, kernel, head_dim, dtype, head_dim_v)
+
+
+def family_entry(
+    family: str,
+    kernel: str,
+    head_dim: int,
+    dtype: torch.dtype,
+    head_dim_v: int | None = None,
+) -> KernelConfig:
+    """The entry ``family`` runs for a call: head dims between the table's take the row of the
+    next one up (:func:`table_head_dim`); with ``head_dim_v`` (v's own head dim) the row of the
+    wider one, as :func:`pair_config` gives it."""
+    dims = head_dim if head_dim_v is None else max(head_dim, head_dim_v)
+    cfg = get_config(family, kernel, table_head_dim(dims), dtype)
     return cfg if head_dim_v is None else pair_config(cfg, family, kernel, head_dim, head_dim_v)

@@ -1,5 +1,6 @@
 """The golden cases of the model features (case list version 3: a sliding window, a softcap,
-attention sinks, the borrowed head dim 80, and a paged decode with all three): definitions that
+attention sinks, the borrowed head dim 80, and a paged decode with all three; version 4: v's own
+head dim, (192, 128) in both kernels): definitions that
 leave the older cases' records byte-compatible, the runner passing each feature through, and
 the ``dsinks`` record. Without a GPU each feature case runs as defined but in float16 (the
 interpreter mis-computes bfloat16 products)."""
@@ -24,14 +25,15 @@ from portattn.tools.golden.commands import case_definition, device_config_hash, 
 from portattn.tools.golden.store import load
 
 FEATURES = ("window_left", "window_right", "softcap", "sinks")  # the fields a feature turns on
+SHAPE_FIELDS = ("head_dim_v",)  # fields of a definition that change a shape, not the scores
 # Input hashes of the larger cases take seconds each to generate on the CPU; their definitions
 # are still compared field by field.
 HASHED_ELEMENTS = 500_000
 
 
 def _elements(case: Case) -> int:
-    tokens = sum(case.lens_q) * case.heads_q * 2 + sum(case.lens_k) * case.heads_kv * 2
-    return tokens * case.head_dim
+    q_side = sum(case.lens_q) * case.heads_q * (case.head_dim + case.value_dim)
+    return q_side + sum(case.lens_k) * case.heads_kv * (case.head_dim + case.value_dim)
 
 
 def _on(case: Case) -> list[str]:
@@ -66,13 +68,15 @@ def test_feature_cases_cover_each_feature():
     assert any(c.softcap > 0 for c in unpaged)
     assert any(c.sinks for c in unpaged)
     assert any(c.head_dim in BORROWED_HEAD_DIMS for c in unpaged)
+    assert {c.kernel for c in unpaged if c.head_dim_v} == {"varlen", "fixed_order"}
     assert any(c.page_size and len(_on(c)) == 3 for c in FEATURE_CASES)  # window, cap, sinks
     assert {c.kernel for c in FEATURE_CASES} == {"varlen", "fixed_order"}
     names = {c.name for c in CASES}
     assert len(names) == len(CASES) and set(FEATURE_CASES) <= set(CASES)
     for c in FEATURE_CASES:
         data = c.to_json()
-        assert {k for k in FEATURE_DEFAULTS if k in data} == set(_on(c)) | (
+        shaped = {f for f in SHAPE_FIELDS if getattr(c, f) != FEATURE_DEFAULTS[f]}
+        assert {k for k in FEATURE_DEFAULTS if k in data} == set(_on(c)) | shaped | (
             {"page_size"} if c.page_size else set()
         )
         assert Case.from_json(c.name, data) == c
@@ -89,6 +93,24 @@ def test_borrowed_head_dim_entry_has_its_rows_configuration_hash():
         assert by_family("fixed_order/d80/bf16") == by_family("fixed_order/d96/bf16") is not None
     here = device_config_hash(DEV)
     assert here("varlen/d48/fp16") == here("varlen/d64/fp16")
+
+
+def test_value_head_dim_entry_has_its_pair_configuration_hash():
+    """A (192, 128) case's entry is labelled as the compile check labels it and hashes as the
+    pair entry it runs (the d256 row with the pair's own tiles where it has them, e.g. sm80's
+    fixed_order under Triton 3.9), from a family's table and from a device alike."""
+    from portattn.configs import family_entry
+    from portattn.tools.golden.commands import parse_entry
+
+    case = next(c for c in CASES if c.head_dim_v)
+    assert case.entry == f"{case.kernel}/d192v128/{case.dtype}"
+    assert parse_entry(case.entry) == (case.kernel, 192, case.torch_dtype, 128)
+    assert parse_entry("varlen/d80/fp16") == ("varlen", 80, torch.float16, None)
+    for family in FAMILIES:
+        want = family_entry(family, "fixed_order", 192, torch.bfloat16, 128).content_hash()
+        assert family_config_hash(family)("fixed_order/d192v128/bf16") == want
+    here = device_config_hash(DEV)
+    assert here("varlen/d192v128/fp16") == here("varlen/d256/fp16")  # no pair tiles here
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 # 2: the paged decode / append cases (page_size); 3: the model-feature cases (window_left,
-# window_right, softcap, sinks) and a borrowed head dim (d80)
-CASES_VERSION = 3
+# window_right, softcap, sinks) and a borrowed head dim (d80); 4: v's own head dim (head_dim_v,
+# MLA's (192, 128))
+CASES_VERSION = 4
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Tensor ids of the input generator (see portattn.tools.golden.inputs).
@@ -30,6 +31,7 @@ FEATURE_DEFAULTS: dict[str, Any] = {
     "window_right": -1,
     "softcap": 0.0,
     "sinks": False,
+    "head_dim_v": 0,
 }
 
 
@@ -44,7 +46,8 @@ class Case:
     ``window_left`` / ``window_right``: ``window_size`` (flash-attn's convention, -1 unbounded);
     ``softcap``: the scores' cap (0: none); ``sinks``: attention sinks [Hq] float32 from the
     input generator (tensor id ``TENSOR_IDS["sinks"]``, twice its values: [-4, 4)), whose
-    gradient is then hashed too (``dsinks``, unless the case is paged).
+    gradient is then hashed too (``dsinks``, unless the case is paged). ``head_dim_v``: v's
+    (and out's, dO's, dV's) own head dim, 0 for q's.
     """
 
     name: str
@@ -63,6 +66,7 @@ class Case:
     window_right: int = -1
     softcap: float = 0.0
     sinks: bool = False
+    head_dim_v: int = 0
 
     def __post_init__(self) -> None:
         if len(self.lens_q) != len(self.lens_k):
@@ -77,11 +81,20 @@ class Case:
             raise ValueError(f"{self.name}: window_left / window_right must be -1 or >= 0")
         if not (math.isfinite(self.softcap) and self.softcap >= 0):
             raise ValueError(f"{self.name}: softcap must be 0 or a finite float > 0")
+        if self.head_dim_v < 0:
+            raise ValueError(f"{self.name}: head_dim_v must be 0 (q's) or v's head dim")
+
+    @property
+    def value_dim(self) -> int:
+        """v's head dim: ``head_dim_v``, or q's."""
+        return self.head_dim_v or self.head_dim
 
     @property
     def entry(self) -> str:
-        """The configuration-table entry it runs, labelled as the compile check labels it."""
-        return f"{self.kernel}/d{self.head_dim}/{self.dtype}"
+        """The configuration-table entry it runs, labelled as the compile check labels it
+        (``varlen/d128/bf16``; with v's own head dim ``varlen/d192v128/bf16``)."""
+        dims = f"d{self.head_dim}" + (f"v{self.head_dim_v}" if self.head_dim_v else "")
+        return f"{self.kernel}/{dims}/{self.dtype}"
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -205,6 +218,18 @@ FEATURE_CASES: tuple[Case, ...] = (
         window_left=64,
         softcap=3.0,
         sinks=True,
+    ),
+    # Version 4: v's own head dim, MLA's (192, 128) (the d256 row, v's blocks 128 wide), in
+    # both kernels: varlen causal with GQA, fixed_order full (its split-P rounding with Dv).
+    Case(
+        "varlen-mla-gqa-d192v128-bf16-causal",
+        *("varlen", FEATURE_PACK, FEATURE_PACK, 4, 2, 192, "bf16", True, 3005),
+        head_dim_v=128,
+    ),
+    Case(
+        "fixed_order-mla-mha-d192v128-fp16-full",
+        *("fixed_order", RAGGED_Q, RAGGED_K, 2, 2, 192, "fp16", False, 3006),
+        head_dim_v=128,
     ),
 )
 

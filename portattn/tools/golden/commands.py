@@ -51,10 +51,12 @@ def default_golden_dir() -> Path:
     return repo if repo.is_dir() else Path.cwd() / "golden"
 
 
-def parse_entry(entry: str) -> tuple[str, int, torch.dtype]:
-    """``"varlen/d128/bf16"`` -> (kernel, head_dim, dtype)."""
-    kernel, dim, dtype = entry.split("/")
-    return kernel, int(dim.removeprefix("d")), DTYPES[dtype]
+def parse_entry(entry: str) -> tuple[str, int, torch.dtype, int | None]:
+    """``"varlen/d128/bf16"`` -> (kernel, head_dim, dtype, None); ``"varlen/d192v128/bf16"``
+    (v's own head dim) -> (kernel, 192, dtype, 128)."""
+    kernel, dims, dtype = entry.split("/")
+    head_dim, _, head_dim_v = dims.removeprefix("d").partition("v")
+    return kernel, int(head_dim), DTYPES[dtype], int(head_dim_v) if head_dim_v else None
 
 
 def device_config_hash(device: torch.device) -> Callable[[str], str]:
@@ -68,16 +70,19 @@ def device_config_hash(device: torch.device) -> Callable[[str], str]:
 
 
 def family_config_hash(family: str) -> Callable[[str], str | None]:
-    """entry -> content hash of ``family``'s table entry (None if the table has none); a
-    borrowed head dim (d80) has the row it runs with (d96), as ``device_config_hash`` does."""
-    from portattn.configs import HEAD_DIMS, config_table, table_head_dim
+    """entry -> content hash of the entry ``family`` runs (None if the table has none); a
+    borrowed head dim (d80) has the row it runs with (d96), a value-head-dim pair its pair
+    entry, as ``device_config_hash`` does."""
+    from portattn.configs import HEAD_DIMS, family_entry
 
     def config_hash(entry: str) -> str | None:
-        kernel, head_dim, dtype = parse_entry(entry)
-        if head_dim <= max(HEAD_DIMS):
-            head_dim = table_head_dim(head_dim)
-        cfg = config_table().get((family, kernel, head_dim, dtype))
-        return None if cfg is None else cfg.content_hash()
+        kernel, head_dim, dtype, head_dim_v = parse_entry(entry)
+        if max(head_dim, head_dim_v or 0) > max(HEAD_DIMS):
+            return None
+        try:
+            return family_entry(family, kernel, head_dim, dtype, head_dim_v).content_hash()
+        except KeyError:  # a family without a table
+            return None
 
     return config_hash
 

@@ -68,6 +68,7 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
     """The case's inputs from the counter-based generator, made on ``device`` (the same values
     on every device)."""
     tq, tk, d, dtype = sum(case.lens_q), sum(case.lens_k), case.head_dim, case.torch_dtype
+    dv = case.value_dim
 
     def gen(shape: tuple[int, ...], name: str, dtype: torch.dtype = dtype) -> torch.Tensor:
         return generate(shape, case.seed, TENSOR_IDS[name], dtype, device)
@@ -75,8 +76,8 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
     return CaseInputs(
         q=gen((tq, case.heads_q, d), "q"),
         k=gen((tk, case.heads_kv, d), "k"),
-        v=gen((tk, case.heads_kv, d), "v"),
-        do=gen((tq, case.heads_q, d), "do"),
+        v=gen((tk, case.heads_kv, dv), "v"),
+        do=gen((tq, case.heads_q, dv), "do"),
         dlse=gen((tq, case.heads_q), "dlse", torch.float32) if case.dlse else None,
         cu_q=cu_seqlens(case.lens_q, device),
         cu_k=cu_seqlens(case.lens_k, device),
