@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from portattn.autocast import autocast_inputs
+from portattn.dense_layout import dense_layout
 from portattn.kernels.plan import splits_p
 from portattn.ops import varlen_fwd
 from portattn.validation import (
@@ -288,9 +289,13 @@ def attention(
     Returns:
         out [B, Sq, Hq, Dv], or ``(out, lse)``.
 
-    Contiguous input (more generally, input whose batch and sequence dims merge into one token
-    dim) is viewed, never copied; other layouts are copied once into that shape. Needs no host
-    values: under ``torch.compile`` every check runs and nothing is required beyond eager.
+    Input whose batch and sequence dims merge into one token dim (contiguous BSHD) is viewed,
+    never copied; so is input whose batch and head dims merge (``[B, H, S, D]`` in memory:
+    transformers' KV cache, a decode step's q), run as one sequence of ``B * Hq`` heads, with
+    the same bits (:mod:`portattn.dense_layout`). Otherwise the tensors that fit neither are
+    copied once, into the fold that copies least; out is then a ``[B, Sq, Hq, Dv]`` view of
+    ``[Sq, B, Hq, Dv]`` memory where the heads fold ran (contiguous when ``Sq == 1``). Needs no
+    host values: under ``torch.compile`` every check runs and nothing is required beyond eager.
     """
     q, k, v = autocast_inputs(q, k, v)  # float32 under autocast -> its dtype, as SDPA
     softmax_scale = check_common(q, k, v, causal, softmax_scale, return_lse, kernel, token_dims=2)
@@ -302,17 +307,16 @@ def attention(
         raise ValueError(
             f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}"
         )
-    batch, seqlen_q, n_heads_q, head_dim = q.shape
-    seqlen_k, head_dim_v = k.shape[1], v.shape[-1]
-    steps = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
+    layout = dense_layout(q, k, v, sinks)
+    cu_seqlens_q, cu_seqlens_k = layout.cu_seqlens(q.device)
     out, lse = _run_fwd(
-        q.reshape(batch * seqlen_q, n_heads_q, head_dim),
-        k.reshape(batch * seqlen_k, k.shape[2], head_dim),
-        v.reshape(batch * seqlen_k, v.shape[2], head_dim_v),
-        steps * seqlen_q,
-        steps * seqlen_k,
-        seqlen_q,
-        seqlen_k,
+        layout.packed(q),
+        layout.packed(k),
+        layout.packed(v),
+        cu_seqlens_q,
+        cu_seqlens_k,
+        layout.seqlen_q,
+        layout.seqlen_k,
         causal,
         softmax_scale,
         kernel,
@@ -320,7 +324,7 @@ def attention(
         softcap=softcap,
         sinks=sinks,
     )
-    out = out.view(batch, seqlen_q, n_heads_q, head_dim_v)
+    out = layout.output(out, q.shape[2])
     if not return_lse:
         return out
-    return out, lse.view(batch, seqlen_q, n_heads_q).permute(0, 2, 1)
+    return out, layout.lse(lse, q.shape[2])

@@ -316,6 +316,53 @@ def test_generate_with_kv_cache(impl):
         assert torch.equal(out[:, width:], logits[:, width - 1 : -1].argmax(-1))
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_generate_reads_the_kv_cache_in_place(impl, monkeypatch):
+    """Greedy generate of an unpadded batch of two (an all-ones mask): every decode step runs
+    the dense call with the cache's [B, H, S, D] memory folded into heads, k and v read in
+    place (no copy of the cache), and the decode rows' attention output is bitwise what the
+    gathered (unpadded varlen) path gives; the tokens equal a no-cache recomputation's argmax."""
+    from portattn.dense_layout import dense_layout
+
+    (model,) = make_models(llama_config(), [(impl, torch.float16)])
+    x = ids(2, 8, 31)
+    mask = torch.ones_like(x)
+    dense_calls = []
+    real_attention = pt_hf.attention
+
+    def spy(q, k, v, **kw):
+        out = real_attention(q, k, v, **kw)
+        dense_calls.append((q, k, v, kw, out))
+        return out
+
+    monkeypatch.setattr(pt_hf, "attention", spy)
+    new = 3
+    with torch.no_grad():
+        out = model.generate(x, attention_mask=mask, max_new_tokens=new, do_sample=False)
+    decode = [c for c in dense_calls if c[0].shape[1] == 1]
+    assert len(decode) == 2 * (new - 1)  # two layers, every step after the prefill
+    for q, k, v, kw, got in decode:
+        layout = dense_layout(q, k, v, None)
+        assert layout.heads
+        for t in (k, v):
+            assert layout.packed(t).untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+        batch, seqlen_k = k.shape[:2]
+        steps = torch.arange(batch + 1, dtype=torch.int32, device=DEVICE)
+        gathered = pt_hf.varlen_attention(
+            q.reshape(batch, *q.shape[2:]),
+            *(t.reshape(batch * seqlen_k, *t.shape[2:]) for t in (k, v)),
+            steps,
+            steps * seqlen_k,
+            1,
+            seqlen_k,
+            **kw,
+        )
+        assert torch.equal(got.reshape(gathered.shape), gathered)
+    with torch.no_grad():
+        logits = model(out, use_cache=False).logits
+    assert torch.equal(out[:, 8:], logits[:, 7:-1].argmax(-1))
+
+
 def test_unsupported_raise():
     (model,) = make_models(llama_config(attention_dropout=0.1), [("portattn", torch.float16)])
     x = ids(1, 8, seed=40)

@@ -155,9 +155,12 @@ def _longest(lengths: torch.Tensor) -> int:
 
 def _padding_meta(mask: torch.Tensor, q_len: int):
     """From a 2-D padding mask [B, Sk] (True / nonzero: a real token): the (batch, position)
-    indices, cu_seqlens and longest length of the real keys and of the queries."""
+    indices, cu_seqlens and longest length of the real keys and of the queries; None when
+    every token is real (nothing to unpad)."""
     mask = mask if mask.dtype == torch.bool else mask != 0
     batch, k_len = mask.shape
+    if q_len <= k_len and bool(mask.all()):
+        return None
     k_idx = mask.nonzero().unbind(1)
     k_lens = mask.sum(-1, dtype=torch.int32)
     key_meta = (k_idx, _cu_seqlens(k_lens), _longest(k_lens))
@@ -326,7 +329,8 @@ def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, args) -> torch.Tensor:
 
 
 def _padded(q, k, v, mask: torch.Tensor, args) -> torch.Tensor:
-    """Unpad by the 2-D mask, attend over the real tokens, pad back (zeros in padded rows)."""
+    """Unpad by the 2-D mask, attend over the real tokens, pad back (zeros in padded rows); a
+    mask without padding runs the dense call."""
     batch, q_len = q.shape[:2]
     k_len = mask.shape[1]
     if mask.shape[0] != batch:
@@ -335,9 +339,10 @@ def _padded(q, k, v, mask: torch.Tensor, args) -> torch.Tensor:
         raise ValueError(f"the attention mask covers {k_len} keys, k has only {k.shape[1]}")
     if k.shape[1] > k_len:  # a static cache longer than what was written: drop the rest
         k, v = k[:, :k_len], v[:, :k_len]
-    (q_idx, cu_q, max_q), (k_idx, cu_k, max_k) = _derived(
-        mask, "padding", q_len, lambda: _padding_meta(mask, q_len)
-    )
+    meta = _derived(mask, "padding", q_len, lambda: _padding_meta(mask, q_len))
+    if meta is None:  # no padding: the dense call, which reads a KV cache in place (the same
+        return attention(q, k, v, **args)  # bits as the gathered tokens, pack invariance)
+    (q_idx, cu_q, max_q), (k_idx, cu_k, max_k) = meta
     out = varlen_attention(
         q[q_idx], k[k_idx], v[k_idx], cu_q, cu_k, max_q, max_k, **args
     )  # the gathers are the one copy of the real tokens
