@@ -19,20 +19,7 @@ import triton
 import triton.language as tl
 
 from portattn.kernels.buffers import dense_specialized, new_buffer, rows_aligned
-from portattn.kernels.plan import (
-    KernelLaunch,
-    VarlenProblem,
-    gluon_applies,
-    run_launches,
-)
-
-try:  # Gluon's Hopper API as of Triton 3.6; with an older Triton the Triton kernel runs always
-    from portattn.kernels.backward_ws import attn_bwd_dkdv_ws_kernel, dkdv_ws_supports
-    from portattn.kernels.dq_ws import attn_bwd_dq_ws_kernel, dq_ws_supports
-    from portattn.kernels.ws_common import ws_launch_options
-except ImportError:
-    attn_bwd_dkdv_ws_kernel = dkdv_ws_supports = ws_launch_options = None
-    attn_bwd_dq_ws_kernel = dq_ws_supports = None
+from portattn.kernels.plan import KernelLaunch, VarlenProblem, gluon_applies, run_launches
 from portattn.kernels.primitives import (
     P_SCALE,
     KeyLoop,
@@ -59,6 +46,13 @@ from portattn.kernels.primitives import (
     visible_mask,
     visited_key_range,
     window_query_range,
+)
+from portattn.kernels.ws_kernels import (
+    attn_bwd_dkdv_ws_kernel,
+    attn_bwd_dq_ws_kernel,
+    dkdv_ws_supports,
+    dq_ws_supports,
+    ws_launch_options,
 )
 
 

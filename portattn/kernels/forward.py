@@ -15,19 +15,8 @@ import triton
 import triton.language as tl
 
 from portattn.kernels.buffers import new_buffer, rows_aligned
-from portattn.kernels.plan import (
-    KernelLaunch,
-    VarlenProblem,
-    gluon_applies,
-    run_launches,
-)
-
-try:  # Gluon's Hopper API as of Triton 3.6; with an older Triton the Triton forward runs always
-    from portattn.kernels.forward_ws import attn_fwd_ws_kernel, ws_supports
-    from portattn.kernels.ws_common import ws_launch_options
-except ImportError:
-    attn_fwd_ws_kernel = ws_launch_options = ws_supports = None
 from portattn.kernels.decode import decode_fits, plan_decode
+from portattn.kernels.plan import KernelLaunch, VarlenProblem, gluon_applies, run_launches
 from portattn.kernels.primitives import (
     KeyLoop,
     forward_tile,
@@ -38,6 +27,7 @@ from portattn.kernels.primitives import (
     value_columns,
     visited_key_range,
 )
+from portattn.kernels.ws_kernels import attn_fwd_ws_kernel, ws_launch_options, ws_supports
 
 
 @triton.jit
