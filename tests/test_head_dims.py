@@ -1,24 +1,89 @@
-"""Head dims without table rows of their own (``configs.BORROWED_HEAD_DIMS``: 48, 80, 112),
-run with the next row up: accuracy against the float64 reference, the invariances, and the
+"""Head dims without table rows of their own (``configs.BORROWED_HEAD_DIMS``: every multiple of
+8 from 8 to 256 that is no table row), run with the next row up (and a head dim's own tiles where
+that row spills with it, ``configs.borrowed_config``): accuracy against the float64 reference,
+the invariances, the stride rule of the odd multiples of 8, the flash-attn entry points, and the
 refusal of the others. CPU: float16 under the interpreter; on a GPU bfloat16 too."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from helpers import HAS_GPU, KERNELS, assert_accurate, assert_bitwise_equal, make_pack, run_kernel
+from helpers import (
+    HAS_GPU,
+    KERNELS,
+    assert_accurate,
+    assert_bitwise_equal,
+    make_pack,
+    run_kernel,
+)
 from invariance_checks import pack_of, rows_of
 
 import portattn
-from portattn.configs import BORROWED_HEAD_DIMS, HEAD_DIMS, SUPPORTED_HEAD_DIMS, table_head_dim
+from portattn import configs
+from portattn.configs import (
+    BORROWED_HEAD_DIMS,
+    HEAD_DIMS,
+    SUPPORTED_HEAD_DIMS,
+    Tiles,
+    table_head_dim,
+)
 
 DTYPES = (torch.float16, torch.bfloat16) if HAS_GPU else (torch.float16,)
 
 
 def test_borrowed_rows_are_the_next_table_row_up():
-    assert [table_head_dim(d) for d in BORROWED_HEAD_DIMS] == [64, 96, 128]
-    assert all(table_head_dim(d) == d for d in HEAD_DIMS)
+    assert tuple(range(8, 257, 8)) == SUPPORTED_HEAD_DIMS
     assert set(SUPPORTED_HEAD_DIMS) == set(HEAD_DIMS) | set(BORROWED_HEAD_DIMS)
+    assert not set(HEAD_DIMS) & set(BORROWED_HEAD_DIMS)
+    assert [table_head_dim(d) for d in (8, 24, 40, 48, 72, 80, 104, 112, 136, 248)] == [
+        32,
+        32,
+        64,
+        64,
+        96,
+        96,
+        128,
+        128,
+        256,
+        256,
+    ]
+    assert all(table_head_dim(d) == d for d in HEAD_DIMS)
+
+
+def test_borrowed_tiles_of_their_own():
+    """A borrowed head dim's own tiles (``configs._BORROWED_TILES``) replace only the kernels
+    named, on the row that each Triton version runs; the decode kernel follows a forward
+    that changes; the table's own entries (and their content hashes) are the rows'."""
+    for triton in configs.table_versions():
+        table = configs.table_for(triton)
+
+        def entry(family, kernel, head_dim, triton=triton):
+            return configs.entry_config(family, kernel, head_dim, torch.bfloat16, triton=triton)
+
+        def row(family, kernel, head_dim, table=table):
+            return table[(family, kernel, table_head_dim(head_dim), torch.bfloat16)]
+
+        sm90 = entry("sm90", "varlen", 200)
+        assert sm90 == dataclasses.replace(row("sm90", "varlen", 200), fwd=Tiles(64, 32, 8, 2)), (
+            triton
+        )
+        assert sm90.decode_tiles() == Tiles(64, 32, 8, 2)
+        pre = entry("sm90", "fixed_order", 160)
+        assert pre == dataclasses.replace(
+            row("sm90", "fixed_order", 160), bwd_pre=Tiles(32, 64, 4, 1)
+        )
+        dkdv = entry("sm100", "varlen", 160).bwd_dkdv
+        assert dkdv == Tiles(32, 64, 8, 1)
+        sm120 = entry("sm120", "fixed_order", 72)
+        assert (
+            sm120.decode_tiles() == Tiles(64, 64, 8, 1)
+            and sm120.fwd == row("sm120", "fixed_order", 72).fwd
+        )
+        for key in (("sm90", "varlen", 40), ("cdna3", "fixed_order", 200), ("sm90", "varlen", 256)):
+            assert entry(*key) is row(*key), (key, triton)
+        assert not any(d in BORROWED_HEAD_DIMS for _, _, d, _ in table)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -46,10 +111,12 @@ def test_borrowed_head_dim_pack_positions(kernel):
         assert_bitwise_equal(alone, rows_of(res, q0, q0 + 33, q0, q0 + 40))
 
 
-@pytest.mark.parametrize("head_dim", [16, 40, 72, 160, 200, 264])
+@pytest.mark.parametrize("head_dim", [4, 12, 36, 100, 196, 264])
 def test_other_head_dims_raise(head_dim):
     p = make_pack([3], [3], 2, 1, 32, seed=34)
     q = torch.zeros(3, 2, head_dim, dtype=p.q.dtype, device=p.q.device)
     k = torch.zeros(3, 1, head_dim, dtype=p.q.dtype, device=p.q.device)
-    with pytest.raises(ValueError, match=r"head dim must be one of \(32, 48, 64, 80, 96, 112"):
+    with pytest.raises(
+        ValueError, match=r"head dim must be one of the multiples of 8 from 8 to 256"
+    ):
         portattn.varlen_attention(q, k, k, p.cu_q, p.cu_k)

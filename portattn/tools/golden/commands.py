@@ -69,15 +69,17 @@ def device_config_hash(device: torch.device) -> Callable[[str], str]:
 
 def family_config_hash(family: str) -> Callable[[str], str | None]:
     """entry -> content hash of ``family``'s table entry (None if the table has none); a
-    borrowed head dim (d80) has the row it runs with (d96), as ``device_config_hash`` does."""
-    from portattn.configs import HEAD_DIMS, config_table, table_head_dim
+    borrowed head dim (d80) has the row it runs with (d96, with the head dim's own tiles where
+    it has them), as ``device_config_hash`` does."""
+    from portattn.configs import HEAD_DIMS, config_table, entry_config, table_head_dim
 
     def config_hash(entry: str) -> str | None:
         kernel, head_dim, dtype = parse_entry(entry)
-        if head_dim <= max(HEAD_DIMS):
-            head_dim = table_head_dim(head_dim)
-        cfg = config_table().get((family, kernel, head_dim, dtype))
-        return None if cfg is None else cfg.content_hash()
+        if head_dim > max(HEAD_DIMS):
+            return None
+        if (family, kernel, table_head_dim(head_dim), dtype) not in config_table():
+            return None
+        return entry_config(family, kernel, head_dim, dtype).content_hash()
 
     return config_hash
 
