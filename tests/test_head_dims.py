@@ -15,6 +15,7 @@ from helpers import (
     KERNELS,
     assert_accurate,
     assert_bitwise_equal,
+    assert_outputs_accurate,
     make_pack,
     run_kernel,
 )
@@ -84,6 +85,77 @@ def test_borrowed_tiles_of_their_own():
         for key in (("sm90", "varlen", 40), ("cdna3", "fixed_order", 200), ("sm90", "varlen", 256)):
             assert entry(*key) is row(*key), (key, triton)
         assert not any(d in BORROWED_HEAD_DIMS for _, _, d, _ in table)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("head_dim", [8, 40, 72, 200])
+def test_multiple_of_8_accuracy(head_dim, kernel):
+    """New head dims (8: block 16 on the d32 row; 40, 72, 200: odd multiples of 8 on the d64,
+    d96 and d256 rows): out, lse, dq, dk, dv by the accuracy rule, every element written
+    (NaN-poisoned buffers); GQA 4/2, odd lengths 1, 17, 63, an empty sequence, causal with
+    Sq > Sk (63 queries, 40 keys: its first rows see no key), strided views whose strides are
+    multiples of 8."""
+    p = make_pack(
+        [1, 17, 0, 63],
+        [5, 17, 3, 40],
+        4,
+        2,
+        head_dim,
+        torch.float16,
+        seed=35 + head_dim,
+        noncontiguous=True,
+    )
+    assert p.q.stride(0) % 8 == 0 and p.q.stride(0) != p.q.shape[1] * head_dim
+    got = run_kernel(p, kernel, True)
+    assert got["out"].shape == (81, 4, head_dim) and got["dk"].shape == p.k.shape
+    assert_outputs_accurate(got, p, True)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_multiple_of_8_full_and_sequence_alone(kernel):
+    """d24, non-causal: accurate, and a sequence alone gives the bytes it gets in a pack."""
+    target = make_pack([17], [23], 2, 1, 24, seed=40)
+    other = make_pack([9], [5], 2, 1, 24, seed=41)
+    assert_accurate(pack_of([other, target]), kernel, False)
+    alone = run_kernel(target, kernel, False)
+    res = run_kernel(pack_of([other, target]), kernel, False)
+    assert_bitwise_equal(alone, rows_of(res, 9, 26, 5, 28))
+
+
+@pytest.mark.parametrize("head_dim", [40, 8])
+def test_odd_multiple_of_8_strides_must_be_multiples_of_8(head_dim):
+    """The kernels read the token / head strides of an odd multiple of 8 as multiples of 8
+    (``primitives.row_strides``): other strides are a ValueError before any launch, for q, k
+    and v; a head dim that is a multiple of 16 takes any strides."""
+    p = make_pack([3], [3], 2, 1, head_dim, seed=42)
+    q, k, v = p.q, p.k, p.v
+    odd_q = torch.zeros(3, 2, head_dim + 4, dtype=q.dtype, device=q.device)[..., :head_dim]
+    odd_kv = torch.zeros(3, 1, head_dim + 4, dtype=q.dtype, device=q.device)[..., :head_dim]
+    match = "odd multiple of 8 needs token / head strides that are multiples of 8"
+    for args in ((odd_q, k, v), (q, odd_kv, v), (q, k, odd_kv)):
+        with pytest.raises(ValueError, match=match):
+            portattn.varlen_attention(*args, p.cu_q, p.cu_k)
+    wide = torch.randn(3, 2, 52, dtype=q.dtype, device=q.device)[..., :48]
+    kv48 = torch.randn(3, 1, 48, dtype=q.dtype, device=q.device)
+    out = portattn.varlen_attention(wide, kv48, kv48, p.cu_q, p.cu_k)
+    assert out.shape == (3, 2, 48) and not torch.isnan(out).any()
+
+
+def test_flash_compat_takes_multiples_of_8():
+    """``flash_attn_varlen_func`` (d40) and ``flash_attn_func`` (d8) run these head dims (they
+    refused them before: "head dim must be one of (32, 48, ...)"), with portattn's bits."""
+    from portattn.flash_compat import flash_attn_func, flash_attn_varlen_func
+
+    p = make_pack([5, 11], [7, 11], 4, 2, 40, seed=43)
+    got = flash_attn_varlen_func(p.q, p.k, p.v, p.cu_q, p.cu_k, 11, 11, causal=True)
+    want = portattn.varlen_attention(p.q, p.k, p.v, p.cu_q, p.cu_k, causal=True)
+    assert torch.equal(got, want)
+    gen = torch.Generator().manual_seed(44)
+    q, k, v = (
+        torch.randn(2, 6, 2, 8, generator=gen).to(torch.float16).to(p.q.device) for _ in range(3)
+    )
+    got = flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(got, portattn.attention(q, k, v, causal=True))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
