@@ -424,8 +424,10 @@ _PAIR_SINCE_TRITON = {
 #   half the query rows (the preprocess has no key tile: its rows are its only tile); every
 #   head dim from 136 to 248 takes it (the others not compiled each).
 # - sm100 varlen 160 dK/dV: 16 bytes at d256's (32, 64, 8, 2); one stage.
-# - sm120 fixed_order 72 / 120 decode: 72 bytes at the forward's (64, 64, 8, 3); one stage, as
-#   sm80's fixed_order d96 / d128 decode (same rows, warps and key tile as the forward).
+# - sm120 fixed_order decode, the odd multiples of 8 on the d96 / d128 rows (72, 88, 104, 120):
+#   72 bytes (255 registers) at the forward's (64, 64, 8, 3); one stage: 0 (88, 104: 179
+#   registers), as sm80's fixed_order d96 / d128 decode (same rows, warps and key tile as the
+#   forward).
 # - sm80 (and sm120, its rows) fixed_order 16 forward: 8 bytes (bf16, 168 registers) at d32's
 #   (128, 64, 4, 3); 2 stages spill 16; half the key tile: 0 (128 registers; decode, which
 #   follows, 68 / 80 registers bf16 / fp16).
@@ -433,8 +435,7 @@ _BORROWED_TILES = {
     **{("sm90", "varlen", d):       dict(fwd=(64, 32, 8, 2)) for d in range(136, 256, 16)},
     **{("sm90", "fixed_order", d):  dict(pre=(32, 64, 4, 1)) for d in range(136, 256, 8)},
     ("sm100", "varlen", 160):       dict(dkdv=(32, 64, 8, 1)),
-    ("sm120", "fixed_order", 72):   dict(decode=(64, 64, 8, 1)),
-    ("sm120", "fixed_order", 120):  dict(decode=(64, 64, 8, 1)),
+    **{("sm120", "fixed_order", d): dict(decode=(64, 64, 8, 1)) for d in (72, 88, 104, 120)},
     ("sm80", "fixed_order", 16):    dict(fwd=(128, 32, 4, 3)),
     ("sm120", "fixed_order", 16):   dict(fwd=(128, 32, 4, 3)),
 }
