@@ -439,6 +439,10 @@ _BORROWED_TILES = {
     ("sm80", "fixed_order", 16):    dict(fwd=(128, 32, 4, 3)),
     ("sm120", "fixed_order", 16):   dict(fwd=(128, 32, 4, 3)),
 }
+# Triton 3.9 needs none (yet): compiled with the tiles above, 0 spills in 930 kernels (bf16:
+# 8, 16, 24, 40, 88, 104, 200 in every family, 56, 72, 120, 136, 160, 248 in sm90, sm100 and
+# the CDNA families, 16, 72, 120, 136 in sm80 / sm120, 88 / 104 sm120 fixed_order; fp16: 40,
+# 200 in sm90 / sm100), against 5 kernels of 3.6's 420 (8, 16, 24, 88, 104, 136) above.
 _BORROWED_SINCE_TRITON: dict[tuple[int, int], dict[tuple[str, str, int], dict]] = {}
 # Small tiles under the CPU interpreter: fast there, and many tile boundaries in small tests.
 _INTERP = {d: _cfg((32, 16, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)) for d in HEAD_DIMS}
