@@ -4,7 +4,7 @@
   test harness ``tests/conftest.py`` sets TRITON_INTERPRET=1, nox does not; every family's
   configuration entries run there too, ``tests/test_family_tiles.py``), followed by the
   ahead-of-time compile check of every configuration of every family (compiles, fits, no
-  spills, matrix instructions; and the CI subset's borrowed head dim) and the golden
+  spills, matrix instructions; and the CI subset's borrowed head dims) and the golden
   fingerprint check of that compile (what every configuration of every family compiles to must
   match ``golden/<family>.json``). This is the README's test command, and what ``.ci/run`` runs.
   It pins Triton 3.6, the GPU machine's.
@@ -72,7 +72,7 @@ def _pytest(
 @nox.session
 def tests(session: nox.Session) -> None:
     """CPU test suite under Triton's interpreter, then the compile check of every entry of every
-    family (and the CI subset's borrowed head dim), then the fingerprints of that compile
+    family (and the CI subset's borrowed head dims), then the fingerprints of that compile
     against ``golden/`` (docs/golden.md); Triton 3.6."""
     _cpu_suite(session, TRITON)
 
@@ -92,11 +92,17 @@ def _cpu_suite(session: nox.Session, triton: str) -> None:
     _pytest(session, "-m", "not gpu", *(session.posargs or ["-q"]), env=scope)
     # Every entry of every family compiled once and checked (spills, shared memory / LDS, the
     # family's matrix instruction), its results kept for the fingerprint check below, which
-    # then compiles nothing; the CI subset's borrowed head dim (80: the d96 row, Phi-2's) and
-    # its value-head-dim pair (192, 128: MLA, the d256 row with v's own width).
+    # then compiles nothing; the CI subset's borrowed head dims (80: the d96 row, Phi-2's; 40
+    # and 200: odd multiples of 8 on the d64 and d256 rows, 200 with sm90's own forward tiles,
+    # configs._BORROWED_TILES) and its value-head-dim pair (192, 128: MLA, the d256 row with
+    # v's own width).
     results = os.path.join(session.create_tmp(), "compile.json")
     session.run("python", "-m", "portattn", "compile", "--json", results)
     session.run("python", "-m", "portattn", "compile", "--subset", "ci", "--head-dim", "80")
+    session.run(
+        "python", "-m", "portattn", "compile", "--subset", "ci", "--head-dim", "40",
+        "--head-dim", "200",
+    )  # fmt: skip
     session.run(
         "python", "-m", "portattn", "compile", "--subset", "ci", "--head-dim", "192",
         "--head-dim-v", "128",

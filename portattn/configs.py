@@ -25,17 +25,20 @@ import torch
 
 KERNELS = ("varlen", "fixed_order")
 HEAD_DIMS = (32, 64, 96, 128, 256)  # the table's rows
-# Head dims without rows of their own, run with the next row up (``table_head_dim``): those
-# that every family's compile check passes with it (no spills; ``python -m portattn compile
-# --head-dim 80``). Checked and left out (2026-12-01, Triton 3.6): multiples of 8 but not 16
-# (40, 56, 72, 88, 104, 120, 200: up to kilobytes of spills in the preprocess, dQ and decode
-# kernels, whose masked head-dim columns the next row's tiles were not chosen for), 16 (sm80
-# fixed_order forward spills) and 160-224 (the sm90 fixed_order preprocess spills). They need
-# rows of their own.
-BORROWED_HEAD_DIMS = (48, 80, 112)
+# Head dims without rows of their own, run with the next row up (``table_head_dim``): every
+# multiple of 8 from 8 to 256 that is no table row (flash-attn's and FA4's rule for q/k = v).
+# Each runs the row's tiles with its padded power-of-two blocks (``VarlenProblem.block_d``,
+# at least 16) and masked head-dim columns, except where that row spills with it: then the
+# kernels that spill take tiles of their own (``_BORROWED_TILES``, ``borrowed_config``). The
+# odd multiples of 8 (8, 24, 40, ..., 248) need token / head strides that are multiples of 8
+# (``buffers.check_row_strides``, ``primitives.row_strides``).
+BORROWED_HEAD_DIMS = tuple(d for d in range(8, 257, 8) if d not in HEAD_DIMS)
 SUPPORTED_HEAD_DIMS = tuple(sorted(HEAD_DIMS + BORROWED_HEAD_DIMS))
-# A value head dim of its own (v, out: [..., Dv]; q, k: [..., D]): any two supported head dims,
-# and these (D, Dv) pairs whose D is no supported head dim by itself (MLA training and prefill:
+# The head dims that pair with a value head dim of another width (D != Dv): those supported
+# before every multiple of 8 was (the compile check and the tests cover their pairs).
+PAIR_HEAD_DIMS = (32, 48, 64, 80, 96, 112, 128, 256)
+# A value head dim of its own (v, out: [..., Dv]; q, k: [..., D]): any two of PAIR_HEAD_DIMS,
+# and these (D, Dv) pairs whose D is not one of them (MLA training and prefill:
 # DeepSeek V3, Kimi K2). A pair runs the row of the wider head dim, table_head_dim(max(D, Dv)),
 # with per-version tiles where that row spills with it (``pair_config``), and only the Triton
 # kernels (``plan.gluon_applies``); the compile check covers each pair (``python -m portattn
@@ -226,12 +229,20 @@ def _cfg(
 
 
 def _retuned(
-    row: KernelConfig, fwd=None, dkdv=None, dq=None, decode=None, **fields
+    row: KernelConfig, fwd=None, dkdv=None, dq=None, decode=None, pre=None, **fields
 ) -> KernelConfig:
-    """``row`` with some kernels' tiles replaced (compact tuples as in ``_cfg``; the AMD knobs
-    stay those of the kernel replaced, a fifth number still overrides ``waves_per_eu``) and
-    other fields (``fwd_ws=False``...) set: a per-version row says only what differs."""
-    for stage, spec in (("fwd", fwd), ("bwd_dkdv", dkdv), ("bwd_dq", dq), ("decode", decode)):
+    """``row`` with some kernels' tiles replaced (compact tuples as in ``_cfg``; ``pre``: the
+    preprocess kernel's; the AMD knobs stay those of the kernel replaced, a fifth number still
+    overrides ``waves_per_eu``) and other fields (``fwd_ws=False``...) set: a per-version row
+    says only what differs."""
+    stages = (
+        ("fwd", fwd),
+        ("bwd_dkdv", dkdv),
+        ("bwd_dq", dq),
+        ("decode", decode),
+        ("bwd_pre", pre),
+    )
+    for stage, spec in stages:
         if spec is not None:
             knobs = getattr(row, "fwd" if stage == "decode" else stage).amd_knobs()
             fields[stage] = _tiles(spec, knobs)
@@ -397,6 +408,42 @@ _PAIR_SINCE_TRITON = {
     (3, 9): {("sm90", "fixed_order", (192, 128)): dict(dq=(128, 16, 8, 2)),
              ("sm80", "fixed_order", (192, 128)): dict(fwd_chunks=1)},
 }
+# Tiles of borrowed head dims (``BORROWED_HEAD_DIMS``) where the row they borrow spills with
+# them: (family, kernel, head_dim) -> the kernels' tiles that replace the row's (``_retuned``
+# fields; both dtypes), for every Triton version, applied to the row that version runs
+# (``borrowed_config``); ``_BORROWED_SINCE_TRITON`` adds or replaces fields from a Triton
+# version on. Same rule as the rows above: half the key tile or fewer stages, same warps; a
+# decode kernel keeps its forward's rows, warps and key tile, and follows a forward that
+# changes (its tiles are derived from the forward's unless the row has its own). Checked with
+# ``python -m portattn compile --head-dim D`` (bytes of spills on the borrowed row's tiles,
+# Triton 3.6 unless said; 0 spills with the tiles here):
+# - sm90 varlen forward, the odd multiples of 8 above 128: 24 bytes at d256's (64, 64, 8, 2)
+#   (136, 200, 248; 160, a multiple of 16, has none); half the key tile: 0 (136: 188
+#   registers, its decode 192). 152, 168, 184, 216, 232 take it too, not compiled each.
+# - sm90 fixed_order preprocess (bf16) above 128: 16 bytes at (64, 64, 4, 1) (160, 200, 248);
+#   half the query rows (the preprocess has no key tile: its rows are its only tile); every
+#   head dim from 136 to 248 takes it (the others not compiled each).
+# - sm100 varlen 160 dK/dV: 16 bytes at d256's (32, 64, 8, 2); one stage.
+# - sm120 fixed_order decode, the odd multiples of 8 on the d96 / d128 rows (72, 88, 104, 120):
+#   72 bytes (255 registers) at the forward's (64, 64, 8, 3); one stage: 0 (88, 104: 179
+#   registers), as sm80's fixed_order d96 / d128 decode (same rows, warps and key tile as the
+#   forward).
+# - sm80 (and sm120, its rows) fixed_order 16 forward: 8 bytes (bf16, 168 registers) at d32's
+#   (128, 64, 4, 3); 2 stages spill 16; half the key tile: 0 (128 registers; decode, which
+#   follows, 68 / 80 registers bf16 / fp16).
+_BORROWED_TILES = {
+    **{("sm90", "varlen", d):       dict(fwd=(64, 32, 8, 2)) for d in range(136, 256, 16)},
+    **{("sm90", "fixed_order", d):  dict(pre=(32, 64, 4, 1)) for d in range(136, 256, 8)},
+    ("sm100", "varlen", 160):       dict(dkdv=(32, 64, 8, 1)),
+    **{("sm120", "fixed_order", d): dict(decode=(64, 64, 8, 1)) for d in (72, 88, 104, 120)},
+    ("sm80", "fixed_order", 16):    dict(fwd=(128, 32, 4, 3)),
+    ("sm120", "fixed_order", 16):   dict(fwd=(128, 32, 4, 3)),
+}
+# Triton 3.9 needs none (yet): compiled with the tiles above, 0 spills in 930 kernels (bf16:
+# 8, 16, 24, 40, 88, 104, 200 in every family, 56, 72, 120, 136, 160, 248 in sm90, sm100 and
+# the CDNA families, 16, 72, 120, 136 in sm80 / sm120, 88 / 104 sm120 fixed_order; fp16: 40,
+# 200 in sm90 / sm100), against 5 kernels of 3.6's 420 (8, 16, 24, 88, 104, 136) above.
+_BORROWED_SINCE_TRITON: dict[tuple[int, int], dict[tuple[str, str, int], dict]] = {}
 # Small tiles under the CPU interpreter: fast there, and many tile boundaries in small tests.
 _INTERP = {d: _cfg((32, 16, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)) for d in HEAD_DIMS}
 # fmt: on
@@ -527,6 +574,49 @@ def pair_config(
     return cfg
 
 
+def borrowed_config(
+    cfg: KernelConfig,
+    family: str,
+    kernel: str,
+    head_dim: int,
+    triton: tuple[int, int] | None = None,
+) -> KernelConfig:
+    """The entry a borrowed head dim (q/k = v) runs: ``cfg`` (the row it borrows, for Triton
+    ``triton``, default the installed one) with its tiles of :data:`_BORROWED_TILES` and
+    :data:`_BORROWED_SINCE_TRITON` where it has them; ``cfg`` itself for a table head dim."""
+    if head_dim in HEAD_DIMS:
+        return cfg
+    key = (family, kernel, head_dim)
+    fields = dict(_BORROWED_TILES.get(key, {}))
+    if _BORROWED_SINCE_TRITON:
+        triton = triton or supported_triton_version()
+        for since in sorted(_BORROWED_SINCE_TRITON):
+            if triton >= since:
+                fields.update(_BORROWED_SINCE_TRITON[since].get(key, {}))
+    return _retuned(cfg, **fields) if fields else cfg
+
+
+def entry_config(
+    family: str,
+    kernel: str,
+    head_dim: int,
+    dtype: torch.dtype,
+    head_dim_v: int | None = None,
+    triton: tuple[int, int] | None = None,
+) -> KernelConfig:
+    """The configuration of ``family`` for a call with head dim ``head_dim`` (v's:
+    ``head_dim_v``, None: the same), for Triton ``triton`` (default: the installed one): the
+    table row of the wider head dim (:func:`table_head_dim`), with a pair's tiles
+    (:func:`pair_config`) or a borrowed head dim's (:func:`borrowed_config`)."""
+    dims = head_dim if head_dim_v is None else max(head_dim, head_dim_v)
+    row = table_head_dim(dims)
+    key = (family, kernel, row, dtype)
+    cfg = config_table()[key] if triton is None else table_for(triton)[key]
+    if head_dim_v is not None and head_dim_v != head_dim:
+        return pair_config(cfg, family, kernel, head_dim, head_dim_v, triton)
+    return borrowed_config(cfg, family, kernel, head_dim, triton)
+
+
 def resolve_config(
     device: torch.device,
     kernel: str,
@@ -536,26 +626,11 @@ def resolve_config(
 ):
     """The configuration for tensors on ``device``: the interpreter row for CPU tensors, else the
     device's family (or its nearest family for devices outside the table), as
-    :func:`family_entry` gives it."""
+    :func:`entry_config` gives it."""
     if device.type == "cpu":
         family = INTERPRETER
     else:
         from portattn.families import config_family
 
         family = config_family(device)
-    return family_entry(family, kernel, head_dim, dtype, head_dim_v)
-
-
-def family_entry(
-    family: str,
-    kernel: str,
-    head_dim: int,
-    dtype: torch.dtype,
-    head_dim_v: int | None = None,
-) -> KernelConfig:
-    """The entry ``family`` runs for a call: head dims between the table's take the row of the
-    next one up (:func:`table_head_dim`); with ``head_dim_v`` (v's own head dim) the row of the
-    wider one, as :func:`pair_config` gives it."""
-    dims = head_dim if head_dim_v is None else max(head_dim, head_dim_v)
-    cfg = get_config(family, kernel, table_head_dim(dims), dtype)
-    return cfg if head_dim_v is None else pair_config(cfg, family, kernel, head_dim, head_dim_v)
+    return entry_config(family, kernel, head_dim, dtype, head_dim_v)

@@ -14,6 +14,7 @@ import torch
 
 from portattn.configs import (
     KERNELS,
+    PAIR_HEAD_DIMS,
     SUPPORTED_HEAD_DIMS,
     VALUE_HEAD_DIM_PAIRS,
     interpreter_active,
@@ -344,19 +345,24 @@ def check_heads_and_dims(q, k, v, token_dims: int, kv_token_dims: int | None = N
 
 def check_head_dims(head_dim: int, head_dim_k: int, head_dim_v: int) -> None:
     """k has q's head dim D; v has D too, or a value head dim Dv of its own (the output then
-    has Dv): D and Dv each one of ``SUPPORTED_HEAD_DIMS``, or (D, Dv) one of
-    ``VALUE_HEAD_DIM_PAIRS`` (MLA's (192, 128))."""
+    has Dv): D one of ``SUPPORTED_HEAD_DIMS`` (every multiple of 8 up to 256) and Dv == D,
+    or D and Dv each one of ``PAIR_HEAD_DIMS``, or (D, Dv) one of ``VALUE_HEAD_DIM_PAIRS``
+    (MLA's (192, 128))."""
     if head_dim_k != head_dim:
         raise ValueError(f"k head dim must equal q's ({head_dim}), got {head_dim_k}")
     if (head_dim, head_dim_v) in VALUE_HEAD_DIM_PAIRS:
         return
     if head_dim not in SUPPORTED_HEAD_DIMS:
         pairs = f"; with a value head dim of its own also {VALUE_HEAD_DIM_PAIRS} (D, Dv)"
-        raise ValueError(f"head dim must be one of {SUPPORTED_HEAD_DIMS}{pairs}, got {head_dim}")
-    if head_dim_v not in SUPPORTED_HEAD_DIMS:
         raise ValueError(
-            f"v head dim must equal q's ({head_dim}) or be one of {SUPPORTED_HEAD_DIMS} "
-            f"(or (D, Dv) one of {VALUE_HEAD_DIM_PAIRS}), got {head_dim_v}"
+            f"head dim must be one of the multiples of 8 from 8 to 256{pairs}, got {head_dim}"
+        )
+    if head_dim_v == head_dim:
+        return
+    if head_dim not in PAIR_HEAD_DIMS or head_dim_v not in PAIR_HEAD_DIMS:
+        raise ValueError(
+            f"v head dim must equal q's ({head_dim}) or be one of {PAIR_HEAD_DIMS} with q's "
+            f"one of them too (or (D, Dv) one of {VALUE_HEAD_DIM_PAIRS}), got {head_dim_v}"
         )
 
 

@@ -332,7 +332,7 @@ def test_value_head_dim_entries():
         for dv in (0, 64)
     }
     assert set(cc.WS_KERNELS) & names[0] and not set(cc.WS_KERNELS) & names[64]
-    with pytest.raises(ValueError, match="head dim must be one of"):
+    with pytest.raises(ValueError, match=r"v head dim must equal q's \(192\)"):
         cc.select_entries(["sm90"], ["varlen"], [192], ["bf16"], head_dim_v=64)
     with pytest.raises(ValueError, match="--head-dim-v needs --head-dim"):
         cc._entries_from_args(_args(head_dim_v=128))

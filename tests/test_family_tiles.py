@@ -5,8 +5,9 @@ entry is replaced by a real family's entry (sm80, sm90, sm100, sm120, cdna2, cdn
 rows of the installed Triton), so the planners launch exactly that entry's tiles, dK/dV passes
 and dV tiles, forward chunks and descriptor reads (a launch recorder checks it against the
 table), and the kernels run under Triton's interpreter through the public API, forward and
-backward, against the float64 reference. Every head dim runs, the borrowed ones (48, 80, 112:
-the next row's tiles over a padded, masked head dim) included, for both kernels.
+backward, against the float64 reference. The table's head dims run, and borrowed ones (the next
+row's tiles over a padded, masked head dim: 8, 40, 48, 80, 112 in every family, and each other
+one where it has tiles of its own, ``family_head_dims``), for both kernels.
 
 What the interpreter cannot run, it does not see: warps, stages and the AMD knobs change
 nothing it computes, and the warp-specialised Gluon kernels (``fwd_ws``, ``bwd_ws``,
@@ -54,6 +55,7 @@ pytestmark = pytest.mark.skipif(HAS_GPU, reason="interpreter runs; a GPU runs it
 DTYPE = torch.float16
 HEADS_Q, HEADS_K = 2, 1  # GQA: the dK/dV loop over (head of the group, query tile)
 SCOPE = os.environ.get("PORTATTN_FAMILY_TILES", "all")
+ALL_FAMILIES_HEAD_DIMS = (*configs.HEAD_DIMS, 8, 40, 48, 80, 112)  # see family_head_dims
 # What the interpreter sees of an entry, and what it does not (see the module docstring).
 SEEN = {"fwd", "bwd_pre", "bwd_dkdv", "bwd_dq", "dkdv_passes", "fwd_chunks", "bwd_dv", "tma"}
 SEEN |= {"decode"}  # as the decode kernel's tiles (KernelConfig.decode_tiles)
@@ -74,24 +76,44 @@ def interpreted(cfg: KernelConfig) -> KernelConfig:
     return dataclasses.replace(cfg, **seen, **dict.fromkeys(NOT_SEEN, False))
 
 
-def family_groups(table) -> dict[tuple[str, int, KernelConfig], list[str]]:
+def family_head_dims(family: str, kernel: str, triton=None) -> list[int]:
+    """The head dims whose entries run: the table's, the first borrowed ones (48, 80, 112), 8
+    (the smallest, a block of 16 on the d32 row) and 40 (an odd multiple of 8) for every
+    family, and other borrowed head dims only where their own tiles (``configs._BORROWED_TILES``)
+    differ from their row's in what the interpreter sees, the first head dim of each such
+    override (elsewhere a head dim runs its row's tiles, which the head dims above run through
+    the same masks: 26 more head dims of every family would cost the CI minutes)."""
+    own: dict[str, int] = {}
+    for d in configs.BORROWED_HEAD_DIMS:
+        entry = configs.entry_config(family, kernel, d, DTYPE, triton=triton)
+        row = configs.table_for(triton or configs.supported_triton_version())[
+            (family, kernel, configs.table_head_dim(d), DTYPE)
+        ]
+        if interpreted(entry) != interpreted(row):
+            own.setdefault(repr(interpreted(entry)), d)
+    return sorted(set(ALL_FAMILIES_HEAD_DIMS) | set(own.values()))
+
+
+def family_groups(triton=None) -> dict[tuple[str, int, KernelConfig], list[str]]:
     """(kernel, head dim, interpreted entry) -> the families whose entries run it (both
-    dtypes' rows, which must agree)."""
+    dtypes' rows, which must agree), for Triton ``triton`` (default: the installed one)."""
     groups: dict[tuple[str, int, KernelConfig], list[str]] = {}
     for family in FAMILIES:
         for kernel in KERNELS:
-            for head_dim in SUPPORTED_HEAD_DIMS:
-                row = configs.table_head_dim(head_dim)
-                seen = {interpreted(table[(family, kernel, row, dt)]) for dt in configs.DTYPES}
+            for head_dim in family_head_dims(family, kernel, triton):
+                seen = {
+                    interpreted(configs.entry_config(family, kernel, head_dim, dt, triton=triton))
+                    for dt in configs.DTYPES
+                }
                 assert len(seen) == 1, (family, kernel, head_dim)  # else: run each dtype's
                 groups.setdefault((kernel, head_dim, seen.pop()), []).append(family)
     return groups
 
 
 def _cases() -> list:
-    groups = family_groups(configs.config_table())
+    groups = family_groups()
     if SCOPE == "versioned":
-        base = family_groups(configs.table_for(configs.SUPPORTED_TRITON[0]))
+        base = family_groups(configs.SUPPORTED_TRITON[0])
         groups = {key: fams for key, fams in groups.items() if key not in base}
     elif SCOPE != "all":
         raise ValueError(f"PORTATTN_FAMILY_TILES must be 'all' or 'versioned', not {SCOPE!r}")
@@ -123,10 +145,12 @@ def test_interpreted_view_names_every_field():
 
 def test_every_family_entry_runs():
     """Each (family, kernel, head dim) is in exactly one group (all of them without a scope)."""
-    table = configs.config_table()
-    groups = family_groups(table)
+    groups = family_groups()
     ran = [(kernel, d, fam) for (kernel, d, _), fams in groups.items() for fam in fams]
-    assert len(ran) == len(set(ran)) == len(FAMILIES) * len(KERNELS) * len(SUPPORTED_HEAD_DIMS)
+    want = {(k, d, f) for f in FAMILIES for k in KERNELS for d in family_head_dims(f, k)}
+    assert len(ran) == len(set(ran)) and set(ran) == want
+    assert {d for _, d, _ in ran} >= set(configs.HEAD_DIMS) | {8, 40, 48, 80, 112}
+    assert {d for _, d, _ in ran} <= set(SUPPORTED_HEAD_DIMS)
     if SCOPE == "all":
         assert len(CASES) == len(groups)
 
@@ -156,7 +180,7 @@ def family_entry(monkeypatch):
 
     def force(family: str, kernel: str, head_dim: int) -> KernelConfig:
         row = configs.table_head_dim(head_dim)
-        cfg = configs.get_config(family, kernel, row, DTYPE)
+        cfg = configs.entry_config(family, kernel, head_dim, DTYPE)  # with its own tiles
         monkeypatch.setitem(table, (INTERPRETER, kernel, row, DTYPE), cfg)
         assert configs.resolve_config(torch.device("cpu"), kernel, head_dim, DTYPE) is cfg
         return cfg

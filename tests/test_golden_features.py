@@ -99,7 +99,7 @@ def test_value_head_dim_entry_has_its_pair_configuration_hash():
     """A (192, 128) case's entry is labelled as the compile check labels it and hashes as the
     pair entry it runs (the d256 row with the pair's own tiles where it has them, e.g. sm80's
     fixed_order under Triton 3.9), from a family's table and from a device alike."""
-    from portattn.configs import family_entry
+    from portattn.configs import entry_config
     from portattn.tools.golden.commands import parse_entry
 
     case = next(c for c in CASES if c.head_dim_v)
@@ -107,7 +107,7 @@ def test_value_head_dim_entry_has_its_pair_configuration_hash():
     assert parse_entry(case.entry) == (case.kernel, 192, case.torch_dtype, 128)
     assert parse_entry("varlen/d80/fp16") == ("varlen", 80, torch.float16, None)
     for family in FAMILIES:
-        want = family_entry(family, "fixed_order", 192, torch.bfloat16, 128).content_hash()
+        want = entry_config(family, "fixed_order", 192, torch.bfloat16, 128).content_hash()
         assert family_config_hash(family)("fixed_order/d192v128/bf16") == want
     here = device_config_hash(DEV)
     assert here("varlen/d192v128/fp16") == here("varlen/d256/fp16")  # no pair tiles here

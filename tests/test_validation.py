@@ -62,7 +62,7 @@ def test_shapes_and_heads(good):
     _raises(
         ValueError,
         "head dim must be one of",
-        {**good, "q": q[..., :40], "k": k[..., :40], "v": v[..., :40]},
+        {**good, "q": q[..., :36], "k": k[..., :36], "v": v[..., :36]},
     )
     _raises(ValueError, "k head dim must equal q's", {**good, "k": k[..., :32]})
     _raises(ValueError, "k and v must have the same shape", {**good, "v": v[:, :1]})

@@ -189,12 +189,13 @@ def _tensors(q_dim: int, k_dim: int, v_dim: int, tk: int = 3, hk: int = 1, hv: i
         ((64, 64, 40), {}, r"v head dim must equal q's \(64\) or be one of"),
         ((64, 64, 264), {}, r"v head dim must equal q's \(64\) or be one of"),
         ((64, 32, 32), {}, r"k head dim must equal q's \(64\), got 32"),
-        ((192, 192, 192), {}, r"head dim must be one of .*\(192, 128\)"),
-        ((192, 192, 64), {}, r"head dim must be one of .*\(192, 128\)"),
+        ((200, 200, 128), {}, r"v head dim must equal q's \(200\) or be one of .*\(192, 128\)"),
+        ((192, 192, 64), {}, r"v head dim must equal q's \(192\) or be one of .*\(192, 128\)"),
+        ((196, 196, 128), {}, r"head dim must be one of .*\(192, 128\)"),
         ((64, 64, 32), dict(tk=4), "k and v must have the same shape but for the head dim"),
         ((64, 64, 32), dict(hk=2, hv=1), "k and v must have the same shape but for the head"),
     ],
-    ids=["dv40", "dv264", "dk-not-dq", "d192-dv192", "d192-dv64", "tokens", "heads"],
+    ids=["dv40", "dv264", "dk-not-dq", "d200-dv128", "d192-dv64", "d196-dv128", "tokens", "heads"],
 )
 def test_errors(dims, counts, match):
     q, k, v = _tensors(*dims, **counts)

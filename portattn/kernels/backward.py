@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from portattn.kernels.buffers import dense_specialized, new_buffer, rows_aligned
+from portattn.kernels.buffers import check_row_strides, dense_specialized, new_buffer, rows_aligned
 from portattn.kernels.plan import KernelLaunch, VarlenProblem, gluon_applies, run_launches
 from portattn.kernels.primitives import (
     P_SCALE,
@@ -38,6 +38,7 @@ from portattn.kernels.primitives import (
     query_range,
     query_tile,
     recompute_p,
+    row_strides,
     row_tiles,
     seq_bounds,
     softcap_scores,
@@ -71,6 +72,8 @@ def attn_bwd_preprocess_kernel(
     """Per (row, head): ``delta`` and the forward's lse in log2 units (``load_lse2``), both
     written head-major ([Hq, stride_hm]) so the dK/dV loop reads each query tile's values as one
     contiguous vector (token-major, every thread gathered them 4 bytes at a time)."""
+    stride_ot, stride_oh = row_strides(stride_ot, stride_oh, HEAD_DIM)
+    stride_dot, stride_doh = row_strides(stride_dot, stride_doh, HEAD_DIM)
     i_b, i_m = tile_index(batch, False)
     i_h = tl.program_id(1)
     bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
@@ -129,6 +132,12 @@ def attn_bwd_dkdv_kernel(
     split is by launch, not by a branch on the program id: LLVM merged the two branches' loop
     exits, and the accumulator copies that merge put inside the in-flight wgmma made ptxas
     serialize every wgmma (C7515)."""
+    stride_qt, stride_qh = row_strides(stride_qt, stride_qh, HEAD_DIM)
+    stride_kt, stride_kh = row_strides(stride_kt, stride_kh, HEAD_DIM)
+    stride_vt, stride_vh = row_strides(stride_vt, stride_vh, HEAD_DIM_V)
+    stride_dot, stride_doh = row_strides(stride_dot, stride_doh, HEAD_DIM_V)
+    stride_dkt, stride_dkh = row_strides(stride_dkt, stride_dkh, HEAD_DIM)
+    stride_dvt, stride_dvh = row_strides(stride_dvt, stride_dvh, HEAD_DIM_V)
     i_b, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, n_start = key_tile(
         cu_seqlens_q, cu_seqlens_k, batch, BLOCK_N)
     if n_start >= seqlen_k:
@@ -348,6 +357,11 @@ def attn_bwd_dq_kernel(
     read through per-sequence tensor descriptors (``row_tiles``). ``PADDED``: lse2 and delta
     are in the preprocess kernel's padded layout (``head_major_start``). ``HEAD_DIM_V`` /
     ``BLOCK_DV``: v's and dO's head dim (``HEAD_DIM``: q's, k's and dQ's)."""
+    stride_qt, stride_qh = row_strides(stride_qt, stride_qh, HEAD_DIM)
+    stride_kt, stride_kh = row_strides(stride_kt, stride_kh, HEAD_DIM)
+    stride_vt, stride_vh = row_strides(stride_vt, stride_vh, HEAD_DIM_V)
+    stride_dot, stride_doh = row_strides(stride_dot, stride_doh, HEAD_DIM_V)
+    stride_dqt, stride_dqh = row_strides(stride_dqt, stride_dqh, HEAD_DIM)
     i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
         cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
     if m_start >= seqlen_q:
@@ -444,6 +458,7 @@ def plan_backward(problem: VarlenProblem, do, q, k, v, o_for_delta, lse, dlse, c
     # another order, with other bits (fixed_order on the H200; its O is float32). Such tensors
     # are copied densely first, so the bits never depend on the inputs' memory layout.
     do, o_for_delta = dense_specialized(do), dense_specialized(o_for_delta)
+    check_row_strides(q, k, v)  # the kernels' row_strides (do and o: dense_specialized)
     aligned = bool(cfg.tma) and rows_aligned(q, k, v, do)
     # The dK/dV kernel also stores dK and dV through descriptors (dense buffers: always aligned
     # for the supported head dims, checked so that the condition stays explicit).

@@ -35,12 +35,37 @@ def rows_aligned(*tensors: torch.Tensor) -> bool:
     return True
 
 
+def row_stride_multiple(x: torch.Tensor) -> int:
+    """The divisibility ``dense_specialized`` asks of ``x``'s token / head strides: 16 (what
+    Triton specializes an integer on) unless its last dim is an odd multiple of 8, whose
+    strides the kernels take to be multiples of 8 (``primitives.row_strides``)."""
+    return 8 if x.shape[-1] % 16 == 8 else 16
+
+
+def check_row_strides(*tensors: torch.Tensor) -> None:
+    """Raise ValueError where a tensor whose last dim is an odd multiple of 8 has a token,
+    head or page stride that is not a multiple of 8: the kernels round those strides down to
+    multiples of 8 (``primitives.row_strides``), so another stride would address other rows.
+    Nothing to check for the other head dims (the kernels read any strides there)."""
+    for x in tensors:
+        if x is None or row_stride_multiple(x) != 8:
+            continue
+        if any(x.stride(i) % 8 for i in range(x.dim() - 1)):
+            raise ValueError(
+                f"a head dim that is an odd multiple of 8 needs token / head strides that are "
+                f"multiples of 8, got shape {tuple(x.shape)}, strides {x.stride()}; pass a "
+                "contiguous tensor"
+            )
+
+
 def dense_specialized(x: torch.Tensor) -> torch.Tensor:
     """``x`` itself when Triton specializes a kernel argument on it as on a dense tensor (it
     specializes a pointer on 16-byte alignment and an integer, here a stride, on divisibility
-    by 16; dense [T, H, D] strides H*D and D are multiples of 16 for every supported D), else
+    by 16; dense [T, H, D] strides H*D and D are multiples of 16 for every table D; for odd
+    multiples of 8 the kernels take them to be multiples of 8, ``row_stride_multiple``), else
     a dense copy."""
-    if x.data_ptr() % 16 == 0 and all(x.stride(i) % 16 == 0 for i in range(x.dim() - 1)):
+    mult = row_stride_multiple(x)
+    if x.data_ptr() % 16 == 0 and all(x.stride(i) % mult == 0 for i in range(x.dim() - 1)):
         return x
     return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
 

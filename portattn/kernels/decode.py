@@ -29,6 +29,8 @@ from portattn.kernels.primitives import (
     KeyLoop,
     forward_tile,
     head_dim_chunk,
+    row_stride,
+    row_strides,
     seq_bounds,
     tile_index,
     value_columns,
@@ -67,6 +69,12 @@ def attn_decode_kernel(
     sequence's keys from ``cu_seqlens_k[b]`` on; else paged, ``cu_seqlens_k`` only counts them.
     ``HEAD_DIM_V`` / ``BLOCK_DV``: v's and the output's head dim (as the forward's).
     """
+    stride_qt, stride_qh = row_strides(stride_qt, stride_qh, HEAD_DIM)
+    stride_kt, stride_kh = row_strides(stride_kt, stride_kh, HEAD_DIM)
+    stride_kp = row_stride(stride_kp, HEAD_DIM)
+    stride_vt, stride_vh = row_strides(stride_vt, stride_vh, HEAD_DIM_V)
+    stride_vp = row_stride(stride_vp, HEAD_DIM_V)
+    stride_ot, stride_oh = row_strides(stride_ot, stride_oh, HEAD_DIM_V)
     ROWS: tl.constexpr = BLOCK_M // HEADS  # query positions per tile
     i_b, i_m = tile_index(batch, CAUSAL)
     slices = (group + HEADS - 1) // HEADS

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from portattn.kernels.buffers import new_buffer, rows_aligned
+from portattn.kernels.buffers import check_row_strides, new_buffer, rows_aligned
 from portattn.kernels.decode import decode_fits, plan_decode
 from portattn.kernels.plan import KernelLaunch, VarlenProblem, gluon_applies, run_launches
 from portattn.kernels.primitives import (
@@ -23,6 +23,7 @@ from portattn.kernels.primitives import (
     head_dim_chunk,
     key_value_tiles,
     query_tile,
+    row_strides,
     row_tiles,
     value_columns,
     visited_key_range,
@@ -65,6 +66,11 @@ def attn_fwd_kernel(
     scores are softcapped (``softcap_scores``). ``HAS_SINK``: float32 ``sinks`` [Hq] (else
     None), the heads' attention sinks (``fold_sink``). ``HEAD_DIM_V`` / ``BLOCK_DV``: v's and
     the output's head dim and its padded width (q's and k's: ``HEAD_DIM`` / ``BLOCK_D``)."""
+    stride_qt, stride_qh = row_strides(stride_qt, stride_qh, HEAD_DIM)
+    stride_kt, stride_kh = row_strides(stride_kt, stride_kh, HEAD_DIM)
+    stride_vt, stride_vh = row_strides(stride_vt, stride_vh, HEAD_DIM_V)
+    stride_ot, stride_oh = row_strides(stride_ot, stride_oh, HEAD_DIM_V)
+    stride_o32t, stride_o32h = row_strides(stride_o32t, stride_o32h, HEAD_DIM_V)
     i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
         cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
     if m_start >= seqlen_q:
@@ -147,6 +153,7 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     kernel (``decode.py``: the same bits, K/V read once per kv head).
     """
     p, cfg = problem, problem.cfg
+    check_row_strides(q, k, v)  # the kernels' row_strides
     tiles = cfg.fwd
     out_shape = (p.total_q, p.n_heads_q, p.value_dim)  # v's head dim
     out = new_buffer(out_shape, q.dtype, q.device)

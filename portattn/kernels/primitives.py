@@ -381,6 +381,30 @@ def value_columns(o_d, m_d, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
 
 
 @triton.jit
+def row_strides(stride_t, stride_h, DIM: tl.constexpr):
+    """The token and head (or page and token) strides of a [..., DIM] tensor as the kernels
+    index it. Where DIM is a multiple of 16 (every table head dim, and the borrowed ones) they
+    are the arguments themselves, so that code is unchanged. Triton specializes an integer
+    argument on divisibility by 16 only, so for an odd multiple of 8 (40, 56, 72, ..., 248)
+    the head stride DIM was never specialized: every row offset had divisibility 1, the
+    loads were one element per thread (no 16-byte vectors, no cp.async, so no pipelined key
+    loop) with a 64-bit address per element, and the decode, preprocess and dQ kernels
+    spilled (sm90 d40 decode: 968 bytes). There the strides are rounded down to multiples of
+    8 (``// 8 * 8``: the same values, ``buffers.check_row_strides`` requires them), which the
+    axis analysis reads as divisibility by 8: 16-byte rows in 16-bit dtypes, as at DIM 48."""
+    return row_stride(stride_t, DIM), row_stride(stride_h, DIM)
+
+
+@triton.jit
+def row_stride(stride, DIM: tl.constexpr):
+    """One stride of ``row_strides`` (a paged cache's page stride beside its token and head
+    strides): rounded down to a multiple of 8 where DIM is an odd multiple of 8, else itself."""
+    if DIM % 16 == 8:
+        stride = stride // 8 * 8
+    return stride
+
+
+@triton.jit
 def row_tiles(base, seqlen, stride_t, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
               BLOCK_C: tl.constexpr):
     """A tensor descriptor (TMA) of one sequence's rows of one head (``base``: its first row),

@@ -21,7 +21,7 @@ from portattn.configs import (
     KERNELS,
     KernelConfig,
     config_table,
-    pair_config,
+    entry_config,
     table_head_dim,
 )
 from portattn.families import FAMILIES
@@ -72,8 +72,10 @@ class Entry:
         return (self.family, self.kernel, row, self.torch_dtype())
 
     def config(self) -> KernelConfig:
-        row = config_table()[self.table_key()]
-        return pair_config(row, self.family, self.kernel, self.head_dim, self.value_dim)
+        """The entry it runs: its row, with a pair's or a borrowed head dim's own tiles
+        (``configs.entry_config``)."""
+        dim_v = None if self.value_dim == self.head_dim else self.value_dim
+        return entry_config(self.family, self.kernel, self.head_dim, self.torch_dtype(), dim_v)
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,8 @@ def select_entries(
     head_dim_v: int | None = None,
 ) -> list[Entry]:
     """Table entries of the real families (never the interpreter row), filtered; ``head_dims``
-    may name borrowed head dims (``configs.BORROWED_HEAD_DIMS``: the next row up).
+    may name borrowed head dims (``configs.BORROWED_HEAD_DIMS``: the next row up, with their
+    own tiles where they have them).
     ``head_dim_v``: compile calls whose v has this head dim of its own (each head dim with
     it must make a valid pair, ``validation.check_head_dims``; ValueError otherwise)."""
     fams = list(families) if families else list(FAMILIES)

@@ -45,7 +45,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from portattn.configs import KERNELS, SUPPORTED_HEAD_DIMS, VALUE_HEAD_DIM_PAIRS, KernelConfig
+from portattn.configs import (
+    KERNELS,
+    PAIR_HEAD_DIMS,
+    SUPPORTED_HEAD_DIMS,
+    VALUE_HEAD_DIM_PAIRS,
+    KernelConfig,
+)
 from portattn.families import FAMILIES, Family
 from portattn.tools.compile_launches import (  # noqa: F401  (re-exported: the check's API)
     DECODE_PAGE_SIZE,
@@ -568,7 +574,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, kind, choices, text in filters:
         parser.add_argument(flag, action="append", type=kind, choices=choices, help=text)
     dv_help = "v's own head dim, with --head-dim: e.g. --head-dim 192 --head-dim-v 128 (MLA)"
-    parser.add_argument("--head-dim-v", type=int, choices=SUPPORTED_HEAD_DIMS, help=dv_help)
+    parser.add_argument("--head-dim-v", type=int, choices=PAIR_HEAD_DIMS, help=dv_help)
     ci = "ci: every family, both kernels, head dims 128, 64, 80, bf16 (filters still apply)"
     parser.add_argument("--subset", choices=["ci"], help=ci)
     json_help = "write family -> entry -> kernel -> record as JSON"

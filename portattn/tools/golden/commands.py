@@ -70,19 +70,19 @@ def device_config_hash(device: torch.device) -> Callable[[str], str]:
 
 
 def family_config_hash(family: str) -> Callable[[str], str | None]:
-    """entry -> content hash of the entry ``family`` runs (None if the table has none); a
-    borrowed head dim (d80) has the row it runs with (d96), a value-head-dim pair its pair
-    entry, as ``device_config_hash`` does."""
-    from portattn.configs import HEAD_DIMS, family_entry
+    """entry -> content hash of the entry ``family`` runs (None if the table has none): a
+    borrowed head dim (d80) has the row it runs with (d96, with the head dim's own tiles where
+    it has them), a value-head-dim pair its pair entry, as ``device_config_hash`` does."""
+    from portattn.configs import HEAD_DIMS, config_table, entry_config, table_head_dim
 
     def config_hash(entry: str) -> str | None:
         kernel, head_dim, dtype, head_dim_v = parse_entry(entry)
-        if max(head_dim, head_dim_v or 0) > max(HEAD_DIMS):
+        widest = max(head_dim, head_dim_v or 0)
+        if widest > max(HEAD_DIMS):
             return None
-        try:
-            return family_entry(family, kernel, head_dim, dtype, head_dim_v).content_hash()
-        except KeyError:  # a family without a table
+        if (family, kernel, table_head_dim(widest), dtype) not in config_table():
             return None
+        return entry_config(family, kernel, head_dim, dtype, head_dim_v).content_hash()
 
     return config_hash
 
