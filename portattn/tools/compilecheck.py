@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -53,6 +52,19 @@ from portattn.configs import (
     KernelConfig,
 )
 from portattn.families import FAMILIES, Family
+from portattn.tools.compile_artifacts import (  # noqa: F401  (re-exported: the check's API)
+    FALLBACK_MMA,
+    HAS_PRODUCT,
+    MMA_EXCEPTIONS,
+    MMA_PATTERNS,
+    PTX_FINGERPRINT_FROM_ARCH,
+    Artifacts,
+    check_artifacts,
+    fingerprint_of,
+    matrix_instruction,
+    merge_artifacts,
+    resource_usage,
+)
 from portattn.tools.compile_launches import (  # noqa: F401  (re-exported: the check's API)
     DECODE_PAGE_SIZE,
     DTYPE_ALIASES,
@@ -68,26 +80,10 @@ from portattn.tools.compile_launches import (  # noqa: F401  (re-exported: the c
     table_mismatches,
 )
 
-HAS_PRODUCT = {"fwd": True, "bwd_pre": False, "bwd_dkdv": True, "bwd_dq": True, "decode": True}
 CI_HEAD_DIMS = (128, 64, 80)  # 80: a borrowed head dim (the d96 row), Phi-2's
 # --head-dim's choices: the supported head dims and the q/k ones of VALUE_HEAD_DIM_PAIRS (192)
 _QK_HEAD_DIMS = sorted(set(SUPPORTED_HEAD_DIMS) | {d for d, _ in VALUE_HEAD_DIM_PAIRS})
 CI_DTYPES = ("bf16",)
-# How each family's matrix instruction shows in the text the check searches.
-MMA_PATTERNS = {
-    "mma.sync": re.compile(r"\bmma\.sync\.aligned\."),
-    "wgmma": re.compile(r"\bwgmma\.mma_async\."),
-    "tcgen05": re.compile(r"\btcgen05\.mma\."),  # Blackwell's tensor-memory products
-    "v_mfma": re.compile(r"\bv_mfma_"),
-}
-# Older matrix instructions that must not appear beside a family's own: one product of a kernel
-# that fell back (to mma.sync, say, where a tile is too small for wgmma / tcgen05) would pass
-# the presence check above. Measured absent from every sm90 and sm100 kernel (Triton 3.6, 3.9).
-FALLBACK_MMA = {"wgmma": ("mma.sync",), "tcgen05": ("mma.sync", "wgmma")}
-# Kernels allowed to use another matrix instruction than their family's (still not FMA):
-# (family, kernel, stage, head_dim) -> instruction. Empty: every kernel of every entry must use
-# its family's instruction; kept so that a documented exception has one place to live.
-MMA_EXCEPTIONS: dict[tuple[str, str, str, int], str] = {}
 # Triton knobs pinned while compiling, whatever the environment says (TRITON_*, PTXAS_OPTIONS,
 # AMDGCN_* ...): every setting that changes the machine code at its Triton default, line info
 # off, the bundled ptxas and libdevice, no instrumentation, fresh compiles, and the ptxas report
@@ -161,16 +157,6 @@ class KernelResult:
         skip = ("entry", "stage", "seconds")
         record = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         return record | {"ok": self.ok}
-
-
-@dataclass
-class Artifacts:
-    """What one compilation produced."""
-
-    shared: int
-    binary: bytes
-    asm: str  # PTX (CUDA) or AMDGCN assembly (ROCm)
-    ptxas_log: str = ""
 
 
 # ----------------------------------------------------------------------------- compile
@@ -264,94 +250,6 @@ def compile_launch(launch: Launch, family: Family) -> Artifacts:
 
 
 # ----------------------------------------------------------------------------- checks
-
-
-def _int(pattern: str, text: str) -> int | None:
-    """The largest match (a stage of several launches has one report per kernel)."""
-    matches = re.findall(pattern, text)
-    return max(int(m) for m in matches) if matches else None
-
-
-def merge_artifacts(parts: list[Artifacts]) -> Artifacts:
-    """One stage's artifacts from its launches: the largest shared memory, the binaries and
-    texts concatenated (a single launch keeps its own bytes, so its fingerprint is the same)."""
-    return Artifacts(
-        max(a.shared for a in parts),
-        b"".join(a.binary for a in parts),
-        "\n".join(a.asm for a in parts),
-        "\n".join(a.ptxas_log for a in parts),
-    )
-
-
-def resource_usage(art: Artifacts, family: Family) -> dict[str, int | None]:
-    """Registers, spills and scratch: from the ptxas report (CUDA) or AMDGCN metadata."""
-    if family.vendor == "cuda":
-        log = art.ptxas_log
-        stores = _int(r"(\d+) bytes spill stores", log)
-        loads = _int(r"(\d+) bytes spill loads", log)
-        spills = None if stores is None or loads is None else stores + loads
-        return {
-            "regs": _int(r"Used (\d+) registers", log),
-            "spills": spills,
-            "scratch": _int(r"(\d+) bytes stack frame", log),
-        }
-    asm = art.asm
-    # .vgpr_count is the total (architectural + accumulation VGPRs) on CDNA.
-    return {
-        "regs": _int(r"\.vgpr_count:\s+(\d+)", asm),
-        "spills": _int(r"\.vgpr_spill_count:\s+(\d+)", asm),
-        "sgpr_spills": _int(r"\.sgpr_spill_count:\s+(\d+)", asm),
-        "scratch": _int(r"\.private_segment_fixed_size:\s+(\d+)", asm),
-    }
-
-
-# From this CUDA compute capability (x10) on, a fingerprint is the PTX's: Triton assembles these
-# targets with its bundled ``ptxas-blackwell`` (CUDA 12.9 in Triton 3.6, 13.4 in 3.9), whose
-# register allocation follows its address-space layout. The same PTX of sm100's d64 forward
-# gave two cubins, differing only in the names of two uniform registers, in about half the
-# runs here; a CI machine's full compile then differed from golden/ in all three passes of the
-# fingerprint check (2026-12-02), although a wrapper ran that ptxas with address-space
-# randomisation off. A GPU's JIT runs ptxas normally too, so the cubin is not a record of what
-# runs there either; the PTX is Triton's deterministic output, and the ptxas that assembles it
-# is fixed by the Triton version each fingerprint section is recorded for.
-PTX_FINGERPRINT_FROM_ARCH = 100
-
-
-def fingerprint_of(art: Artifacts, family: Family) -> str:
-    """SHA-256 of the machine code (cubin / hsaco), or of the PTX for Blackwell targets
-    (:data:`PTX_FINGERPRINT_FROM_ARCH`)."""
-    if family.vendor == "cuda" and family.arch >= PTX_FINGERPRINT_FROM_ARCH:
-        return hashlib.sha256(art.asm.encode()).hexdigest()
-    return hashlib.sha256(art.binary).hexdigest()
-
-
-def check_artifacts(result: KernelResult, art: Artifacts, family: Family) -> None:
-    """Fill ``result`` from the artifacts and append every failed check to its failures."""
-    result.shared = art.shared
-    result.fingerprint = fingerprint_of(art, family)
-    result.__dict__.update(resource_usage(art, family))
-    if family.vendor == "cuda":
-        result.wgmma_serialized = "C7515" in art.ptxas_log
-    if art.shared > family.shared_mem_bytes:
-        result.failures.append(f"shared memory {art.shared} > {family.shared_mem_bytes}")
-    if result.spills is None or result.scratch is None:
-        result.failures.append("no register/spill report found")
-    elif result.spills or result.scratch:
-        result.failures.append(f"register spills ({result.spills}) / scratch ({result.scratch})")
-    if HAS_PRODUCT[result.stage]:
-        instr = matrix_instruction(result.entry, result.stage, family)
-        result.mma = len(MMA_PATTERNS[instr].findall(art.asm))
-        if not result.mma:
-            result.failures.append(f"no {instr} instruction")
-        for other in FALLBACK_MMA.get(instr, ()):
-            if found := len(MMA_PATTERNS[other].findall(art.asm)):
-                result.failures.append(f"{found} {other} instruction(s) beside {instr}")
-
-
-def matrix_instruction(entry: Entry, stage: str, family: Family) -> str:
-    """The matrix instruction ``stage`` of ``entry`` must contain."""
-    key = (entry.family, entry.kernel, stage, entry.head_dim)
-    return MMA_EXCEPTIONS.get(key, family.matrix_instruction)
 
 
 def check_entry(
