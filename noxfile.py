@@ -29,8 +29,9 @@ Default (plain ``nox``): lint and tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import re
+import time
 
 import nox
 
@@ -43,6 +44,9 @@ TORCH_CPU = "torch==2.13.0"
 TRITON = "triton==3.6.0"
 TRITON_NEWEST = "triton==3.9.0"
 FAMILIES = ("sm80", "sm90", "sm100", "sm120", "cdna2", "cdna3", "cdna4")
+# pytest-xdist workers for the CPU suite: one per core (the CI machine has two). Each test seeds
+# its own generators, so a test's inputs do not depend on the worker that runs it.
+CPU_WORKERS = "auto"
 LINT_PATHS = ("portattn", "tests", "noxfile.py")
 
 nox.options.sessions = ["lint", "tests"]
@@ -71,77 +75,101 @@ def _pytest(
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """CPU test suite under Triton's interpreter, then the compile check of every entry of every
-    family (and the CI subset's borrowed head dims), then the fingerprints of that compile
-    against ``golden/`` (docs/golden.md); Triton 3.6."""
-    _cpu_suite(session, TRITON)
+    """The CPU test suite under Triton's interpreter (every family's entries included), in
+    parallel, then the compile-key check of every guarded entry of every family against
+    ``golden/`` (compiles only the entries whose key changed; docs/golden.md); Triton 3.6."""
+    _cpu_suite(session, TRITON, ["-m", "not gpu"])
 
 
 @nox.session
 def tests_newest(session: nox.Session) -> None:
-    """``tests`` with the newest supported Triton (``TRITON_NEWEST``)."""
-    _cpu_suite(session, TRITON_NEWEST)
+    """With the newest supported Triton (``TRITON_NEWEST``): the tests that can differ by
+    Triton version (marked ``triton_version``: compiles, keys, the version's table rows,
+    Triton's APIs, and tests/test_interpreter_bits.py, which shows the interpreter's kernel
+    arithmetic unchanged, so the rest of the suite would only repeat itself), then the key
+    check of this version's fingerprints. ``nox -s tests_newest -- -m "not gpu"``: all."""
+    _cpu_suite(session, TRITON_NEWEST, ["-m", "triton_version and not gpu"])
 
 
-def _cpu_suite(session: nox.Session, triton: str) -> None:
-    _install_cpu_stack(session, "[test,transformers]", triton)
+def _cpu_suite(session: nox.Session, triton: str, selection: list[str]) -> None:
+    phases = _Phases(session, triton)
+    with phases("install"):
+        _install_cpu_stack(session, "[test,transformers]", triton)
     # tests/test_family_tiles.py runs every family's configuration entries under the
     # interpreter: all of them with TRITON, and with a newer Triton only those its table
     # changes (the rows of configs._SINCE_TRITON that the interpreter sees).
     scope = {"PORTATTN_FAMILY_TILES": "all" if triton == TRITON else "versioned"}
-    _pytest(session, "-m", "not gpu", *(session.posargs or ["-q"]), env=scope)
-    # Every entry of every family compiled once and checked (spills, shared memory / LDS, the
-    # family's matrix instruction), its results kept for the fingerprint check below, which
-    # then compiles nothing; the CI subset's borrowed head dims (80: the d96 row, Phi-2's; 40
-    # and 200: odd multiples of 8 on the d64 and d256 rows, 200 with sm90's own forward tiles,
-    # configs._BORROWED_TILES) and its value-head-dim pair (192, 128: MLA, the d256 row with
-    # v's own width).
-    results = os.path.join(session.create_tmp(), "compile.json")
-    session.run("python", "-m", "portattn", "compile", "--json", results)
-    session.run("python", "-m", "portattn", "compile", "--subset", "ci", "--head-dim", "80")
-    session.run(
-        "python", "-m", "portattn", "compile", "--subset", "ci", "--head-dim", "40",
-        "--head-dim", "200",
-    )  # fmt: skip
-    session.run(
-        "python", "-m", "portattn", "compile", "--subset", "ci", "--head-dim", "192",
-        "--head-dim-v", "128",
-    )  # fmt: skip
-    # A kernel or configuration change fails here until golden/ is updated on purpose
-    # (`python -m portattn golden fingerprints --update`, then a hardware refresh of the
-    # families whose output hashes it marks stale). Exit 1: a fingerprint differs; 2: a family
-    # has no fingerprints for this Triton version (record them with --update under it; for
-    # TRITON the pin must also equal the GPU's Triton, whose output hashes golden/ holds).
-    fingerprints = ("python", "-m", "portattn", "golden", "fingerprints")
-    # A compile can differ from run to run, so an entry fails only if it differs in every one
-    # of up to three passes (a change of the code differs every time). The first pass reads
-    # the compile above; the others compile the differing families again, alone. Seen: Triton
-    # 3.9's AMD backend, where an entry compiled after others in one process got other machine
-    # code (its codegen library keeps state; the compile check now gives every entry a fresh
-    # process), and beyond that, rarely, one entry in one run (cdna4 varlen/d32/fp16 decode
-    # once in a full run, 2026-12-01; five single compiles gave the recorded code); Triton
-    # 3.6's sm100, three d64 forwards in one CI run's full compile (2026-12-02; the family's
-    # own compile after it matched all 20 entries).
-    differing: set[str] | None = None
-    for attempt in range(3):
-        if differing is None:
-            reuse = ("--results", results)
-        else:  # the differing families only, compiled again
-            reuse = tuple(
-                a for f in sorted({d.split(":")[0] for d in differing}) for a in ("--family", f)
-            )
-        out = session.run(*fingerprints, *reuse, silent=True, success_codes=[0, 1]) or ""
-        print(out)
-        found = set()
-        for line in out.splitlines():
-            match = re.match(r"(\w+): \d+ fingerprint\(s\) differ from .*?: (.*?); if the", line)
-            if match:
-                found |= {f"{match[1]}:{e.strip()}" for e in match[2].split(",")}
-        differing = found if differing is None else differing & found
-        if not differing:
-            return
-        session.warn(f"pass {attempt + 1} under {triton}: still differing {sorted(differing)}")
-    session.error(f"fingerprints differ in every pass under {triton}: {sorted(differing)}")
+    with phases("pytest"):
+        args = session.posargs or [*selection, "-q", "-n", CPU_WORKERS, "--durations=20"]
+        _pytest(session, *args, env=scope)
+    # Every guarded entry's compile key against golden/: unchanged keys are the recorded
+    # machine code, checked when it was recorded, and are not compiled; entries whose key
+    # changed are compiled and checked, and fail until `golden fingerprints --update`.
+    with phases("key check + compiles"):
+        session.run("python", "-m", "portattn", "golden", "fingerprints")
+    phases.report()
+
+
+@nox.session
+def quick(session: nox.Session) -> None:
+    """Iteration, a few minutes: lint, the key check without compiling (which entries'
+    machine code a change may move), and a smoke subset of the CPU suite (or the tests named:
+    ``nox -s quick -- tests/test_kvcache.py``). Not a substitute for ``.ci/run`` before you stop.
+    """
+    phases = _Phases(session, TRITON)
+    with phases("install"):
+        _install_cpu_stack(session, "[test,transformers]", TRITON)
+    with phases("lint"):
+        session.run("ruff", "check", *LINT_PATHS)
+        session.run("ruff", "format", "--check", *LINT_PATHS)
+    with phases("key check"):
+        key_check = ("python", "-m", "portattn", "golden", "fingerprints", "--no-compile")
+        session.run(*key_check, success_codes=[0, 1])
+    with phases("pytest"):
+        _pytest(session, *(session.posargs or QUICK_TESTS), "-q", "-n", CPU_WORKERS)
+    phases.report()
+
+
+# The quick session's smoke subset: the public entry points and errors, both kernels against
+# float64 on small packs, the interpreter's recorded bits, the key check's logic.
+QUICK_TESTS = (
+    "tests/test_imports.py",
+    "tests/test_validation.py",
+    "tests/test_interpreter_bits.py",
+    "tests/test_compile_keys.py",
+    "tests/test_ops.py",
+    "tests/test_flash_compat.py",
+)
+
+
+class _Phases:
+    """Wall time of a session's phases, printed as a table at its end and appended to
+    ``$PORTATTN_CI_TIMES`` (one ``session<TAB>phase<TAB>seconds`` line each) for .ci/run."""
+
+    def __init__(self, session: nox.Session, triton: str) -> None:
+        self.session, self.name = session, f"{session.name} ({triton})"
+        self.times: list[tuple[str, float]] = []
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.times.append((phase, time.monotonic() - start))
+
+    def report(self) -> None:
+        lines = [f"{phase:24s} {seconds:7.0f} s" for phase, seconds in self.times]
+        total = sum(seconds for _, seconds in self.times)
+        self.session.log(
+            f"phases of {self.name}:\n" + "\n".join(lines) + f"\n{'total':24s} {total:7.0f} s"
+        )
+        path = os.environ.get("PORTATTN_CI_TIMES")
+        if path:
+            with open(path, "a") as f:
+                f.writelines(
+                    f"{self.name}\t{phase}\t{seconds:.0f}\n" for phase, seconds in self.times
+                )
 
 
 @nox.session
@@ -154,9 +182,21 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def compile(session: nox.Session) -> None:
-    """Full ahead-of-time compile matrix for every family (CPU only, no GPU needed)."""
+    """The full ahead-of-time compile of every guarded entry of every family, checked (CPU only,
+    no GPU needed); ``nox -s compile -- --family sm90 --kernel varlen`` for a part of the table."""
     _install_cpu_stack(session)
-    session.run("python", "-m", "portattn", "compile", *session.posargs)
+    session.run("python", "-m", "portattn", "compile", *(session.posargs or ["--guarded"]))
+
+
+@nox.session
+@nox.parametrize("triton", [TRITON, TRITON_NEWEST])
+def fingerprints(session: nox.Session, triton: str) -> None:
+    """Record golden/'s fingerprints and compile keys under each checked Triton: the full
+    compile, ``python -m portattn golden fingerprints --update``. Run it after any change under
+    ``portattn/kernels/`` or to ``portattn/configs.py`` (docs/golden.md); about 15 minutes per
+    Triton on two cores."""
+    _install_cpu_stack(session, triton=triton)
+    session.run("python", "-m", "portattn", "golden", "fingerprints", "--update", *session.posargs)
 
 
 _PROBE = (  # the family the GPU runs: its own, or the one $PORTATTN_FAMILY_OVERRIDE names

@@ -21,6 +21,9 @@ from portattn.configs import HEAD_DIMS, KERNELS, Tiles
 from portattn.families import FAMILIES
 from portattn.tools import compilecheck as cc
 
+# Compiles, Triton APIs or the installed Triton's table: nox -s tests_newest runs it too.
+pytestmark = pytest.mark.triton_version
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -17,6 +17,9 @@ from portattn.configs import DTYPES, HEAD_DIMS, INTERPRETER, KERNELS, KernelConf
 from portattn.families import FAMILIES, family_from_properties, nearest_family
 from portattn.tools import compilecheck
 
+# Compiles, Triton APIs or the installed Triton's table: nox -s tests_newest runs it too.
+pytestmark = pytest.mark.triton_version
+
 AMD_KNOBS = {"waves_per_eu", "matrix_instr_nonkdim", "kpack"}
 CUDA_FAMILIES = ("sm80", "sm90", "sm100", "sm120")
 HIP_FAMILIES = ("cdna2", "cdna3", "cdna4")

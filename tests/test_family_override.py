@@ -20,6 +20,9 @@ from portattn import families
 from portattn.tools.golden import run_verify
 from portattn.tools.golden.store import load
 
+# Compiles, Triton APIs or the installed Triton's table: nox -s tests_newest runs it too.
+pytestmark = pytest.mark.triton_version
+
 
 @pytest.fixture
 def device_of(monkeypatch):

@@ -13,6 +13,9 @@ from portattn import configs
 from portattn.kernels import backward, forward
 from portattn.kernels.plan import describe, run_launches, splits_p
 
+# Compiles, Triton APIs or the installed Triton's table: nox -s tests_newest runs it too.
+pytestmark = pytest.mark.triton_version
+
 SM90 = "sm90"
 
 

@@ -13,6 +13,9 @@ from helpers import ROOT, python_stdout
 from portattn import configs
 from portattn.families import FAMILIES
 
+# Compiles, Triton APIs or the installed Triton's table: nox -s tests_newest runs it too.
+pytestmark = pytest.mark.triton_version
+
 CPU = torch.device("cpu")
 
 

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -65,6 +65,16 @@ from portattn.tools.compile_artifacts import (  # noqa: F401  (re-exported: the 
     merge_artifacts,
     resource_usage,
 )
+from portattn.tools.compile_keys import (  # noqa: F401  (re-exported: the check's API)
+    PINNED_KNOBS,
+    PINNED_OPTIONS,
+    code_env_vars,
+    compile_source,
+    guarded_entries,
+    pinned_knobs,
+    specialize,
+    stage_key,
+)
 from portattn.tools.compile_launches import (  # noqa: F401  (re-exported: the check's API)
     DECODE_PAGE_SIZE,
     DTYPE_ALIASES,
@@ -84,47 +94,6 @@ CI_HEAD_DIMS = (128, 64, 80)  # 80: a borrowed head dim (the d96 row), Phi-2's
 # --head-dim's choices: the supported head dims and the q/k ones of VALUE_HEAD_DIM_PAIRS (192)
 _QK_HEAD_DIMS = sorted(set(SUPPORTED_HEAD_DIMS) | {d for d, _ in VALUE_HEAD_DIM_PAIRS})
 CI_DTYPES = ("bf16",)
-# Triton knobs pinned while compiling, whatever the environment says (TRITON_*, PTXAS_OPTIONS,
-# AMDGCN_* ...): every setting that changes the machine code at its Triton default, line info
-# off, the bundled ptxas and libdevice, no instrumentation, fresh compiles, and the ptxas report
-# printed (registers and spills are read from it). The golden files' fingerprints are made
-# under these settings on the CPU CI and on the GPUs alike, so they agree bit for bit.
-PINNED_KNOBS: dict[str, dict[str, Any]] = {
-    "compilation": {
-        "always_compile": True,
-        "disable_line_info": True,
-        "dump_ir_extract_di_local_variables": False,
-        "override": False,
-        "allow_non_constexpr_globals": False,
-        "use_ir_loc": None,
-        "enable_asan": False,
-        "instrumentation_mode": "",
-    },
-    "runtime": {"override_arch": None, "add_stages_inspection_hook": None},
-    "nvidia": {
-        "dump_ptxas_log": True,
-        "disable_ptxas_opt": False,
-        "ptxas": None,  # None: the ptxas bundled with Triton (not $TRITON_PTXAS_PATH)
-        # Triton 3.9 assembles every NVIDIA arch with this one (3.6-3.8: arch >= 100 only).
-        "ptxas_blackwell": None,  # None: the bundled one (not $TRITON_PTXAS_BLACKWELL_PATH)
-        "ptxas_options": None,
-        "mock_ptx_version": None,
-        "libdevice_path": None,
-    },
-    "amd": {
-        "use_buffer_ops": True,
-        "use_buffer_atomics": True,
-        "buffer_ops_analyze_small_tensor_range": False,
-        "use_async_copy": False,
-        "use_block_pingpong": None,
-        "use_in_thread_transpose": None,
-        "scalarize_packed_fops": False,
-    },
-    "language": {"default_fp_fusion": True, "fp32_default": None},
-}
-# Compile options pinned per backend: CUDAOptions reads $PTXAS_OPTIONS into its default when
-# Triton is imported, so the knob above cannot reset it; an empty string means no extra options.
-PINNED_OPTIONS: dict[str, dict[str, Any]] = {"cuda": {"ptx_options": ""}, "hip": {}}
 
 
 @dataclass
@@ -146,6 +115,9 @@ class KernelResult:
     # fifth). Reported, not a failure.
     wgmma_serialized: bool | None = None
     fingerprint: str | None = None
+    # The compile key of what was compiled (compile_keys.stage_key): golden/ records it beside
+    # the fingerprint, so CI compiles again only the kernels whose key changed.
+    key: str | None = None
     seconds: float = 0.0
 
     @property
@@ -162,86 +134,13 @@ class KernelResult:
 # ----------------------------------------------------------------------------- compile
 
 
-def specialize(launch: Launch, backend: Any) -> tuple[dict, dict, dict]:
-    """(signature, constexprs, attrs) for ``ASTSource``, as Triton's JIT builds them."""
-    from triton._C.libtriton import native_specialize_impl
-
-    signature: dict[str, str] = {}
-    constexprs: dict[str, Any] = {}
-    attrs: dict[tuple[int], list] = {}
-    for i, kp in enumerate(launch.fn.params):
-        value = launch.args[kp.name]
-        if kp.is_constexpr:
-            signature[kp.name], constexprs[kp.name] = "constexpr", value
-            continue
-        flags = (kp.is_const, not kp.do_not_specialize, not kp.do_not_specialize_on_alignment)
-        ty, spec = native_specialize_impl(backend, value, *flags)
-        if isinstance(kp.annotation_type, str) and kp.annotation_type:
-            ty = kp.annotation_type
-            if ty == "u1" or ty[:2] in ("fp", "bf") or kp.do_not_specialize:
-                spec = None
-        signature[kp.name] = ty
-        if ty == "constexpr":
-            constexprs[kp.name] = spec
-        elif isinstance(spec, str):
-            attrs[(i,)] = backend.parse_attr(spec)
-    return signature, constexprs, attrs
-
-
-def _option_fields(backend: Any) -> set[str]:
-    from triton.backends.amd.compiler import HIPOptions
-    from triton.backends.nvidia.compiler import CUDAOptions
-
-    options = HIPOptions if backend.target.backend == "hip" else CUDAOptions
-    return {f.name for f in fields(options)}
-
-
-def code_env_vars() -> list[str]:
-    """The environment variables set now that Triton's compiler reads and that change the code
-    it makes (Triton's own list: those in its cache key), e.g. ``DISABLE_MMA_V3``,
-    ``DISABLE_LLVM_OPT``, ``TRITON_DEFAULT_FP_FUSION``."""
-    try:
-        from triton._C.libtriton import get_cache_invalidating_env_vars
-    except ImportError:  # pragma: no cover - every supported Triton has it
-        return []
-    return sorted(get_cache_invalidating_env_vars())
-
-
-@contextlib.contextmanager
-def pinned_knobs(cache_dir: str) -> Iterator[None]:
-    """Triton settings that change the code are pinned to their defaults (whatever the
-    environment says: the variables of :func:`code_env_vars` are unset meanwhile, the knobs of
-    :data:`PINNED_KNOBS` set), line info is off, and every compile is fresh, into
-    ``cache_dir``. The environment is restored afterwards."""
-    from triton import knobs
-
-    pinned = dict(PINNED_KNOBS, cache={"dir": cache_dir})
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_unset_env(code_env_vars()))
-        for group_name, settings in pinned.items():
-            group = getattr(knobs, group_name)
-            stack.enter_context(group.scope())
-            for name, value in settings.items():
-                setattr(group, name, value)
-        yield
-
-
 def compile_launch(launch: Launch, family: Family) -> Artifacts:
     """Compile one recorded launch for ``family``'s target (call inside :func:`pinned_knobs`)."""
     import triton
-    from triton.compiler import ASTSource
     from triton.compiler.compiler import make_backend
 
     target = family.target()
-    backend = make_backend(target)
-    unknown = set(launch.options) - _option_fields(backend)
-    if unknown:
-        raise ValueError(f"launch options {sorted(unknown)} are not {target.backend} options")
-    signature, constexprs, attrs = specialize(launch, backend)
-    if launch.fn.is_gluon():
-        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
-    src = ASTSource(launch.fn, signature, constexprs, attrs)
-    options = dict(launch.options, debug=False, **PINNED_OPTIONS[target.backend])
+    src, options = compile_source(launch, make_backend(target))
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
         kernel = triton.compile(src, target=target, options=options)
@@ -275,6 +174,10 @@ def check_entry(
             group = launches[result.stage]
             for launch in group:
                 result.failures.extend(table_mismatches(launch, cfg))
+            try:
+                result.key = stage_key(group, family)
+            except Exception as exc:  # noqa: BLE001 - reported as a failed check
+                result.failures.append(f"compile key failed: {error_summary(exc)}")
             start = time.perf_counter()
             parts = _compile_group(result, group, family)
             if parts is not None:
@@ -385,24 +288,50 @@ def fingerprints(
     head_dims: Iterable[int] | None = None,
     dtypes: Iterable[str] | None = None,
 ) -> dict[str, dict[str, str | None]]:
-    """Machine-code fingerprints of the entries of ``family`` (all, or those filtered): entry
-    label (e.g. ``"varlen/d128/bf16"``) -> kernel stage -> SHA-256 hex (None where it did not
-    compile). Under Triton's interpreter the compile runs in a child process without
-    ``TRITON_INTERPRET``."""
+    """Machine-code fingerprints of the entries of ``family`` (every guarded entry, or the
+    table's entries filtered): entry label (e.g. ``"varlen/d128/bf16"``) -> kernel stage ->
+    SHA-256 hex (None where it did not compile)."""
+    records = compile_records(family, kernels, head_dims, dtypes)
+    return {
+        label: {stage: rec["fingerprint"] for stage, rec in stages.items()}
+        for label, stages in records.items()
+    }
+
+
+def compile_records(
+    family: str,
+    kernels: Iterable[str] | None = None,
+    head_dims: Iterable[int] | None = None,
+    dtypes: Iterable[str] | None = None,
+    labels: Iterable[str] | None = None,
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Compile and check entries of ``family``: entry label -> stage -> record
+    (:meth:`KernelResult.record`: fingerprint, key, ok, resources). Without filters, every
+    guarded entry (``compile_keys.guarded_entries``, the set golden/ records), or only those
+    of ``labels``; with filters, the table's entries they select. Under Triton's interpreter
+    the compile runs in a child process without ``TRITON_INTERPRET``."""
     kernels, head_dims, dtypes = (list(x) if x else None for x in (kernels, head_dims, dtypes))
+    filtered = any((kernels, head_dims, dtypes))
+    labels = list(labels) if labels is not None else None
+    if labels == []:
+        return {}
     if interpreter_active():
-        argv = ["--family", family]
+        argv = ["--family", family] + ([] if filtered else ["--guarded"])
         for flag, values in (("--kernel", kernels), ("--head-dim", head_dims), ("--dtype", dtypes)):
             for value in values or ():
                 argv += [flag, str(value)]
+        for label in labels or ():
+            argv += ["--entry", label]
         data = _run_child(argv)
     else:
-        entries = select_entries([family], kernels, head_dims, dtypes)
+        if filtered:
+            entries = select_entries([family], kernels, head_dims, dtypes)
+        else:
+            entries = guarded_entries(family)
+        if labels is not None:
+            entries = [e for e in entries if e.label in labels]
         data = results_json(run_entries(entries, min(os.cpu_count() or 1, len(entries))))
-    return {
-        label: {stage: rec["fingerprint"] for stage, rec in stages.items()}
-        for label, stages in data.get(family, {}).items()
-    }
+    return data.get(family, {})
 
 
 def _run_child(argv: list[str]) -> dict:
@@ -475,6 +404,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim-v", type=int, choices=PAIR_HEAD_DIMS, help=dv_help)
     ci = "ci: every family, both kernels, head dims 128, 64, 80, bf16 (filters still apply)"
     parser.add_argument("--subset", choices=["ci"], help=ci)
+    guarded = (
+        "every entry golden/ records (the table's, and the borrowed head dims and value-head-dim "
+        "pairs of compile_keys); --family still applies, the other filters do not"
+    )
+    parser.add_argument("--guarded", action="store_true", help=guarded)
+    entry_help = "with --guarded: only this entry label (repeatable), e.g. varlen/d80/bf16"
+    parser.add_argument("--entry", action="append", metavar="LABEL", help=entry_help)
     json_help = "write family -> entry -> kernel -> record as JSON"
     parser.add_argument("--json", metavar="PATH", help=json_help)
     jobs_help = "worker processes (default: CPU count)"
@@ -483,6 +419,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _entries_from_args(args: argparse.Namespace) -> list[Entry]:
+    if getattr(args, "guarded", False):
+        if args.kernel or args.head_dim or args.dtype or args.subset:
+            raise ValueError("--guarded takes --family and --entry, no other filter")
+        entries = [e for f in args.family or FAMILIES for e in guarded_entries(f)]
+        if args.entry:
+            unknown = set(args.entry) - {e.label for e in entries}
+            if unknown:
+                raise ValueError(f"no guarded entry {sorted(unknown)[0]!r}")
+            entries = [e for e in entries if e.label in args.entry]
+        return entries
+    if getattr(args, "entry", None):
+        raise ValueError("--entry needs --guarded")
     head_dims, dtypes = args.head_dim, args.dtype
     if args.subset == "ci":
         head_dims = head_dims or list(CI_HEAD_DIMS)

@@ -6,7 +6,8 @@ docs/design.md).
 """
 
 from portattn.tools.golden.cases import CASES, CASES_VERSION, Case, cases_by_name
-from portattn.tools.golden.commands import run_fingerprints, run_refresh, run_verify
+from portattn.tools.golden.commands import run_refresh, run_verify
+from portattn.tools.golden.fingerprints import run_fingerprints, run_key_check
 from portattn.tools.golden.inputs import generate
 from portattn.tools.golden.layout import SCHEMA, GoldenConflict, GoldenError
 from portattn.tools.golden.merging import merge
@@ -38,6 +39,7 @@ __all__ = [
     "merge",
     "output_differences",
     "run_fingerprints",
+    "run_key_check",
     "run_refresh",
     "run_verify",
     "stale_outputs",

@@ -12,11 +12,11 @@ from portattn.tools.golden.commands import (
     compile_fingerprints,
     default_golden_dir,
     results_fingerprints,
-    run_fingerprints,
     run_refresh,
     run_verify,
     say,
 )
+from portattn.tools.golden.fingerprints import compile_records, run_fingerprints, run_key_check
 
 NOT_A_FAMILY = (
     "no GPU here: golden hashes are recorded and verified on a GPU of a family (sm80, sm90, "
@@ -95,13 +95,23 @@ def cmd_refresh(args: argparse.Namespace, hw: Hardware | None = None) -> int:
 
 
 def cmd_fingerprints(args: argparse.Namespace) -> int:
-    """``golden fingerprints [--update]`` (CPU: needs Triton's compiler, not a GPU)."""
+    """``golden fingerprints [--update | --full | --results PATH]`` (CPU: needs Triton's
+    compiler, not a GPU). Without options: the compile-key check (compiles only what changed)."""
     from portattn.families import FAMILIES
 
     families = args.family or list(FAMILIES)
-    made = results_fingerprints(args.results) if args.results else compile_fingerprints
     golden_dir = args.golden_dir or default_golden_dir()
-    return run_fingerprints(families, golden_dir, args.update, fingerprint_fn=made)
+    if args.update and args.results:
+        say("error: --update compiles every entry itself; it takes no --results")
+        return 2
+    if args.update or args.full:
+        return run_fingerprints(families, golden_dir, args.update)
+    if args.results:
+        made = results_fingerprints(args.results)
+        return run_fingerprints(families, golden_dir, fingerprint_fn=made)
+    return run_key_check(
+        families, golden_dir, compile_fn=None if args.no_compile else compile_records
+    )
 
 
 def _add_action(
@@ -180,11 +190,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "fingerprints",
         cmd_fingerprints,
         common,
-        help="check (or --update) the compile fingerprints in golden/ (CPU)",
-        description="Compiles every configuration of each family with Triton and "
-        "compares the machine-code fingerprints with golden/<family>.json (exit 1 "
-        "on a difference). --update stores them; output hashes recorded with "
-        "other machine code become stale until re-recorded on hardware.",
+        help="check (or --update) the compile keys and fingerprints in golden/ (CPU)",
+        description="Computes every guarded entry's compile key (a hash of everything its "
+        "machine code is a function of) without compiling, compiles and checks only the "
+        "entries whose key differs from golden/<family>.json, and fails (exit 1) on any "
+        "difference. --update compiles every entry and records fingerprints and keys; output "
+        "hashes recorded with other machine code become stale until re-recorded on hardware. "
+        "--full compiles every entry and compares its fingerprints.",
     )
     p.add_argument(
         "--family",
@@ -192,12 +204,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=list(FAMILIES),
         help="family (repeatable; default: all)",
     )
-    p.add_argument("--update", action="store_true", help="store the current fingerprints")
+    p.add_argument(
+        "--update", action="store_true", help="compile every entry, store fingerprints and keys"
+    )
+    p.add_argument(
+        "--full", action="store_true", help="compile every entry and compare its fingerprints"
+    )
+    p.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="the key check names the entries whose key changed without compiling them",
+    )
     p.add_argument(
         "--results",
         metavar="PATH",
-        help="take the fingerprints from `python -m portattn compile --json PATH` (every "
-        "entry, same Triton) instead of compiling again",
+        help="compare the fingerprints of `python -m portattn compile --guarded --json PATH` "
+        "(same Triton) instead of compiling",
     )
 
 

@@ -22,17 +22,15 @@ from pathlib import Path
 import torch
 
 from portattn.tools.golden.cases import CASES, CASES_VERSION, DTYPES, Case, cases_by_name
-from portattn.tools.golden.layout import GoldenConflict, GoldenError, empty_doc
-from portattn.tools.golden.merging import merge
+from portattn.tools.golden.layout import GoldenError
 from portattn.tools.golden.provenance import REPO_ROOT, device_name, provenance, toolchain_key
 from portattn.tools.golden.records import (
     build_record,
-    config_hashes_of,
     output_differences,
     stale_outputs,
 )
 from portattn.tools.golden.run import CaseResult, accuracy, compute_case, make_inputs
-from portattn.tools.golden.store import check_writable, golden_path, load, update_file
+from portattn.tools.golden.store import check_writable, golden_path, load, write_record
 
 Printer = Callable[[str], None]
 FingerprintFn = Callable[[str], dict[str, dict[str, str | None]]]
@@ -367,7 +365,7 @@ def run_refresh(
     record = build_record(
         family, toolchain, results, origin, fingerprints, config_hashes, CASES_VERSION
     )
-    return _write(path, record, force, out, toolchain)
+    return write_record(path, record, force, out, toolchain)
 
 
 def _held_hashes(path: Path, toolchain: str) -> str | None:
@@ -377,134 +375,3 @@ def _held_hashes(path: Path, toolchain: str) -> str | None:
     if not section.get("outputs"):
         return None
     return "provisional" if (section.get("provenance") or {}).get("provisional") else "recorded"
-
-
-def _write(
-    path: Path, record: dict, force: bool, out: Printer, toolchain: str | None = None
-) -> int:
-    from filelock import Timeout
-
-    changes: list[str] = []
-    section = record["toolchains"].get(toolchain, {}) if toolchain else {}
-    real = toolchain is not None and not section.get("provenance", {}).get("provisional")
-
-    def update(existing: dict | None) -> dict:
-        held = (existing or {}).get("toolchains", {}).get(toolchain) if real else None
-        if held and (held.get("provenance") or {}).get("provisional"):
-            # The family's own hardware replaces hashes made under the override, whatever
-            # they were: they were evidence, not a record.
-            held.pop("outputs", None)
-            held.pop("provenance", None)
-            changes.append(f"[{toolchain}] provisional outputs replaced by this hardware's")
-        doc, found = merge(existing, record, force)
-        changes.extend(found)
-        return doc
-
-    try:
-        update_file(path, update)
-    except GoldenConflict as exc:
-        out(
-            f"refused: {len(exc.conflicts)} stored value(s) of {path} differ; nothing written "
-            "(re-run with --force to overwrite them):"
-        )
-        for line in exc.conflicts:
-            out(f"    {line}")
-        return 1
-    except (GoldenError, Timeout) as exc:
-        out(f"error: {exc}")
-        return 2
-    except OSError as exc:  # the checks before passed, the write did not (a race, a full disk)
-        out(f"error: cannot write {path}: {exc.strerror or exc}; nothing written")
-        return 2
-    for line in changes:
-        out(f"  {line}")
-    out(f"wrote {path} ({len(changes)} change(s))" if changes else f"{path}: no change")
-    return 0
-
-
-# ----------------------------------------------------------------------------- fingerprints
-
-
-def run_fingerprints(
-    families: list[str],
-    golden_dir: str | os.PathLike,
-    update: bool = False,
-    out: Printer = say,
-    toolchain: str | None = None,
-    fingerprint_fn: FingerprintFn = compile_fingerprints,
-    config_hash_fn: Callable[[str], Callable[[str], str | None]] = family_config_hash,
-) -> int:
-    """Compare (or with ``update`` store) the compile fingerprints and configuration hashes of
-    each family with ``golden/<family>.json``; CPU only, no GPU needed."""
-    toolchain = toolchain or toolchain_key()
-    worst = 0
-    for family in families:
-        path = golden_path(golden_dir, family)
-        try:
-            doc = load(path)
-            if update:
-                check_writable(path)  # before the compile, which takes minutes
-        except GoldenError as exc:
-            out(f"{family}: error: {exc}")
-            worst = max(worst, 2)
-            continue
-        config_hash = config_hash_fn(family)
-        recorded = (doc or {}).get("cases", {})
-        entries = sorted(
-            {c.entry for c in CASES} | {Case.from_json(n, c).entry for n, c in recorded.items()}
-        )
-        hashes = {e: h for e in entries if (h := config_hash(e)) is not None}
-        start = time.perf_counter()
-        current = fingerprint_fn(family)
-        took = f"{time.perf_counter() - start:.0f} s"
-        if update:
-            record = empty_doc(family)
-            # The canonical case list and input hashes are the same on every machine.
-            record["cases_version"] = CASES_VERSION
-            record["cases"] = {c.name: case_definition(c) for c in CASES}
-            record["toolchains"][toolchain] = {"config_hashes": hashes, "fingerprints": current}
-            code = _write(path, record, False, lambda line, f=family: out(f"{f}: {line.strip()}"))
-            worst = max(worst, code)
-            if code:
-                continue
-            written = load(path) or {}
-            stale = stale_outputs(written, toolchain, config_hash)
-            if stale:
-                out(
-                    f"{family}: stale: re-record on {family} hardware ({len(stale)} case(s) now "
-                    "hold output hashes of older code)"
-                )
-            continue
-        stored = (doc or {}).get("toolchains", {}).get(toolchain, {}).get("fingerprints")
-        if not stored:
-            out(
-                f"{family}: no fingerprints for {toolchain} in {path} ({took}); run "
-                "python -m portattn golden fingerprints --update"
-            )
-            worst = max(worst, 2)
-            continue
-        diffs = [
-            f"{e}/{s}"
-            for e in sorted(set(stored) | set(current))
-            for s in sorted(set(stored.get(e, {})) | set(current.get(e, {})))
-            if stored.get(e, {}).get(s) != current.get(e, {}).get(s)
-        ]
-        recorded_hashes = config_hashes_of(doc, toolchain)
-        diffs += [
-            f"configuration of {e}"
-            for e, h in hashes.items()
-            if recorded_hashes.get(e) not in (None, h)
-        ]
-        if diffs:
-            out(
-                f"{family}: {len(diffs)} fingerprint(s) differ from {path} ({took}): "
-                f"{', '.join(diffs[:8])}{' ...' if len(diffs) > 8 else ''}; if the change is "
-                "intended run python -m portattn golden fingerprints --update and re-record the "
-                f"outputs on {family} hardware"
-            )
-            worst = max(worst, 1)
-            continue
-        stale = stale_outputs(doc, toolchain, config_hash)
-        note = f"; stale outputs: re-record on {family} hardware" if stale else ""
-        out(f"{family}: {len(current)} entries match {path} ({took}){note}")
-    return worst

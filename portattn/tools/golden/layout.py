@@ -12,6 +12,7 @@
       "triton-3.6.0": {
        "config_hashes": {"varlen/d128/bf16": "<16 hex>", ...},  # entries the cases use
        "fingerprints": {"varlen/d128/bf16": {"fwd": sha256, "bwd_pre": ..., ...}, ...},
+       "keys": {"varlen/d128/bf16": {"fwd": sha256, ...}, ...},  # compile keys (CPU-made)
        "provenance": {devices, drivers, torch, portattn, commit, date, first_recorded},
        "outputs": {name: {entry, config_hash, fingerprint, inputs_sha256,
                           tensors: {out|lse|dq|dk|dv|dsinks: {sha256, shape, dtype,
@@ -180,6 +181,7 @@ _TOOLCHAIN = _record(
         "fingerprints": _map_of(
             _map_of(_STR_OR_NULL, "fingerprints (strings or null)"), "per-kernel fingerprints"
         ),
+        "keys": _map_of(_map_of(_STR, "compile keys (strings)"), "per-kernel compile keys"),
         "provenance": _PROVENANCE,
         "outputs": _map_of(_OUTPUT, "output records"),
     },

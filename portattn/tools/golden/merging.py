@@ -71,11 +71,26 @@ def merge(
             if "config_hashes" not in target:  # an older section used the top-level map
                 target["config_hashes"] = {} if fresh else dict(doc["config_hashes"])
             target["config_hashes"].update(section["config_hashes"])
-        added, updated = [], []
+        added, updated, keyed = [], [], []
         for entry, stages in sorted(section.get("fingerprints", {}).items()):
             if target["fingerprints"].get(entry) != stages:
                 (updated if entry in target["fingerprints"] else added).append(entry)
                 target["fingerprints"][entry] = stages
+        # Compile keys (compile_keys) attest the fingerprints they were recorded with: a
+        # record's keys replace the stored ones, and an entry whose fingerprints change
+        # without a key loses its stored one (the key check then compiles it again).
+        new_keys = section.get("keys", {})
+        if new_keys or updated:
+            target.setdefault("keys", {})
+        for entry in updated:
+            if entry not in new_keys:
+                target["keys"].pop(entry, None)
+        for entry, stages in sorted(new_keys.items()):
+            if target["keys"].get(entry) != stages:
+                target["keys"][entry] = stages
+                keyed.append(entry)
+        if keyed:
+            changes.append(f"[{toolchain}] compile keys recorded for {len(keyed)} entries")
         if added:
             changes.append(f"[{toolchain}] fingerprints added for {len(added)} entries")
         if updated:

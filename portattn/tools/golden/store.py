@@ -57,6 +57,7 @@ __all__ = [
     "stale_outputs",
     "tensor_differences",
     "update_file",
+    "write_record",
 ]
 
 LOCK_TIMEOUT_S = 300.0
@@ -193,3 +194,54 @@ def update_file(
         new = update(load(path))
         atomic_write(path, new)
     return new
+
+
+def write_record(
+    path: Path,
+    record: dict,
+    force: bool,
+    out: Callable[[str], None],
+    toolchain: str | None = None,
+) -> int:
+    """Merge ``record`` into the golden file at ``path`` under its lock, printing each change
+    through ``out``: 0 written (or no change), 1 refused conflict (nothing written), 2 an
+    unusable file or a failed write. ``toolchain``: the section whose outputs the record holds
+    (hardware hashes replace provisional ones there)."""
+    from filelock import Timeout
+
+    changes: list[str] = []
+    section = record["toolchains"].get(toolchain, {}) if toolchain else {}
+    real = toolchain is not None and not section.get("provenance", {}).get("provisional")
+
+    def update(existing: dict | None) -> dict:
+        held = (existing or {}).get("toolchains", {}).get(toolchain) if real else None
+        if held and (held.get("provenance") or {}).get("provisional"):
+            # The family's own hardware replaces hashes made under the override, whatever
+            # they were: they were evidence, not a record.
+            held.pop("outputs", None)
+            held.pop("provenance", None)
+            changes.append(f"[{toolchain}] provisional outputs replaced by this hardware's")
+        doc, found = merge(existing, record, force)
+        changes.extend(found)
+        return doc
+
+    try:
+        update_file(path, update)
+    except GoldenConflict as exc:
+        out(
+            f"refused: {len(exc.conflicts)} stored value(s) of {path} differ; nothing written "
+            "(re-run with --force to overwrite them):"
+        )
+        for line in exc.conflicts:
+            out(f"    {line}")
+        return 1
+    except (GoldenError, Timeout) as exc:
+        out(f"error: {exc}")
+        return 2
+    except OSError as exc:  # the checks before passed, the write did not (a race, a full disk)
+        out(f"error: cannot write {path}: {exc.strerror or exc}; nothing written")
+        return 2
+    for line in changes:
+        out(f"  {line}")
+    out(f"wrote {path} ({len(changes)} change(s))" if changes else f"{path}: no change")
+    return 0

@@ -1,0 +1,301 @@
+"""``python -m portattn golden fingerprints``: the machine code of every guarded entry against
+``golden/<family>.json`` (CPU only: Triton's compiler, no GPU).
+
+golden/ keeps, per Triton version, each kernel's fingerprint (SHA-256 of its machine code) and
+its compile key (``portattn.tools.compile_keys``: a hash of everything that machine code is a
+function of, computed without compiling). Three ways to check:
+
+* :func:`run_key_check` (the default, CI's): every entry's key is computed; an entry whose key
+  equals the recorded one has the recorded machine code and passed the checks when it was
+  recorded, so it is not compiled. Entries whose key changed are compiled and checked, and the
+  result says whether their machine code changed; any changed key fails (exit 1) until
+  ``--update`` records it.
+* :func:`run_fingerprints` with ``update``: compile every entry, check it, and record
+  fingerprints and keys (what a developer runs after touching ``portattn/kernels/`` or
+  ``configs.py``).
+* :func:`run_fingerprints` without ``update``: compile every entry (or read a compile's
+  results) and compare the fingerprints.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from portattn.tools.golden.cases import CASES, CASES_VERSION, Case
+from portattn.tools.golden.commands import (
+    Printer,
+    case_definition,
+    family_config_hash,
+    say,
+)
+from portattn.tools.golden.layout import GoldenError, empty_doc
+from portattn.tools.golden.provenance import toolchain_key
+from portattn.tools.golden.records import config_hashes_of, stale_outputs
+from portattn.tools.golden.store import check_writable, golden_path, load, write_record
+
+# family -> entry label -> stage -> a fingerprint (str / None), or a compile record (a dict with
+# "fingerprint", "key", "ok", "failures": compilecheck.KernelResult.record)
+RecordsFn = Callable[[str], dict[str, dict[str, Any]]]
+# (family, labels) -> entry label -> stage -> compile record, of those labels only
+CompileFn = Callable[[str, list[str]], dict[str, dict[str, dict[str, Any]]]]
+# family -> entry label -> stage -> compile key (nothing compiled)
+KeyFn = Callable[[str], dict[str, dict[str, str]]]
+ConfigHashFn = Callable[[str], Callable[[str], str | None]]
+
+UPDATE_HINT = "python -m portattn golden fingerprints --update"
+
+
+def compile_records(family: str, labels: Iterable[str] | None = None) -> dict[str, dict]:
+    """Compile and check the guarded entries of ``family`` (or those of ``labels``): label ->
+    stage -> record. None for a family the table does not have."""
+    from portattn.families import FAMILIES
+
+    if family not in FAMILIES:
+        return {}
+    from portattn.tools.compilecheck import compile_records as compile_family
+
+    return compile_family(family, labels=labels)
+
+
+def compile_keys(family: str) -> dict[str, dict[str, str]]:
+    """The compile keys of every guarded entry of ``family`` (nothing compiled)."""
+    from portattn.families import FAMILIES
+
+    if family not in FAMILIES:
+        return {}
+    from portattn.tools.compile_keys import family_keys
+
+    return family_keys(family)
+
+
+def split_records(made: dict[str, dict[str, Any]]) -> tuple[dict, dict]:
+    """(fingerprints, keys) of ``made``: label -> stage -> value. A kernel that failed a check
+    has no key: an entry without a recorded key is compiled again by the key check."""
+    fingerprints: dict[str, dict[str, str | None]] = {}
+    keys: dict[str, dict[str, str]] = {}
+    for label, stages in made.items():
+        for stage, value in stages.items():
+            record = value if isinstance(value, dict) else {"fingerprint": value}
+            fingerprints.setdefault(label, {})[stage] = record.get("fingerprint")
+            if record.get("key") and record.get("ok", True):
+                keys.setdefault(label, {})[stage] = record["key"]
+    # An entry is keyed whole or not at all: its stages compile together.
+    keys = {label: k for label, k in keys.items() if set(k) == set(fingerprints[label])}
+    return fingerprints, keys
+
+
+def _config_differences(
+    doc: dict | None, family: str, toolchain: str, config_hash_fn: ConfigHashFn
+) -> tuple[dict[str, str], list[str]]:
+    """(configuration hashes of the entries the cases use, the entries whose hash differs from
+    the recorded one)."""
+    config_hash = config_hash_fn(family)
+    recorded = (doc or {}).get("cases", {})
+    entries = sorted(
+        {c.entry for c in CASES} | {Case.from_json(n, c).entry for n, c in recorded.items()}
+    )
+    hashes = {e: h for e in entries if (h := config_hash(e)) is not None}
+    recorded_hashes = config_hashes_of(doc or {}, toolchain)
+    diffs = [e for e, h in hashes.items() if recorded_hashes.get(e) not in (None, h)]
+    return hashes, diffs
+
+
+def _stale_note(doc: dict, family: str, toolchain: str, config_hash_fn: ConfigHashFn) -> str:
+    stale = stale_outputs(doc, toolchain, config_hash_fn(family))
+    return f"; stale outputs: re-record on {family} hardware" if stale else ""
+
+
+def _listed(items: list[str], most: int = 8) -> str:
+    return ", ".join(items[:most]) + (f" (+{len(items) - most} more)" if len(items) > most else "")
+
+
+# ----------------------------------------------------------------------------- key check
+
+
+def run_key_check(
+    families: list[str],
+    golden_dir: str | os.PathLike,
+    out: Printer = say,
+    toolchain: str | None = None,
+    key_fn: KeyFn = compile_keys,
+    compile_fn: CompileFn | None = compile_records,
+    config_hash_fn: ConfigHashFn = family_config_hash,
+) -> int:
+    """The CI check: compute every guarded entry's compile key, compile and check only the
+    entries whose key differs from ``golden/<family>.json``'s, and say whether their machine
+    code changed (``compile_fn`` None: only name them). 0: every key matches; 1: a key changed
+    (or a recorded entry is gone, or a configuration hash differs); 2: no fingerprints or keys
+    recorded for this Triton, or an unusable golden file."""
+    toolchain = toolchain or toolchain_key()
+    worst, keyed, compiled_entries, compile_seconds = 0, 0, 0, 0.0
+    began = time.perf_counter()
+    for family in families:
+        path = golden_path(golden_dir, family)
+        try:
+            doc = load(path) or {}
+        except GoldenError as exc:
+            out(f"{family}: error: {exc}")
+            worst = max(worst, 2)
+            continue
+        section = doc.get("toolchains", {}).get(toolchain, {})
+        stored_fps, stored_keys = section.get("fingerprints"), section.get("keys")
+        keyed += 1
+        if not stored_fps or not stored_keys:
+            what = "fingerprints" if not stored_fps else "compile keys"
+            out(f"{family}: no {what} for {toolchain} in {path}; run {UPDATE_HINT}")
+            worst = max(worst, 2)
+            continue
+        start = time.perf_counter()
+        current = key_fn(family)
+        _, config_diffs = _config_differences(doc, family, toolchain, config_hash_fn)
+        changed = sorted(label for label, keys in current.items() if stored_keys.get(label) != keys)
+        gone = sorted(set(stored_fps) - set(current))
+        if not (changed or gone or config_diffs):
+            note = _stale_note(doc, family, toolchain, config_hash_fn)
+            took = f"{time.perf_counter() - start:.0f} s"
+            out(f"{family}: {len(current)} entries, compile keys match {path} ({took}){note}")
+            continue
+        worst = max(worst, 1)
+        head = f"{family}: the compile inputs of {len(changed)} of {len(current)} entries differ "
+        if compile_fn is None:
+            out(head + f"from {path} (not compiled): {_listed(changed)}")
+        else:
+            compiling = time.perf_counter()
+            compiled = compile_fn(family, changed) if changed else {}
+            compile_seconds += time.perf_counter() - compiling
+            compiled_entries += len(changed)
+            took = f"{time.perf_counter() - start:.0f} s"
+            out(head + f"from {path}; compiled them ({took}):")
+            _report_changed(out, family, changed, compiled, stored_fps)
+        if gone:
+            out(f"  recorded, no longer guarded: {_listed(gone)}")
+        if config_diffs:
+            out(f"  configuration hash differs from the recorded one: {_listed(config_diffs)}")
+        out(f"  if the change is intended run {UPDATE_HINT} (docs/golden.md)")
+    total = time.perf_counter() - began
+    out(
+        f"key check of {keyed} families under {toolchain}: {total:.0f} s, of which "
+        f"{compile_seconds:.0f} s compiling {compiled_entries} entries whose key changed"
+    )
+    return worst
+
+
+def _report_changed(
+    out: Printer, family: str, changed: list[str], compiled: dict, stored_fps: dict
+) -> None:
+    fingerprints, _ = split_records(compiled)
+    failed, differ, same = [], [], []
+    for label in changed:
+        records = compiled.get(label, {})
+        for stage, record in sorted(records.items()):
+            if isinstance(record, dict) and not record.get("ok", True):
+                failed.append(f"{label}/{stage}: {'; '.join(record.get('failures', []))}")
+        stages = set(stored_fps.get(label, {})) | set(fingerprints.get(label, {}))
+        moved = [
+            f"{label}/{s}"
+            for s in sorted(stages)
+            if stored_fps.get(label, {}).get(s) != fingerprints.get(label, {}).get(s)
+        ]
+        differ.extend(moved)
+        if not moved:
+            same.append(label)
+    for line in failed:
+        out(f"  check failed: {line}")
+    if differ:
+        out(
+            f"  machine code differs ({len(differ)} kernels): {_listed(differ)}; the output "
+            f"hashes recorded with it become stale: re-record them on {family} hardware"
+        )
+    if same:
+        out(f"  machine code unchanged, recorded keys stale ({len(same)} entries): {_listed(same)}")
+
+
+# ----------------------------------------------------------------------------- full compile
+
+
+def run_fingerprints(
+    families: list[str],
+    golden_dir: str | os.PathLike,
+    update: bool = False,
+    out: Printer = say,
+    toolchain: str | None = None,
+    fingerprint_fn: RecordsFn = compile_records,
+    config_hash_fn: ConfigHashFn = family_config_hash,
+) -> int:
+    """Compare (or with ``update`` store) the compile fingerprints and configuration hashes of
+    each family with ``golden/<family>.json``; with ``update`` also the compile keys of what was
+    compiled. ``fingerprint_fn(family)`` compiles every guarded entry (or reads a compile's
+    results). CPU only, no GPU needed."""
+    toolchain = toolchain or toolchain_key()
+    worst = 0
+    for family in families:
+        path = golden_path(golden_dir, family)
+        try:
+            doc = load(path)
+            if update:
+                check_writable(path)  # before the compile, which takes minutes
+        except GoldenError as exc:
+            out(f"{family}: error: {exc}")
+            worst = max(worst, 2)
+            continue
+        hashes, config_diffs = _config_differences(doc, family, toolchain, config_hash_fn)
+        start = time.perf_counter()
+        made = fingerprint_fn(family)
+        current, keys = split_records(made)
+        took = f"{time.perf_counter() - start:.0f} s"
+        if update:
+            failed = sorted(
+                label
+                for label, stages in made.items()
+                if any(isinstance(r, dict) and not r.get("ok", True) for r in stages.values())
+            )
+            section = {"config_hashes": hashes, "fingerprints": current, "keys": keys}
+            code = _update(path, family, toolchain, section, config_hash_fn(family), out)
+            if failed:
+                out(f"{family}: not keyed, a kernel failed a check: {_listed(failed)}")
+            worst = max(worst, code, 1 if failed else 0)
+            continue
+        stored = (doc or {}).get("toolchains", {}).get(toolchain, {}).get("fingerprints")
+        if not stored:
+            out(f"{family}: no fingerprints for {toolchain} in {path} ({took}); run {UPDATE_HINT}")
+            worst = max(worst, 2)
+            continue
+        diffs = [
+            f"{e}/{s}"
+            for e in sorted(set(stored) | set(current))
+            for s in sorted(set(stored.get(e, {})) | set(current.get(e, {})))
+            if stored.get(e, {}).get(s) != current.get(e, {}).get(s)
+        ]
+        diffs += [f"configuration of {e}" for e in config_diffs]
+        if diffs:
+            out(
+                f"{family}: {len(diffs)} fingerprint(s) differ from {path} ({took}): "
+                f"{', '.join(diffs[:8])}{' ...' if len(diffs) > 8 else ''}; if the change is "
+                f"intended run {UPDATE_HINT} and re-record the outputs on {family} hardware"
+            )
+            worst = max(worst, 1)
+            continue
+        note = _stale_note(doc, family, toolchain, config_hash_fn)
+        out(f"{family}: {len(current)} entries match {path} ({took}){note}")
+    return worst
+
+
+def _update(path, family: str, toolchain: str, section: dict, config_hash, out: Printer) -> int:
+    record = empty_doc(family)
+    # The canonical case list and input hashes are the same on every machine.
+    record["cases_version"] = CASES_VERSION
+    record["cases"] = {c.name: case_definition(c) for c in CASES}
+    record["toolchains"][toolchain] = section
+    code = write_record(path, record, False, lambda line: out(f"{family}: {line.strip()}"))
+    if code:
+        return code
+    stale = stale_outputs(load(path) or {}, toolchain, config_hash)
+    if stale:
+        out(
+            f"{family}: stale: re-record on {family} hardware ({len(stale)} case(s) now "
+            "hold output hashes of older code)"
+        )
+    return 0

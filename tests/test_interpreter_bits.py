@@ -1,0 +1,113 @@
+"""The interpreter's bits do not depend on the Triton version: tiny cases of every kernel path
+(both kernels, forward and backward, GQA, causal and not, empty and one-token sequences, a
+partial tile, windows, softcap, sinks, a borrowed head dim, v's own head dim, paged decode)
+hash to the bits recorded in ``tests/interpreter_bits.json``, under Triton 3.6 and 3.9 alike.
+
+This is the evidence behind ``nox -s tests_newest`` running only the tests marked
+``triton_version`` (compiles, keys, tables, Triton's APIs): the other CPU tests run the same
+kernels through the same interpreter arithmetic, so their outcome is the same under every
+supported Triton. When a Triton release changes these bits, this test fails under it, and the
+whole suite must run under that Triton (``nox -s tests_newest -- -m "not gpu"``).
+
+Record again (only after a deliberate kernel change), on a CPU:
+``TRITON_INTERPRET=1 python tests/test_interpreter_bits.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from portattn.tools.golden.cases import Case
+
+pytestmark = [
+    pytest.mark.triton_version,
+    pytest.mark.skipif(
+        torch.cuda.is_available(), reason="the interpreter's bits; a GPU's are golden/'s"
+    ),
+]
+
+RECORD = Path(__file__).with_name("interpreter_bits.json")
+_C = Case
+CASES = [
+    _C("varlen-gqa-causal", "varlen", (0, 1, 17), (0, 1, 17), 4, 2, 32, "fp16", True, 1),
+    _C("varlen-sq-gt-sk", "varlen", (19, 5), (7, 5), 2, 1, 64, "bf16", True, 2, False),
+    _C("fixed-full", "fixed_order", (3, 21), (9, 0), 2, 2, 32, "bf16", False, 3),
+    _C("fixed-gqa-causal-d80", "fixed_order", (17,), (33,), 4, 1, 80, "fp16", True, 4),
+    _C(
+        "varlen-window-softcap",
+        "varlen",
+        (37,),
+        (37,),
+        2,
+        1,
+        32,
+        "fp16",
+        True,
+        5,
+        True,
+        window_left=8,
+        window_right=0,
+        softcap=5.0,
+    ),  # fmt: skip
+    _C(
+        "fixed-window-sinks",
+        "fixed_order",
+        (23, 2),
+        (23, 2),
+        2,
+        2,
+        32,
+        "bf16",
+        True,
+        6,
+        window_left=5,
+        window_right=3,
+        sinks=True,
+    ),  # fmt: skip
+    _C("varlen-head-dim-v", "varlen", (13,), (29,), 2, 1, 64, "fp16", False, 7, head_dim_v=32),
+    _C(
+        "fixed-paged-decode",
+        "fixed_order",
+        (1, 1),
+        (40, 17),
+        4,
+        2,
+        32,
+        "fp16",
+        True,
+        8,
+        page_size=16,
+        softcap=5.0,
+    ),  # fmt: skip
+    _C("varlen-paged-append", "varlen", (3,), (50,), 2, 2, 32, "bf16", True, 9, page_size=16),
+]
+
+
+def _bits(case: Case) -> dict:
+    from portattn.tools.golden.run import compute_case
+
+    return compute_case(case, "cpu").tensors
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_interpreter_bits_match_the_record(case):
+    recorded = json.loads(RECORD.read_text())
+    assert case.name in recorded, f"{case.name} not recorded: run python {__file__}"
+    assert _bits(case) == recorded[case.name]
+
+
+def test_the_record_has_no_stale_case():
+    assert set(json.loads(RECORD.read_text())) == {c.name for c in CASES}
+
+
+if __name__ == "__main__":  # record: TRITON_INTERPRET=1 python tests/test_interpreter_bits.py
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        sys.exit("set TRITON_INTERPRET=1: the record is of the interpreter's bits")
+    RECORD.write_text(json.dumps({c.name: _bits(c) for c in CASES}, indent=1, sort_keys=True))
+    print(f"wrote {RECORD} ({len(CASES)} cases)")
