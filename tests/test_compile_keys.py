@@ -167,7 +167,8 @@ def test_key_check_compiles_only_changed_entries(tmp_path):
 
     # Nothing changed: nothing compiled, exit 0.
     code, lines, calls = _check(tmp_path, _keys_of(ENTRIES), ENTRIES)
-    assert (code, calls) == (0, []) and "compile keys match" in lines[-1]
+    assert (code, calls) == (0, []) and "compile keys match" in lines[0]
+    assert lines[-1].endswith("0 s compiling 0 entries whose key changed")
 
     # One entry's key changed, same machine code: compiled alone, stale key fails.
     keys = _keys_of(ENTRIES) | {"varlen/d32/fp16": {"fwd": "k1x", "bwd_dq": "k2"}}
@@ -196,7 +197,7 @@ def test_key_check_compiles_only_changed_entries(tmp_path):
 
 def test_key_check_without_keys_or_with_a_new_entry(tmp_path):
     code, lines, _ = _check(tmp_path, _keys_of(ENTRIES), ENTRIES)
-    assert code == 2 and "no fingerprints" in lines[-1]
+    assert code == 2 and lines == [lines[0]] and "no fingerprints" in lines[0]
 
     def fps_only(family):
         return {e: {s: r["fingerprint"] for s, r in st.items()} for e, st in ENTRIES.items()}
@@ -205,7 +206,7 @@ def test_key_check_without_keys_or_with_a_new_entry(tmp_path):
         run_fingerprints([FAKE], tmp_path, update=True, fingerprint_fn=fps_only, toolchain=TC) == 0
     )
     code, lines, _ = _check(tmp_path, _keys_of(ENTRIES), ENTRIES)
-    assert code == 2 and "no compile keys" in lines[-1]
+    assert code == 2 and lines == [lines[0]] and "no compile keys" in lines[0]
     made = lambda family: ENTRIES  # noqa: E731
     assert run_fingerprints([FAKE], tmp_path, update=True, fingerprint_fn=made, toolchain=TC) == 0
     new = {"varlen/d40/bf16": {"fwd": _record("n1", "kn"), "bwd_dq": _record("n2", "kn2")}}
