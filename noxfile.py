@@ -1,20 +1,23 @@
 """nox sessions for portattn.
 
-- ``tests``: the CPU suite, in its own virtualenv (kernels run under Triton's interpreter; the
-  test harness ``tests/conftest.py`` sets TRITON_INTERPRET=1, nox does not; every family's
-  configuration entries run there too, ``tests/test_family_tiles.py``), followed by the
-  ahead-of-time compile check of every configuration of every family (compiles, fits, no
-  spills, matrix instructions; and the CI subset's borrowed head dims) and the golden
-  fingerprint check of that compile (what every configuration of every family compiles to must
-  match ``golden/<family>.json``). This is the README's test command, and what ``.ci/run`` runs.
-  It pins Triton 3.6, the GPU machine's.
-- ``tests_newest``: the same with the newest supported Triton (3.9), whose configuration
-  table has its own rows where it must (``portattn.configs._SINCE_TRITON``) and whose
-  fingerprints ``golden/`` keeps beside 3.6's; of the family entries under the interpreter it
-  runs only those rows.
+- ``tests``: the CPU suite, in its own virtualenv, on every core (pytest-xdist; kernels run
+  under Triton's interpreter: the test harness ``tests/conftest.py`` sets TRITON_INTERPRET=1,
+  nox does not; every family's configuration entries run there too,
+  ``tests/test_family_tiles.py``), followed by the compile-key check of every guarded entry of
+  every family against ``golden/<family>.json`` (``python -m portattn golden fingerprints``:
+  entries whose compile inputs are unchanged are not compiled; the others are compiled and
+  checked, and fail until ``golden/`` is updated). This is the README's test command with
+  ``tests_newest``, and what ``.ci/run`` runs. It pins Triton 3.6, the GPU machine's.
+- ``tests_newest``: with the newest supported Triton (3.9), whose configuration table has its
+  own rows where it must (``portattn.configs._SINCE_TRITON``) and whose fingerprints and keys
+  ``golden/`` keeps beside 3.6's: the tests marked ``triton_version`` (of the family entries
+  under the interpreter only that version's own rows), then its key check.
+- ``quick``: for iteration, a few minutes: lint, the key check naming what changed without
+  compiling, and a smoke subset of the tests (or those named after ``--``).
 - ``lint``: ruff check and ruff format --check.
-- ``compile``: the full ahead-of-time compile matrix (every family, kernel, head dim, dtype);
-  CPU only, no GPU needed.
+- ``compile``: the full ahead-of-time compile of every guarded entry, checked; CPU only.
+- ``fingerprints``: that compile under both Tritons, recorded into ``golden/`` with the compile
+  keys (run it after any change under ``portattn/kernels/`` or to ``portattn/configs.py``).
 - ``gpu(family=...)``: the test suite on a GPU of that family, then ``python -m portattn golden
   verify`` (the stored golden hashes, bitwise), in the *current* Python environment (see the
   session's docstring).

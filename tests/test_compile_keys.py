@@ -79,6 +79,24 @@ def test_keys_cover_every_guarded_kernel(base_keys):
         assert len(set(flat)) == len(flat)
 
 
+def test_an_entry_hashed_alone_has_the_key_of_the_family_check(base_keys):
+    """The compile records each entry's keys in a fresh process; the key check hashes every
+    entry in one. Under Triton 3.6 a jit function's hash depended on what the process hashed
+    before (compile_keys._forget_jit_hashes): sm90's d128 Gluon kernels are where it showed."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    code = (
+        "import json; from portattn.tools.compile_keys import entry_keys; "
+        "from portattn.tools.compile_launches import Entry; "
+        "print(json.dumps(entry_keys(Entry('sm90', 'fixed_order', 128, 'fp16'))))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout) == base_keys["sm90"]["fixed_order/d128/fp16"]
+
+
 def test_keys_are_the_same_from_a_clone_at_another_path(base_keys, tmp_path):
     assert _keys(_copy(tmp_path)) == base_keys
 
@@ -149,9 +167,9 @@ def _keys_of(made: dict) -> dict:
 def _check(tmp_path, keys: dict, compiled: dict) -> tuple[int, list[str], list]:
     calls = []
 
-    def compile_fn(family, labels):
-        calls.append(sorted(labels))
-        return {label: compiled[label] for label in labels}
+    def compile_fn(family, stages_of):
+        calls.append(stages_of)
+        return {label: {s: compiled[label][s] for s in st} for label, st in stages_of.items()}
 
     lines, out = capture()
     code = run_key_check(
@@ -168,13 +186,13 @@ def test_key_check_compiles_only_changed_entries(tmp_path):
     # Nothing changed: nothing compiled, exit 0.
     code, lines, calls = _check(tmp_path, _keys_of(ENTRIES), ENTRIES)
     assert (code, calls) == (0, []) and "compile keys match" in lines[0]
-    assert lines[-1].endswith("0 s compiling 0 entries whose key changed")
+    assert lines[-1].endswith("0 s compiling 0 entries whose keys changed")
 
-    # One entry's key changed, same machine code: compiled alone, stale key fails.
+    # One kernel's key changed, same machine code: compiled alone, the stale key fails.
     keys = _keys_of(ENTRIES) | {"varlen/d32/fp16": {"fwd": "k1x", "bwd_dq": "k2"}}
     code, lines, calls = _check(tmp_path, keys, ENTRIES)
-    assert (code, calls) == (1, [["varlen/d32/fp16"]])
-    assert any("machine code unchanged, recorded keys stale (1 entries)" in ln for ln in lines)
+    assert (code, calls) == (1, [{"varlen/d32/fp16": ["fwd"]}])
+    assert any("machine code unchanged, recorded keys stale (1 kernels)" in ln for ln in lines)
 
     # Changed key and changed machine code: the kernel is named.
     changed = dict(ENTRIES, **{"varlen/d32/fp16": dict(ENTRIES["varlen/d32/fp16"])})
@@ -187,6 +205,7 @@ def test_key_check_compiles_only_changed_entries(tmp_path):
     # A failed check is reported and the entry is not keyed by --update.
     failing = dict(changed)
     failing["varlen/d32/fp16"] = dict(changed["varlen/d32/fp16"], bwd_dq=_record("g1", "k2", False))
+    keys["varlen/d32/fp16"]["bwd_dq"] = "k2x"
     code, lines, _ = _check(tmp_path, keys, failing)
     assert code == 1 and any("check failed: varlen/d32/fp16/bwd_dq: spills" in ln for ln in lines)
     made = lambda family: failing  # noqa: E731
@@ -211,7 +230,7 @@ def test_key_check_without_keys_or_with_a_new_entry(tmp_path):
     assert run_fingerprints([FAKE], tmp_path, update=True, fingerprint_fn=made, toolchain=TC) == 0
     new = {"varlen/d40/bf16": {"fwd": _record("n1", "kn"), "bwd_dq": _record("n2", "kn2")}}
     code, lines, calls = _check(tmp_path, _keys_of(ENTRIES | new), ENTRIES | new)
-    assert (code, calls) == (1, [["varlen/d40/bf16"]])
+    assert (code, calls) == (1, [{"varlen/d40/bf16": ["bwd_dq", "fwd"]}])
     assert any("varlen/d40/bf16/fwd" in ln for ln in lines)
 
 
@@ -225,3 +244,8 @@ def test_merge_drops_the_key_of_fingerprints_recorded_without_one():
     refreshed = {"fingerprints": {"a": {"fwd": "f2"}, "b": {"fwd": "g1"}}}
     doc, changes = merge(doc, {"family": FAKE, "cases": {}, "toolchains": {TC: refreshed}})
     assert doc["toolchains"][TC]["keys"] == {"b": {"fwd": "k2"}}
+    # A full compile (--update: it records keys) drops entries it no longer compiles.
+    update = {"fingerprints": {"b": {"fwd": "g1"}}, "keys": {"b": {"fwd": "k2"}}}
+    doc, changes = merge(doc, {"family": FAKE, "cases": {}, "toolchains": {TC: update}})
+    assert set(doc["toolchains"][TC]["fingerprints"]) == {"b"}
+    assert any("removed for 1 entries no longer compiled: a" in c for c in changes)

@@ -16,7 +16,9 @@ D = 64
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_run_to_run(kernel, causal):
-    checks.check_run_to_run(kernel, causal, [40, 0, 17, 63], [33, 5, 17, 70], (4, 2), D, F16, 2, 20)
+    # One repeat: the interpreter has no scheduling to vary, so a second repeat proves nothing
+    # more here; tests/test_invariance_gpu.py repeats on the GPU, where order could vary.
+    checks.check_run_to_run(kernel, causal, [40, 0, 17, 63], [33, 5, 17, 70], (4, 2), D, F16, 1, 20)
 
 
 @pytest.mark.parametrize("causal", [False, True])

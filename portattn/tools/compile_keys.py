@@ -27,6 +27,7 @@ import hashlib
 import inspect
 import json
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import fields
 from typing import Any
@@ -235,8 +236,29 @@ def launch_inputs(launch: Launch, family: Family) -> dict[str, Any]:
 def stage_key(launches: Iterable[Launch], family: Family) -> str:
     """The key of one stage: SHA-256 of its launches' inputs, in launch order (call inside
     :func:`pinned_knobs`, as the compile does)."""
-    blob = json.dumps([launch_inputs(launch, family) for launch in launches], sort_keys=True)
+    inputs = []
+    for launch in launches:
+        _forget_jit_hashes()
+        inputs.append(launch_inputs(launch, family))
+    blob = json.dumps(inputs, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _forget_jit_hashes() -> None:
+    """Clear the hash every jit function of ``portattn.kernels`` caches, so that a kernel's
+    source hash is the one a fresh process computes, whatever this process hashed before.
+    Triton 3.6 to 3.8 merge a callee's constexpr globals into its caller's hash only when the
+    callee was hashed before (``DependenciesFinder._update_hash`` reads them before hashing
+    it; 3.9 hashes it first): sm90's d128 Gluon kernels hashed differently in a process that
+    had hashed other entries first."""
+    from triton.runtime.jit import JITCallable
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("portattn.kernels") and module is not None:
+            for value in vars(module).values():
+                if isinstance(value, JITCallable):
+                    value.hash = None
+                    value.used_global_vals = {}
 
 
 def entry_keys(entry: Entry) -> dict[str, str]:

@@ -303,16 +303,18 @@ def compile_records(
     kernels: Iterable[str] | None = None,
     head_dims: Iterable[int] | None = None,
     dtypes: Iterable[str] | None = None,
-    labels: Iterable[str] | None = None,
+    stages_of: dict[str, list[str]] | None = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Compile and check entries of ``family``: entry label -> stage -> record
     (:meth:`KernelResult.record`: fingerprint, key, ok, resources). Without filters, every
-    guarded entry (``compile_keys.guarded_entries``, the set golden/ records), or only those
-    of ``labels``; with filters, the table's entries they select. Under Triton's interpreter
-    the compile runs in a child process without ``TRITON_INTERPRET``."""
+    guarded entry (``compile_keys.guarded_entries``, the set golden/ records), or only the
+    records of ``stages_of`` (entry label -> stages; the whole entry compiles, its stages in
+    order in one process, as when golden/ was recorded: Triton 3.9's AMD backend keeps state
+    from one compile to the next); with filters, the table's entries they select. Under
+    Triton's interpreter the compile runs in a child process without ``TRITON_INTERPRET``."""
     kernels, head_dims, dtypes = (list(x) if x else None for x in (kernels, head_dims, dtypes))
     filtered = any((kernels, head_dims, dtypes))
-    labels = list(labels) if labels is not None else None
+    labels = list(stages_of) if stages_of is not None else None
     if labels == []:
         return {}
     if interpreter_active():
@@ -328,10 +330,16 @@ def compile_records(
             entries = select_entries([family], kernels, head_dims, dtypes)
         else:
             entries = guarded_entries(family)
-        if labels is not None:
-            entries = [e for e in entries if e.label in labels]
+        if stages_of is not None:
+            entries = [e for e in entries if e.label in stages_of]
         data = results_json(run_entries(entries, min(os.cpu_count() or 1, len(entries))))
-    return data.get(family, {})
+    records = data.get(family, {})
+    if stages_of is not None:
+        records = {
+            label: {s: r for s, r in records.get(label, {}).items() if s in stages}
+            for label, stages in stages_of.items()
+        }
+    return records
 
 
 def _run_child(argv: list[str]) -> dict:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from portattn.tools.golden.cases import CASES, CASES_VERSION, Case
@@ -39,8 +39,8 @@ from portattn.tools.golden.store import check_writable, golden_path, load, write
 # family -> entry label -> stage -> a fingerprint (str / None), or a compile record (a dict with
 # "fingerprint", "key", "ok", "failures": compilecheck.KernelResult.record)
 RecordsFn = Callable[[str], dict[str, dict[str, Any]]]
-# (family, labels) -> entry label -> stage -> compile record, of those labels only
-CompileFn = Callable[[str, list[str]], dict[str, dict[str, dict[str, Any]]]]
+# (family, {label: stages}) -> entry label -> stage -> compile record, of those kernels only
+CompileFn = Callable[[str, dict[str, list[str]]], dict[str, dict[str, dict[str, Any]]]]
 # family -> entry label -> stage -> compile key (nothing compiled)
 KeyFn = Callable[[str], dict[str, dict[str, str]]]
 ConfigHashFn = Callable[[str], Callable[[str], str | None]]
@@ -48,16 +48,17 @@ ConfigHashFn = Callable[[str], Callable[[str], str | None]]
 UPDATE_HINT = "python -m portattn golden fingerprints --update"
 
 
-def compile_records(family: str, labels: Iterable[str] | None = None) -> dict[str, dict]:
-    """Compile and check the guarded entries of ``family`` (or those of ``labels``): label ->
-    stage -> record. None for a family the table does not have."""
+def compile_records(family: str, stages_of: dict[str, list[str]] | None = None) -> dict:
+    """Compile and check the guarded entries of ``family`` (or only the kernels ``stages_of``
+    names: entry label -> stages): label -> stage -> record. Empty for a family the table does
+    not have."""
     from portattn.families import FAMILIES
 
     if family not in FAMILIES:
         return {}
     from portattn.tools.compilecheck import compile_records as compile_family
 
-    return compile_family(family, labels=labels)
+    return compile_family(family, stages_of=stages_of)
 
 
 def compile_keys(family: str) -> dict[str, dict[str, str]]:
@@ -151,7 +152,12 @@ def run_key_check(
         start = time.perf_counter()
         current = key_fn(family)
         _, config_diffs = _config_differences(doc, family, toolchain, config_hash_fn)
-        changed = sorted(label for label, keys in current.items() if stored_keys.get(label) != keys)
+        # entry label -> the stages whose key differs from the recorded one
+        changed = {
+            label: [s for s in sorted(keys) if stored_keys.get(label, {}).get(s) != keys[s]]
+            for label, keys in sorted(current.items())
+            if stored_keys.get(label) != keys
+        }
         gone = sorted(set(stored_fps) - set(current))
         if not (changed or gone or config_diffs):
             note = _stale_note(doc, family, toolchain, config_hash_fn)
@@ -161,14 +167,15 @@ def run_key_check(
         worst = max(worst, 1)
         head = f"{family}: the compile inputs of {len(changed)} of {len(current)} entries differ "
         if compile_fn is None:
-            out(head + f"from {path} (not compiled): {_listed(changed)}")
+            out(head + f"from {path} (not compiled): {_listed(_kernels(changed))}")
         else:
             compiling = time.perf_counter()
             compiled = compile_fn(family, changed) if changed else {}
             compile_seconds += time.perf_counter() - compiling
             compiled_entries += len(changed)
             took = f"{time.perf_counter() - start:.0f} s"
-            out(head + f"from {path}; compiled them ({took}):")
+            kernels = len(_kernels(changed))
+            out(head + f"from {path} ({kernels} kernels); compiled those entries ({took}):")
             _report_changed(out, family, changed, compiled, stored_fps)
         if gone:
             out(f"  recorded, no longer guarded: {_listed(gone)}")
@@ -179,30 +186,27 @@ def run_key_check(
         total = time.perf_counter() - began
         out(
             f"key check of {keyed} families under {toolchain}: {total:.0f} s, of which "
-            f"{compile_seconds:.0f} s compiling {compiled_entries} entries whose key changed"
+            f"{compile_seconds:.0f} s compiling {compiled_entries} entries whose keys changed"
         )
     return worst
 
 
+def _kernels(changed: dict[str, list[str]]) -> list[str]:
+    return [f"{label}/{stage}" for label, stages in changed.items() for stage in stages]
+
+
 def _report_changed(
-    out: Printer, family: str, changed: list[str], compiled: dict, stored_fps: dict
+    out: Printer, family: str, changed: dict[str, list[str]], compiled: dict, stored_fps: dict
 ) -> None:
-    fingerprints, _ = split_records(compiled)
+    """Per changed kernel: did it fail a check, did its machine code move."""
     failed, differ, same = [], [], []
-    for label in changed:
-        records = compiled.get(label, {})
-        for stage, record in sorted(records.items()):
-            if isinstance(record, dict) and not record.get("ok", True):
+    for label, stages in changed.items():
+        for stage in stages:
+            record = compiled.get(label, {}).get(stage) or {"ok": False, "failures": ["missing"]}
+            if not record.get("ok", True):
                 failed.append(f"{label}/{stage}: {'; '.join(record.get('failures', []))}")
-        stages = set(stored_fps.get(label, {})) | set(fingerprints.get(label, {}))
-        moved = [
-            f"{label}/{s}"
-            for s in sorted(stages)
-            if stored_fps.get(label, {}).get(s) != fingerprints.get(label, {}).get(s)
-        ]
-        differ.extend(moved)
-        if not moved:
-            same.append(label)
+            moved = stored_fps.get(label, {}).get(stage) != record.get("fingerprint")
+            (differ if moved else same).append(f"{label}/{stage}")
     for line in failed:
         out(f"  check failed: {line}")
     if differ:
@@ -211,7 +215,7 @@ def _report_changed(
             f"hashes recorded with it become stale: re-record them on {family} hardware"
         )
     if same:
-        out(f"  machine code unchanged, recorded keys stale ({len(same)} entries): {_listed(same)}")
+        out(f"  machine code unchanged, recorded keys stale ({len(same)} kernels): {_listed(same)}")
 
 
 # ----------------------------------------------------------------------------- full compile

@@ -91,6 +91,16 @@ def merge(
                 keyed.append(entry)
         if keyed:
             changes.append(f"[{toolchain}] compile keys recorded for {len(keyed)} entries")
+        if "keys" in section:  # a full compile (fingerprints --update): what it lacks is gone
+            dropped = sorted(set(target["fingerprints"]) - set(section.get("fingerprints", {})))
+            for entry in dropped:
+                del target["fingerprints"][entry]
+                target.get("keys", {}).pop(entry, None)
+            if dropped:
+                changes.append(
+                    f"[{toolchain}] fingerprints removed for {len(dropped)} entries no longer "
+                    f"compiled: {', '.join(dropped)}"
+                )
         if added:
             changes.append(f"[{toolchain}] fingerprints added for {len(added)} entries")
         if updated:
