@@ -38,9 +38,9 @@ from portattn.tools.compile_launches import (
     STAGES,
     Entry,
     Launch,
-    _unset_env,
     record_launches,
     select_entries,
+    unset_env,
 )
 
 # Bump when what goes into a key changes (every key then changes, every entry compiles once).
@@ -130,7 +130,7 @@ def pinned_knobs(cache_dir: str) -> Iterator[None]:
 
     pinned = dict(PINNED_KNOBS, cache={"dir": cache_dir})
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_unset_env(code_env_vars()))
+        stack.enter_context(unset_env(code_env_vars()))
         for group_name, settings in pinned.items():
             group = getattr(knobs, group_name)
             stack.enter_context(group.scope())

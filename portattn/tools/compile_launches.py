@@ -89,7 +89,7 @@ class Launch:
 
 
 @contextlib.contextmanager
-def _unset_env(names: Iterable[str]) -> Iterator[None]:
+def unset_env(names: Iterable[str]) -> Iterator[None]:
     saved = {name: os.environ.pop(name) for name in names if name in os.environ}
     try:
         yield
@@ -125,7 +125,7 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
     split_p, cfg = splits_p(entry.kernel), cfg or entry.config()
     # The launches a GPU run makes: the planners choose some kernels by whether the CPU
     # interpreter is on (the pytest harness sets it), so it is off while planning.
-    with _unset_env(["TRITON_INTERPRET"]):
+    with unset_env(["TRITON_INTERPRET"]):
         problem = describe(q, k, cu, seq, seq, causal, scale, entry.kernel, cfg, head_dim_v=dim_v)
         fwd = plan_forward(problem, q, k, v, cu, cu, store_o32=split_p)
         o_for_delta = fwd.out32 if split_p else fwd.out

@@ -84,10 +84,10 @@ from portattn.tools.compile_launches import (  # noqa: F401  (re-exported: the c
     WS_KERNELS,
     Entry,
     Launch,
-    _unset_env,
     record_launches,
     select_entries,
     table_mismatches,
+    unset_env,
 )
 
 CI_HEAD_DIMS = (128, 64, 80)  # 80: a borrowed head dim (the d96 row), Phi-2's
