@@ -38,6 +38,7 @@ from portattn.tools.compile_launches import (
     STAGES,
     Entry,
     Launch,
+    compiler_env,
     record_launches,
     select_entries,
     unset_env,
@@ -281,18 +282,17 @@ def family_keys(family: str) -> dict[str, dict[str, str]]:
 
 def _keys_in_child(family: str) -> dict[str, dict[str, str]]:
     import subprocess
-    import sys
-    from pathlib import Path
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    package_root = str(Path(__file__).resolve().parents[2])  # the checkout (portattn/tools/..)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     code = (
         "import json, sys; from portattn.tools.compile_keys import family_keys; "
         "json.dump(family_keys(sys.argv[1]), sys.stdout)"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code, family], env=env, capture_output=True, text=True, check=False
+        [sys.executable, "-c", code, family],
+        env=compiler_env(),
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if proc.returncode:
         raise RuntimeError(f"compile keys child failed ({proc.returncode}): {proc.stderr[-2000:]}")

@@ -11,6 +11,7 @@ import inspect
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -95,6 +96,15 @@ def unset_env(names: Iterable[str]) -> Iterator[None]:
         yield
     finally:
         os.environ.update(saved)
+
+
+def compiler_env() -> dict[str, str]:
+    """The environment of a child process that needs Triton's compiler when this one runs the
+    interpreter: without ``TRITON_INTERPRET``, this checkout first on ``PYTHONPATH``."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    package_root = str(Path(__file__).resolve().parents[2])  # the checkout (portattn/tools/..)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    return env
 
 
 def _bind(stage: str, fn: Any, args: tuple, params: dict) -> Launch:

@@ -41,7 +41,6 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from portattn.configs import (
@@ -84,6 +83,7 @@ from portattn.tools.compile_launches import (  # noqa: F401  (re-exported: the c
     WS_KERNELS,
     Entry,
     Launch,
+    compiler_env,
     record_launches,
     select_entries,
     table_mismatches,
@@ -343,9 +343,7 @@ def compile_records(
 
 
 def _run_child(argv: list[str]) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    package_root = str(Path(__file__).resolve().parents[2])  # the checkout (portattn/tools/..)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    env = compiler_env()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "results.json")
         cmd = [sys.executable, "-m", "portattn", "compile", "--quiet", "--json", path, *argv]
