@@ -20,6 +20,8 @@ import numbers
 import torch
 
 from portattn.api import _capturing, _needs_grad, _run_fwd
+from portattn.configs import resolve_config
+from portattn.kernels.buffers import check_row_strides
 from portattn.validation import (
     DTypeError,
     check_block_table_meta,
@@ -137,6 +139,29 @@ def _check_values(
             )
         if new and len(set(rows)) != len(rows):
             raise ValueError("cache_batch_idx must not repeat a row when new keys are appended")
+
+
+def _check_launchable(q_rows, k_cache, v_cache, kernel: str) -> None:
+    """What the forward op would reject only once it plans its launch (its configuration
+    lookup, the row strides of odd multiples of 8), checked before the append writes the
+    caches: a rejected call leaves them as they were."""
+    resolve_config(q_rows.device, kernel, q_rows.shape[-1], q_rows.dtype, v_cache.shape[-1])
+    check_row_strides(q_rows, k_cache, v_cache)  # the tensors the op gets, as it checks them
+
+
+def _check_writable(caches: dict[str, torch.Tensor]) -> None:
+    """The append writes the caches in place, k_cache first: an in-place write PyTorch would
+    refuse to the second (an inference tensor outside ``torch.inference_mode``) is refused
+    here, before the first."""
+    if torch.is_inference_mode_enabled():
+        return
+    for name, cache in caches.items():
+        if cache.is_inference():
+            raise ValueError(
+                f"{name} is an inference tensor (made under torch.inference_mode) and k/v are "
+                "appended to it in place, which PyTorch allows only inside "
+                "torch.inference_mode: call there, or pass a clone"
+            )
 
 
 def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, page_size, batch_idx) -> None:
@@ -258,13 +283,16 @@ def flash_attn_with_kvcache(
             None if cache_batch_idx is None else batch_idx,
             k_cache.shape[0],
         )
+    q_rows = q.reshape(batch * seqlen_q, n_heads_q, head_dim)
+    _check_launchable(q_rows, k_cache, v_cache, kernel)
     if new:
+        _check_writable({"k_cache": k_cache, "v_cache": v_cache})
         _append(k_cache, v_cache, k, v, seqlens, block_table, page_size, batch_idx)
     cu_seqlens_k = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
     cu_seqlens_k[1:] = torch.cumsum(seqlens + new, 0)
     cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * seqlen_q
     out, lse = _run_fwd(
-        q.reshape(batch * seqlen_q, n_heads_q, head_dim),
+        q_rows,
         k_cache,
         v_cache,
         cu_seqlens_q,

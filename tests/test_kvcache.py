@@ -350,3 +350,52 @@ def test_kvcache_window_and_softcap_rows_equal_prefill(kernel):
     sel = torch.cat(rows).to(DEVICE)
     assert torch.equal(got.reshape(-1, HQ, D), out[sel])
     assert torch.equal(got_lse.permute(0, 2, 1).reshape(-1, HQ), lse[sel])
+
+
+# --- A rejected call writes nothing (issue 35) --------------------------------------------------
+
+
+def _strided(*shape, width: int, gen) -> torch.Tensor:
+    """A [..., D] view of [..., width] memory: token/head strides of ``width`` elements."""
+    return torch.randn(*shape[:-1], width, generator=gen).to(DTYPE).to(DEVICE)[..., : shape[-1]]
+
+
+def _append_call(q, k_cache, v_cache, gen, **kwargs):
+    """flash_attn_with_kvcache appending one new key/value per sequence (the caches' dims)."""
+    batch, hkv = q.shape[0], k_cache.shape[2]
+    k_new = torch.randn(batch, 1, hkv, k_cache.shape[-1], generator=gen).to(DTYPE).to(DEVICE)
+    v_new = torch.randn(batch, 1, hkv, v_cache.shape[-1], generator=gen).to(DTYPE).to(DEVICE)
+    return portattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **kwargs)
+
+
+def _assert_rejected_unwritten(q, k_cache, v_cache, match, gen, **kwargs):
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    with pytest.raises(ValueError, match=match):
+        _append_call(q, k_cache, v_cache, gen, **kwargs)
+    assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)
+
+
+@pytest.mark.parametrize("strided", ["q", "caches"])
+def test_kvcache_stride_error_writes_nothing(strided):
+    """Head dim 40 (an odd multiple of 8) needs token/head strides that are multiples of 8
+    (``buffers.check_row_strides``): that error comes before the append writes the caches."""
+    gen, d = torch.Generator().manual_seed(2), 40
+    width = 41 if strided == "q" else d
+    q = _strided(2, 1, HQ, d, width=width, gen=gen)
+    width = 41 if strided == "caches" else d
+    k_cache = _strided(2, 16, HKV, d, width=width, gen=gen)
+    v_cache = _strided(2, 16, HKV, d, width=width, gen=gen)
+    seqlens = torch.tensor([3, 5], dtype=torch.int32, device=DEVICE)
+    _assert_rejected_unwritten(q, k_cache, v_cache, "odd multiple of 8", gen, cache_seqlens=seqlens)
+
+
+def test_kvcache_inference_cache_error_writes_nothing():
+    """PyTorch refuses in-place writes to an inference tensor outside inference mode: a
+    v_cache made under torch.inference_mode is refused before k_cache is written."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 1, HQ, D, generator=gen).to(DTYPE).to(DEVICE)
+    k_cache = torch.randn(2, 16, HKV, D, generator=gen).to(DTYPE).to(DEVICE)
+    with torch.inference_mode():
+        v_cache = k_cache.clone()
+    match = "v_cache is an inference tensor"
+    _assert_rejected_unwritten(q, k_cache, v_cache, match, gen, cache_seqlens=3)
