@@ -168,24 +168,56 @@ def mask_scores(b_qk, m_vis):
 
 
 @triton.jit
+def masked_product(b_a, b_x, b_acc, m_vis, SPLIT_P: tl.constexpr, INTERPRET: tl.constexpr):
+    """``mma_rounded(b_a, b_x, b_acc)`` of a masked tile, where row ``m`` of the product sees
+    only the rows ``n`` of ``b_x`` with ``m_vis[m, n]`` (b_a [M, N]: P or dS, or their
+    transposes in the dK/dV products; b_x [N, C]: V or K, or Q / dO; m_vis [M, N]).
+
+    ``b_a``'s unseen entries are 0, but 0 times a NaN or an infinity is NaN, so an unseen key
+    (or query row) holding one would reach every row of the tile. Here unseen entries of
+    ``b_a`` are made exact zeros (they are NaN where a row's lse or delta is), ``b_x``'s
+    non-finite entries become 0, and the rows of the product that see one of them are set to
+    NaN: a row's result depends on what it sees only, and where that is non-finite so is the
+    row (NaN here; whatever IEEE gives in an unmasked tile). Masked tiles only: unmasked tiles
+    keep their plain product, and finite inputs get the bits of the plain product."""
+    b_a = tl.where(m_vis, b_a, 0.0)
+    m_finite = tl.abs(b_x.to(tl.float32)) < float("inf")  # False for NaN and +-inf
+    b_x = tl.where(m_finite, b_x, tl.zeros_like(b_x))
+    m_bad = tl.max(tl.where(m_finite, 0, 1), 1) > 0  # [N] rows of b_x with a non-finite entry
+    m_sees_bad = tl.max(tl.where(m_vis & m_bad[None, :], 1, 0), 1) > 0  # [M]
+    b_acc = mma_rounded(b_a, b_x, b_acc, SPLIT_P, INTERPRET)
+    return tl.where(m_sees_bad[:, None], float("nan"), b_acc)
+
+
+@triton.jit
 def softcap_scores(b_qk, scale_log2, SOFTCAP: tl.constexpr):
-    """Softcapping (Gemma 2): raw scores ``qk`` -> ``c * tanh(scale * qk / c)`` in log2 units
-    (times log2 e, so the softmax then scales by 1), and ``tanh`` for the backward's
-    derivative ``scale * (1 - tanh**2)``. ``tanh(u) = 1 - 2 / (exp(2u) + 1)`` with exp2, the
-    same expression on every device and under the interpreter (no libdevice)."""
+    """Softcapping (Gemma 2): raw scores ``qk`` -> ``tanh(u)`` with ``u = scale * qk / c``; the
+    capped score in log2 units is ``tanh(u) * c * log2(e)`` (``softcap_log2``), a product
+    the softmax applies where it applies the scale of uncapped scores (``scores_log2``), and
+    ``tanh`` is also the backward's derivative ``scale * (1 - tanh**2)``. ``tanh(u) = 1 - 2 /
+    (exp(2u) + 1)`` with exp2, the same expression on every device and under the interpreter
+    (no libdevice)."""
     b_e2u = tl.exp2(b_qk * (scale_log2 * (2.0 / SOFTCAP)))  # exp(2u), u = scale * qk / c
-    b_tanh = 1.0 - 2.0 / (b_e2u + 1.0)
-    return b_tanh * (SOFTCAP * 1.4426950408889634), b_tanh
+    return 1.0 - 2.0 / (b_e2u + 1.0)
+
+
+@triton.jit
+def softcap_log2(SOFTCAP: tl.constexpr):
+    """The factor from ``tanh(u)`` to the capped score in log2 units: ``c * log2(e)``."""
+    return SOFTCAP * 1.4426950408889634
 
 
 @triton.jit
 def scores_log2(b_qk, scale_log2, SOFTCAP: tl.constexpr):
-    """The scores of a tile ready for the softmax, and the scale the softmax still applies:
-    raw scores and ``scale_log2``, or with ``SOFTCAP`` > 0 the capped scores in log2 units
-    and 1 (``softcap_scores``; its tanh is recomputed where the backward needs it)."""
+    """The scores of a tile ready for the mask and the softmax, and the factor the softmax
+    applies to them: raw scores and ``scale_log2``, or with ``SOFTCAP`` > 0 ``tanh(u)``
+    (``softcap_scores``) and ``softcap_log2``. Either way the factor is applied after the mask,
+    in ``online_softmax_step`` / ``recompute_p``'s ``exp2(s * factor - m)``: the compiler
+    contracts that into one fma in masked and unmasked tiles alike, so a row gets the same bits
+    whichever tiles take the mask (a capped score rounded before the mask and contracted after
+    it in unmasked tiles gave decode and prefill rows 1-ulp apart on sm90)."""
     if SOFTCAP > 0:
-        b_capped, _ = softcap_scores(b_qk, scale_log2, SOFTCAP)
-        return b_capped, 1.0
+        return softcap_scores(b_qk, scale_log2, SOFTCAP), softcap_log2(SOFTCAP)
     return b_qk, scale_log2
 
 
@@ -267,7 +299,10 @@ def forward_key_tiles(
             b_qk = mask_scores(b_qk, m_vis)
         b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, step_scale)
         b_acc = b_acc * b_alpha[:, None]
-        b_acc = mma_rounded(b_p, b_v, b_acc, loop.SPLIT_P, loop.INTERPRET)  # [BLOCK_M, BLOCK_DC]
+        if MASKED:  # [BLOCK_M, BLOCK_DC]; unseen NaN/inf in V stay out of the rows
+            b_acc = masked_product(b_p, b_v, b_acc, m_vis, loop.SPLIT_P, loop.INTERPRET)
+        else:
+            b_acc = mma_rounded(b_p, b_v, b_acc, loop.SPLIT_P, loop.INTERPRET)
     return b_acc, b_m, b_l
 
 
