@@ -22,6 +22,7 @@ import torch
 from portattn.api import _capturing, _needs_grad, _run_fwd
 from portattn.configs import resolve_config
 from portattn.kernels.buffers import check_row_strides
+from portattn.kvcache_checks import check_append_memory, check_written_slots
 from portattn.validation import (
     DTypeError,
     check_block_table_meta,
@@ -129,6 +130,7 @@ def _check_values(
     check_key_counts("cache_seqlens + new keys", counts, capacity)
     if block_table is not None:
         check_pages(block_table, counts, page_size, num_pages)
+        check_written_slots(host_values(block_table), lens, new, page_size)  # copied: no sync
     if batch_idx is not None:
         rows = host_values(batch_idx)
         outside = [r for r in rows if not 0 <= r < n_cache_rows]
@@ -235,8 +237,10 @@ def flash_attn_with_kvcache(
         ``-inf`` (flash-attn: ``+inf``). Inference only: no argument may require grad.
 
     Eager calls check the values of ``cache_seqlens``, ``block_table`` and ``cache_batch_idx``
-    (every count within its cache, every page used inside the cache) before writing anything;
-    while a CUDA graph is captured they are skipped and the caller guarantees them.
+    (every count within its cache, every page used inside the cache, no cache slot or row
+    appended to twice) before writing anything; while a CUDA graph is captured they are
+    skipped and the caller guarantees them. With an append, the caches and the new k/v must
+    not share memory (checked from their layouts, always: :mod:`portattn.kvcache_checks`).
     """
     _check_features(rotary_cos, rotary_sin, cache_leftpad, alibi_slopes, num_splits)
     check_bool("rotary_interleaved", rotary_interleaved)
@@ -253,6 +257,8 @@ def flash_attn_with_kvcache(
         )
     batch, seqlen_q, n_heads_q, head_dim = q.shape
     new = _check_new_kv(k, v, q, k_cache, v_cache)
+    if new:  # from the layouts alone: checked while a CUDA graph is captured too
+        check_append_memory({"k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v})
     if block_table is not None:
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx applies to dense caches, not with a block_table")

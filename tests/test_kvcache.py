@@ -399,3 +399,113 @@ def test_kvcache_inference_cache_error_writes_nothing():
         v_cache = k_cache.clone()
     match = "v_cache is an inference tensor"
     _assert_rejected_unwritten(q, k_cache, v_cache, match, gen, cache_seqlens=3)
+
+
+# --- Each appended element is written once (issue 35) -------------------------------------------
+
+
+def _paged_append_case(table: list[list[int]], lens: list[int], n_pages: int = 3):
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(len(lens), 1, HQ, D, generator=gen).to(DTYPE).to(DEVICE)
+    k_cache = torch.randn(n_pages, 16, HKV, D, generator=gen).to(DTYPE).to(DEVICE)
+    v_cache = torch.randn(n_pages, 16, HKV, D, generator=gen).to(DTYPE).to(DEVICE)
+    kwargs = dict(
+        block_table=torch.tensor(table, dtype=torch.int32, device=DEVICE),
+        cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=DEVICE),
+    )
+    return q, k_cache, v_cache, gen, kwargs
+
+
+@pytest.mark.parametrize(
+    ("table", "lens"),
+    [([[0], [0]], [5, 5]), ([[0, 1], [1, 2]], [16, 0]), ([[0, 0]], [0])],
+    ids=["two-sequences", "across-pages", "one-sequence"],
+)
+def test_kvcache_paged_slot_written_twice_raises(table, lens):
+    """Two appended positions that the block table maps to one (page, slot) would lose a
+    write: refused before anything is written."""
+    q, k_cache, v_cache, gen, kwargs = _paged_append_case(table, lens)
+    new = 17 if len(lens) == 1 else 1  # one sequence: position 16 is position 0's slot
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    k_new = torch.randn(len(lens), new, HKV, D, generator=gen).to(DTYPE).to(DEVICE)
+    with pytest.raises(ValueError, match="to one cache slot"):
+        portattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, k_new.clone(), **kwargs)
+    assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)
+
+
+def test_kvcache_shared_prefix_page_is_allowed():
+    """Two sequences that share a prefix page they only read, each appending to its own."""
+    q, k_cache, v_cache, gen, kwargs = _paged_append_case([[0, 1], [0, 2]], [16, 16])
+    k_new = torch.randn(2, 1, HKV, D, generator=gen).to(DTYPE).to(DEVICE)
+    v_new = torch.randn(2, 1, HKV, D, generator=gen).to(DTYPE).to(DEVICE)
+    portattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **kwargs)
+    assert torch.equal(k_cache[1:, 0], k_new[:, 0]) and torch.equal(v_cache[1:, 0], v_new[:, 0])
+
+
+def _shared_memory_cases():
+    """(name, make) -> (k_cache, v_cache, k_new, v_new) sharing memory where they must not."""
+
+    def fresh(*shape):
+        return torch.zeros(*shape, dtype=DTYPE, device=DEVICE)
+
+    def same(kc, vc, k, v):
+        return kc, kc, k, v
+
+    def view(kc, vc, k, v):
+        return kc, kc[:], k, v
+
+    def halves(kc, vc, k, v):  # v_cache: columns D/2.. of a [.., 2D] buffer whose first D is k's
+        buf = fresh(*kc.shape[:-1], 2 * D)
+        return buf[..., :D], buf[..., D // 2 : D // 2 + D], k, v
+
+    def new_in_cache(kc, vc, k, v):
+        return kc, vc, kc[:, 3:4], v
+
+    def new_in_other_cache(kc, vc, k, v):
+        return kc, vc, k, kc[:, 5:6]
+
+    def broadcast(kc, vc, k, v):
+        return kc, vc[:1].expand(vc.shape), k, v
+
+    return dict(
+        same=same,
+        view=view,
+        halves=halves,
+        new_in_cache=new_in_cache,
+        new_in_other_cache=new_in_other_cache,
+        broadcast=broadcast,
+    )
+
+
+@pytest.mark.parametrize("case", list(_shared_memory_cases()))
+def test_kvcache_append_shared_memory_raises(case):
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 1, HQ, D, generator=gen).to(DTYPE).to(DEVICE)
+    kc, vc = (torch.randn(2, 16, HKV, D, generator=gen).to(DTYPE).to(DEVICE) for _ in "kv")
+    k, v = (torch.randn(2, 1, HKV, D, generator=gen).to(DTYPE).to(DEVICE) for _ in "kv")
+    kc, vc, k, v = _shared_memory_cases()[case](kc, vc, k, v)
+    before = [x.clone() for x in (kc, vc, k, v)]
+    with pytest.raises(ValueError, match="share memory|broadcast"):
+        portattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=3)
+    assert all(torch.equal(x, b) for x, b in zip((kc, vc, k, v), before))
+
+
+@pytest.mark.parametrize("layout", ["token-interleaved", "split-last-dim"])
+def test_kvcache_interleaved_caches_append(layout):
+    """k and v caches in one buffer that share no element (interleaved per token, or the two
+    halves of one last dim) are appended to as separate caches."""
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randn(2, 1, HQ, D, generator=gen).to(DTYPE).to(DEVICE)
+    if layout == "token-interleaved":
+        kv = torch.randn(2, 16, 2, HKV, D, generator=gen).to(DTYPE).to(DEVICE)
+        k_cache, v_cache = kv[:, :, 0], kv[:, :, 1]
+    else:
+        kv = torch.randn(2, 16, HKV, 2 * D, generator=gen).to(DTYPE).to(DEVICE)
+        k_cache, v_cache = kv[..., :D], kv[..., D:]
+    k, v = (torch.randn(2, 1, HKV, D, generator=gen).to(DTYPE).to(DEVICE) for _ in "kv")
+    out = portattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=3)
+    assert torch.equal(k_cache[:, 3], k[:, 0]) and torch.equal(v_cache[:, 3], v[:, 0])
+    expect = portattn.flash_attn_with_kvcache(
+        q, k_cache.contiguous(), v_cache.contiguous(), cache_seqlens=4
+    )
+    assert torch.equal(out, expect)
