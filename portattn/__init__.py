@@ -9,10 +9,12 @@ from portattn.families import family
 from portattn.flash_compat import flash_attn_func, flash_attn_varlen_func
 from portattn.kvcache import flash_attn_with_kvcache
 from portattn.merge import merge_attention_states
+from portattn.validation import CacheIndexError
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CacheIndexError",
     "attention",
     "family",
     "flash_attn_func",

@@ -123,8 +123,10 @@ def varlen_attention(
             ``ceil(max_seqlen / 16) * B`` programs, at most ``2**31 - 1`` too.
         causal: bottom-right aligned mask (a bool; numpy bools are accepted). In a sequence
             with ``Sq`` queries and ``Sk`` keys, query row ``i`` sees keys ``j <= i + Sk - Sq``.
-        softmax_scale: finite float > 0 that stays a normal float32 number, as does
-            ``softmax_scale * log2(e)`` (about 1.18e-38 to 2.36e38); default ``1 / sqrt(D)``.
+        softmax_scale: a float from about 1.18e-38 (the smallest normal float32) to 2**16 =
+            65536 (the kernels' float32 scores ``softmax_scale * log2(e) * q.k`` stay far from
+            overflow; models use about ``1 / sqrt(D)``), ValueError outside; default
+            ``1 / sqrt(D)``.
         return_lse: also return ``lse`` (a bool; numpy bools are accepted).
         kernel: ``"varlen"`` (fast: P and dS rounded to the input dtype for their products) or
             ``"fixed_order"`` (strict: split-P second product, float32 O for the backward).
@@ -138,14 +140,18 @@ def varlen_attention(
             Inference only: q, k, v must not require grad (ValueError).
         window_size: ``(left, right)`` sliding window, flash-attn's convention: query row
             ``i`` sees keys ``j`` with ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``
-            (-1: unbounded on that side; ints up to 2**30 - 1). With ``causal`` the right side
+            (-1: unbounded on that side; ints up to 2**30 - 1; as in flash-attn also a 1-D
+            integer tensor of two elements or 0-d integer tensors, read to the host: a
+            device-to-host copy for GPU tensors). With ``causal`` the right side
             is 0 whatever is given; ``right == 0`` means causal. Key tiles that no row of a
             query tile sees are skipped (cost O(T * W)). Each distinct window compiles its own
             kernels (the sizes are compile-time constants, as a model has one or two).
-        softcap: None or 0 (off), or a finite float ``c > 0``: the scores become
-            ``c * tanh(softmax_scale * q.k / c)`` before the mask and the softmax (Gemma 2's
-            softcapping, flash-attn's ``softcap``), forward and backward. Each distinct cap
-            compiles its own kernels.
+        softcap: None or 0 (off), or a cap ``c`` from 2**-16 to 2**10 = 1024: the scores
+            become ``c * tanh(softmax_scale * q.k / c)`` before the mask and the softmax
+            (Gemma 2's softcapping, flash-attn's ``softcap``), forward and backward. The
+            kernels' float32 tanh has an absolute error of about 2**-24, a score error of
+            about ``c * 2**-23`` (1.2e-4 at 1024; Gemma 2 uses 50): larger caps are a
+            ValueError. Each distinct cap compiles its own kernels.
         sinks: None, or [Hq] (float32, float16 or bfloat16, computed in float32): attention
             sinks (gpt-oss), one logit per query head added to every row's softmax
             denominator, with no value: ``p_j = exp(s_j - lse)`` with
@@ -153,8 +159,11 @@ def varlen_attention(
             Differentiable (``d sinks[h] = -sum_rows p_sink * (rowsum(out * dout) - dlse)``,
             summed over the whole batch: the same bits run to run, not across packings). A row
             that sees no key gets out 0 and lse ``sinks[h]`` (to float32 rounding); ``-inf``
-            is no sink.
-
+            is no sink. Each value must be ``-inf`` or finite with ``|sink| <= 2**16``
+            (ValueError otherwise: the kernels fold it into the softmax in float32), checked
+            from a host copy made once per tensor and version (a GPU tensor's copy waits for
+            the GPU; a parameter is copied again after each in-place update), not while
+            ``torch.compile`` traces or a CUDA graph is captured.
     Returns:
         out [total_q, Hq, Dv] in q's dtype; with ``return_lse``, ``(out, lse)`` where lse is
         float32 [total_q, Hq], natural log of the sum of exp of the scaled scores, and is
@@ -191,8 +200,8 @@ def varlen_attention(
     causal, return_lse = bool(causal), bool(return_lse)  # checked: bools or numpy bools
     causal, *window = check_window(window_size, causal)
     softcap = check_softcap(softcap)
-    sinks = check_sinks(sinks, q.shape[1], q.device)
     traced = torch.compiler.is_compiling() or _capturing(q)
+    sinks = check_sinks(sinks, q.shape[1], q.device, check_values=not traced)
     if paged:
         max_seqlen_q, max_seqlen_k, check_values = _check_paged(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, traced
@@ -302,7 +311,8 @@ def attention(
     causal, return_lse = bool(causal), bool(return_lse)  # checked: bools or numpy bools
     causal, *window = check_window(window_size, causal)
     softcap = check_softcap(softcap)
-    sinks = check_sinks(sinks, q.shape[2], q.device)
+    traced = torch.compiler.is_compiling() or _capturing(q)
+    sinks = check_sinks(sinks, q.shape[2], q.device, check_values=not traced)
     if k.shape[0] != q.shape[0]:
         raise ValueError(
             f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}"

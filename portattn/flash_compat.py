@@ -123,11 +123,17 @@ def flash_attn_varlen_func(
             ``torch._dynamo.config.capture_scalar_outputs`` is on); bools and floats, as
             Python values or tensors, are a TypeError.
         dropout_p: must be 0.0 (dropout is not supported: ValueError).
-        softmax_scale: default ``1 / sqrt(D)``.
+        softmax_scale: default ``1 / sqrt(D)``; at most 2**16 (see
+            :func:`portattn.varlen_attention`).
         causal: bottom-right aligned causal mask (flash-attn >= 2.1 convention).
         window_size: ``(left, right)`` sliding window, -1 unbounded (flash-attn's
-            convention; ``(-1, 0)`` is causal): see :func:`portattn.varlen_attention`.
-        softcap: 0.0 (off) or the cap ``c > 0`` of the scores ``c * tanh(scale * q.k / c)``.
+            convention; ``(-1, 0)`` is causal): see :func:`portattn.varlen_attention`. As in
+            flash-attn, also a 1-D integer tensor of two elements or a pair of 0-d integer
+            tensors (read to the host: for a GPU tensor a device-to-host copy that waits for
+            the GPU, as flash-attn's conversion to ints does) or numpy integers.
+        softcap: 0.0 (off) or the cap ``c`` of the scores ``c * tanh(scale * q.k / c)``, from
+            2**-16 to 2**10 (``validation_params.SOFTCAP_MAX``: the float32 tanh's error grows
+            with the cap).
         alibi_slopes: must be None (ValueError otherwise).
         deterministic: accepted and ignored: portattn's forward and backward are always
             deterministic (atomic-free, fixed order).
@@ -147,7 +153,10 @@ def flash_attn_varlen_func(
     Differences from flash-attn: rows that see no key (``Sk == 0``, or causal with
     ``Sq > Sk``) get lse ``-inf`` (flash-attn writes ``+inf``); ``softmax_lse`` is
     differentiable (flash-attn drops its gradient); the features above raise instead of
-    running. Validation errors are portattn's (ValueError / TypeError naming the argument).
+    running. Validation errors are portattn's (ValueError / TypeError naming the argument);
+    where flash-attn raises a RuntimeError for an index value outside the cache (a block table
+    page, a key count beyond the pages), portattn raises :class:`portattn.CacheIndexError`,
+    both a ValueError and a RuntimeError.
     """
     causal, return_attn_probs = _resolve_features(
         dropout_p, causal, alibi_slopes, deterministic, return_attn_probs

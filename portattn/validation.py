@@ -3,9 +3,7 @@ argument and what was expected; nothing is silently corrected."""
 
 from __future__ import annotations
 
-import math
 import numbers
-import struct
 import sys
 import weakref
 from dataclasses import dataclass
@@ -19,16 +17,26 @@ from portattn.configs import (
     VALUE_HEAD_DIM_PAIRS,
     interpreter_active,
 )
+from portattn.validation_params import (  # noqa: F401 (re-exported: validation's checks)
+    FLOAT32_TINY,
+    LOG2E,
+    SINK_MAX,
+    SOFTCAP_MAX,
+    SOFTCAP_MIN,
+    SOFTMAX_SCALE_MAX,
+    WINDOW_MAX,
+    check_sink_values,
+    check_softcap,
+    check_softmax_scale,
+    check_window,
+    type_name,
+)
 
 INT32_MAX = 2**31 - 1
 # No kernel of the configuration table has a smaller block (rows or keys) than this (checked by
 # tests/test_validation.py): axis 0 of a launch grid holds at most
 # ``ceil(max_seqlen / SMALLEST_TILE) * batch`` programs.
 SMALLEST_TILE = 16
-# The kernels' log2(e) (kernels/forward.py LOG2E): they compute in float32 with
-# ``softmax_scale`` and ``softmax_scale * LOG2E`` (scores in log2 units).
-LOG2E = 1.4426950408889634
-FLOAT32_TINY = 2.0**-126  # the smallest normal float32 (GPUs may flush smaller ones to 0)
 
 
 class DTypeError(TypeError, ValueError):
@@ -36,20 +44,19 @@ class DTypeError(TypeError, ValueError):
     ValueError (a bad argument value), so callers may catch either."""
 
 
+class CacheIndexError(ValueError, RuntimeError):
+    """An index tensor's value points outside its KV cache: a block table naming a page the
+    cache does not have, a sequence with more keys (``cu_seqlens_k`` of a paged call,
+    ``cache_seqlens``) than its cache holds. A ValueError (a bad argument value, portattn's
+    convention) and a RuntimeError: what flash-attn raises there (from its CUDA checks), so a
+    drop-in caller's ``except RuntimeError`` still catches it."""
+
+
 @dataclass(frozen=True)
 class VarlenShape:
     batch: int
     max_seqlen_q: int
     max_seqlen_k: int
-
-
-def type_name(value: object) -> str:
-    """The qualified name of ``value``'s type for error messages: ``numpy.bool``,
-    ``torch.Tensor``; builtins unqualified (``str``, ``NoneType``)."""
-    cls = type(value)
-    if cls.__module__ == "builtins":
-        return cls.__qualname__
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def check_bool(name: str, value: object) -> bool:
@@ -63,49 +70,16 @@ def check_bool(name: str, value: object) -> bool:
     raise TypeError(f"{name} must be a bool, got {type_name(value)}")
 
 
-WINDOW_MAX = 2**30 - 1  # window bounds stay far from int32 overflow in the kernels' positions
-
-
-def check_window(window_size, causal: bool) -> tuple[bool, int, int]:
-    """flash-attn's ``window_size=(left, right)``: query row ``i`` of a sequence sees keys
-    ``j`` with ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``; -1 leaves a side unbounded.
-    Returns ``(causal, left, right)`` normalized as flash-attn does: with ``causal`` the right
-    side is 0, which the causal mask already is, so ``right`` becomes -1; a right side of 0
-    without ``causal`` is causal (``(-1, 0)`` is plain causal attention). A pair of ints from
-    -1 to 2**30 - 1 (TypeError / ValueError otherwise)."""
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        raise TypeError(f"window_size must be a pair (left, right), got {window_size!r}")
-    for side, value in zip(("left", "right"), window_size):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"window_size {side} must be an int, got {type_name(value)}")
-        if not -1 <= value <= WINDOW_MAX:
-            raise ValueError(
-                f"window_size {side} must be -1 (unbounded) or from 0 to {WINDOW_MAX}, got {value}"
-            )
-    left, right = (int(x) for x in window_size)
-    if causal or right == 0:
-        return True, left, -1
-    return False, left, right
-
-
-def check_softcap(softcap) -> float:
-    """``softcap``: None or 0 (off), or a finite cap ``c > 0`` of the scores ``c * tanh(s / c)``
-    (a real number, not a bool: TypeError; negative, NaN or infinite: ValueError). portattn's
-    own functions default to None: under ``torch.compile(dynamic=True)`` Dynamo makes a float
-    default a symbolic input, and its specialization then restarts the trace."""
-    if softcap is None:
-        return 0.0
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise TypeError(f"softcap must be a float, got {type_name(softcap)}")
-    if not 0 <= softcap < math.inf:  # comparisons (not math.isfinite): traceable by Dynamo
-        raise ValueError(f"softcap must be 0 (off) or a finite float > 0, got {softcap}")
-    return float(softcap)
-
-
-def check_sinks(sinks, n_heads_q: int, device: torch.device) -> torch.Tensor | None:
+def check_sinks(
+    sinks, n_heads_q: int, device: torch.device, check_values: bool = True
+) -> torch.Tensor | None:
     """``sinks``: None, or a float tensor [Hq] on q's device (float16, bfloat16 or float32: a
     model's parameter), returned as float32 and contiguous for the kernels (an ordinary
-    differentiable cast, so its gradient reaches the parameter in its own dtype)."""
+    differentiable cast, so its gradient reaches the parameter in its own dtype).
+    ``check_values``: also check its values (``check_sink_values``: -inf, or finite within
+    2**16) from a host copy made once per tensor and version (:func:`host_values`: a model's
+    sinks parameter is copied once per optimizer step, not once per call); off while
+    ``torch.compile`` traces or a CUDA graph is captured, where no host copy can be made."""
     if sinks is None:
         return None
     if not isinstance(sinks, torch.Tensor):
@@ -116,6 +90,8 @@ def check_sinks(sinks, n_heads_q: int, device: torch.device) -> torch.Tensor | N
         raise ValueError(f"sinks must be [Hq] = [{n_heads_q}], got shape {tuple(sinks.shape)}")
     if sinks.device != device:
         raise ValueError(f"sinks must be on the device of q ({device}), got {sinks.device}")
+    if check_values:
+        check_sink_values(host_values(sinks))
     return sinks.to(torch.float32).contiguous()
 
 
@@ -241,39 +217,6 @@ def _check_max_seqlen(name: str, given, real: int, batch: int) -> int:
     return given
 
 
-def check_softmax_scale(softmax_scale, head_dim: int) -> float:
-    """The softmax scale (None: ``1 / sqrt(head_dim)``): a real number > 0 that stays a finite
-    normal number in float32, as do the kernels' ``softmax_scale * log2(e)``."""
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(f"softmax_scale must be a float or None, got {type_name(softmax_scale)}")
-    try:
-        scale = float(softmax_scale)
-    except OverflowError:  # an int beyond float64
-        scale = math.inf
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale}")
-    # The launchers compute scale * log2(e) in float64 and pass it as float32; in float32
-    # arithmetic it would be the second product. Both must stay finite.
-    log2_scale = max(_float32(scale * LOG2E), _float32(_float32(scale) * _float32(LOG2E)))
-    if _float32(scale) < FLOAT32_TINY or math.isinf(log2_scale):
-        raise ValueError(
-            f"softmax_scale must be within float32 range for the kernels, which compute with "
-            f"softmax_scale and softmax_scale * log2(e) as float32 normal numbers "
-            f"(about 1.18e-38 to 2.36e38), got {softmax_scale}"
-        )
-    return scale
-
-
-def _float32(x: float) -> float:
-    """``x`` rounded to float32 (inf beyond its range), as a kernel's float argument."""
-    try:
-        return struct.unpack("f", struct.pack("f", x))[0]
-    except OverflowError:
-        return math.copysign(math.inf, x)
-
-
 def check_common(
     q,
     k,
@@ -323,7 +266,11 @@ def check_heads_and_dims(q, k, v, token_dims: int, kv_token_dims: int | None = N
     kv_dims = token_dims if kv_token_dims is None else kv_token_dims
     for name, x, want in (("q", q, token_dims + 2), ("k", k, kv_dims + 2), ("v", v, kv_dims + 2)):
         if x.dim() != want:
-            raise ValueError(f"{name} must be {want}-D, got shape {tuple(x.shape)}")
+            paged = name != "q" and kv_dims != token_dims  # varlen_attention with a block_table
+            why = " (with a block_table, k and v are paged caches [num_pages, page_size, Hkv, D])"
+            raise ValueError(
+                f"{name} must be {want}-D{why if paged else ''}, got shape {tuple(x.shape)}"
+            )
         if x.stride(-1) != 1 and x.shape[-1] > 1:
             raise ValueError(
                 f"{name}.stride(-1) must be 1 (last dim contiguous), got {x.stride(-1)}"
@@ -479,7 +426,7 @@ def check_key_counts(name: str, counts: list[int], capacity: int) -> None:
     """Each sequence's key count fits the cache capacity it has (pages times page size)."""
     for b, n in enumerate(counts):
         if n > capacity:
-            raise ValueError(
+            raise CacheIndexError(
                 f"sequence {b} has {n} keys ({name}), more than its cache holds ({capacity})"
             )
 
@@ -494,7 +441,7 @@ def check_pages(
         used = rows[b][: -(-n // page_size)]
         bad = [p for p in used if not 0 <= p < num_pages]
         if bad:
-            raise ValueError(
+            raise CacheIndexError(
                 f"block_table[{b}] names page {bad[0]}, outside the cache's {num_pages} pages"
             )
 

@@ -203,6 +203,44 @@ def test_block_table_is_paged_varlen_attention():
     assert torch.equal(got, packed)
 
 
+def _paged_call_args():
+    """A paged flash_attn_varlen_func call: 2 sequences of 20 and 5 keys in pages of 16."""
+    p = make_pack([1, 2], [20, 5], 2, 1, 32, seed=97)
+    cache = torch.randn(4, 16, 1, 32, device=DEVICE).to(p.k.dtype)
+    table = torch.tensor([[2, 0], [3, -1]], dtype=torch.int32, device=DEVICE)
+    return p, cache, table
+
+
+def test_block_table_out_of_range_is_a_runtime_error():
+    """flash-attn's bounds test expects a RuntimeError where a block table names a page
+    outside the cache (its CUDA check): portattn's CacheIndexError is a RuntimeError and a
+    ValueError (portattn's bad-value convention), so either ``except`` catches it."""
+    p, cache, table = _paged_call_args()
+    assert issubclass(portattn.CacheIndexError, RuntimeError)
+    assert issubclass(portattn.CacheIndexError, ValueError)
+    bad_page = table.clone()
+    bad_page[0, 1] = 4  # the cache has pages 0..3
+    too_many = torch.tensor([0, 33, 38], dtype=torch.int32, device=DEVICE)  # 2 pages hold 32
+    cases = [
+        (bad_page, p.cu_k, "names page 4, outside the cache's 4 pages"),
+        (table, too_many, r"sequence 0 has 33 keys \(cu_seqlens_k\), more than"),
+    ]
+    for block_table, cu_k, match in cases:
+        for max_seqlen in ((2, 40), (None, None)):  # values checked in the op / before it
+            with torch.no_grad(), pytest.raises(RuntimeError, match=match) as err:
+                portattn.flash_attn_varlen_func(
+                    p.q, cache, cache, p.cu_q, cu_k, *max_seqlen, block_table=block_table
+                )
+            assert isinstance(err.value, portattn.CacheIndexError)
+
+
+def test_block_table_with_packed_k_says_why_4d():
+    """A block_table makes k and v paged caches: a 3-D (packed) k is told so."""
+    p, _, table = _paged_call_args()
+    with torch.no_grad(), pytest.raises(ValueError, match=r"k must be 4-D .*with a block_table"):
+        portattn.flash_attn_varlen_func(p.q, p.k, p.v, p.cu_q, p.cu_k, 2, 20, block_table=table)
+
+
 def test_bad_types_raise():
     p = make_pack([3], [3], 2, 1, 32, seed=94)
     args = (p.q, p.k, p.v, p.cu_q, p.cu_k, 3, 3)

@@ -343,13 +343,17 @@ def test_softmax_scale_outside_float32_rejected(good, scale):
 
 
 def test_softmax_scale_float32_bounds():
+    """The smallest normal float32 is the least scale; 2**16 the largest (validation_params:
+    the float32 scores stay far from overflow), well inside float32 with * log2(e)."""
     from portattn.validation import check_softmax_scale
 
     assert check_softmax_scale(2.0**-126, 64) == 2.0**-126  # the smallest normal float32
-    assert check_softmax_scale(2.3e38, 64) == 2.3e38  # * log2(e) still below float32 max
+    assert check_softmax_scale(2.0**16, 64) == 2.0**16
     assert check_softmax_scale(None, 64) == 0.125
-    for scale in (2.0**-126 * 0.99, 2.4e38):
-        with pytest.raises(ValueError, match="float32"):
+    with pytest.raises(ValueError, match="float32"):
+        check_softmax_scale(2.0**-126 * 0.99, 64)
+    for scale in (2.3e38, 2.4e38, 2.0**16 + 1):
+        with pytest.raises(ValueError, match=r"at most 2\*\*16"):
             check_softmax_scale(scale, 64)
 
 
