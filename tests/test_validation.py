@@ -380,6 +380,18 @@ def test_max_seqlen_bounds(good, many):
     assert torch.equal(_call(good, max_seqlen_q=7, max_seqlen_k=2**31 - 1), _call(good))
 
 
+def test_max_seqlen_far_above_the_tokens_sizes_the_grid_by_the_tokens(good):
+    """max_seqlen is an upper bound (flash-attn's hint): 2**31 - 1 with 12 query tokens
+    launches a grid sized by the 12 tokens (no sequence holds more), not 2**27 programs per
+    sequence (the interpreter hung sizing it); forward and backward, the same bits."""
+    args = {k: v.clone().requires_grad_() if k in "qkv" else v for k, v in good.items()}
+    want = _call(args, return_lse=True)
+    got = _call(args, max_seqlen_q=2**31 - 1, max_seqlen_k=2**31 - 1, return_lse=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    grads = [torch.autograd.grad(out[0].sum(), [args[n] for n in "qkv"]) for out in (got, want)]
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
 def test_smallest_tile_bounds_every_configuration():
     """The grid bound of max_seqlen assumes no kernel tile is smaller than SMALLEST_TILE."""
     from portattn.configs import config_table
