@@ -95,18 +95,38 @@ def _config_family_of_index(index: int) -> str:
 def family(device: torch.device | str | int | None = None) -> str | None:
     """The family of ``device`` (default: the current CUDA/ROCm device), e.g. ``"sm90"``;
     None when no GPU is present, for a CPU device, or for a device outside the family table.
-    ``device`` may be a ``torch.device``, a string such as ``"cuda:1"``, or an index."""
+    ``device`` may be a ``torch.device``, a string such as ``"cuda:1"``, or an index; any
+    other type (bools included) is a TypeError, a string that names no device or a negative
+    index a ValueError, with or without a GPU."""
+    device = _as_device(device)
     if not torch.cuda.is_available():
         return None
     if device is None:
         return _family_of_index(torch.cuda.current_device())
-    if isinstance(device, int) and not isinstance(device, bool):
-        return _family_of_index(device)
-    device = torch.device(device)
     if device.type != "cuda":
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _family_of_index(index)
+
+
+def _as_device(device) -> torch.device | None:
+    """``family``'s argument as a torch.device (None stays None), checked before anything
+    asks whether a GPU is present: a wrong argument is wrong on every machine."""
+    if device is None or isinstance(device, torch.device):
+        return device
+    if isinstance(device, int) and not isinstance(device, bool):
+        if device < 0:
+            raise ValueError(f"a device index must be >= 0, got {device}")
+        return torch.device("cuda", device)
+    if isinstance(device, str):
+        try:
+            return torch.device(device)
+        except RuntimeError:
+            raise ValueError(f"{device!r} names no device (e.g. 'cuda', 'cuda:1')") from None
+    raise TypeError(
+        f"device must be a torch.device, a str such as 'cuda:1', an int index or None, got "
+        f"{type(device).__qualname__}"
+    )
 
 
 def config_family(device: torch.device) -> str:
@@ -154,12 +174,28 @@ def _device_index(device: torch.device | int | None) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-@cache
-def _checked_override(value: str, index: int) -> str | None:
+def check_override_name() -> str | None:
+    """The override's value (None when unset or empty) if it names an NVIDIA family; else
+    ValueError, on every device: a misspelt value must not pass silently where the override
+    does not apply (CPU tensors, the interpreter), as the docs promise it raises."""
+    value = override_setting()
+    if value:
+        _nvidia_family(value)
+    return value or None
+
+
+def _nvidia_family(value: str) -> Family:
+    """The NVIDIA family an override value names (ValueError for any other value)."""
     wanted = FAMILIES.get(value)
     if wanted is None or wanted.vendor != "cuda":
         nvidia = ", ".join(n for n, f in FAMILIES.items() if f.vendor == "cuda")
         raise ValueError(f"{OVERRIDE_ENV}={value!r}: expected an NVIDIA family ({nvidia})")
+    return wanted
+
+
+@cache
+def _checked_override(value: str, index: int) -> str | None:
+    wanted = _nvidia_family(value)
     if torch.version.hip is not None:
         raise ValueError(
             f"{OVERRIDE_ENV}={value!r}: this is a ROCm build; the override runs "

@@ -318,6 +318,25 @@ def test_family_accepts_device_forms(monkeypatch):
     assert fam.family("cpu") is None
 
 
+@pytest.mark.parametrize("cuda", [False, True], ids=["no-cuda", "faked-cuda"])
+def test_family_rejects_other_arguments(monkeypatch, cuda):
+    """Anything but None, an index, a device string or a torch.device is a TypeError (bools
+    included), a string that names no device or a negative index a ValueError, with or
+    without a GPU (without one, family(123) was None for any argument)."""
+    import portattn.families as fam
+
+    monkeypatch.setattr(fam.torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(fam.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(fam, "_family_of_index", lambda index: f"fam{index}")
+    for bad in (1.5, True, [0], b"cuda", object()):
+        with pytest.raises(TypeError, match="device must be a torch.device, a str"):
+            fam.family(bad)
+    for bad, match in (("bogus", "'bogus' names no device"), (-1, "index must be >= 0")):
+        with pytest.raises(ValueError, match=match):
+            fam.family(bad)
+    assert fam.family(123) == ("fam123" if cuda else None)
+
+
 def test_ci_names_every_family():
     """The nox GPU sessions, the GPU CI job and the workflow's family lists are the table's."""
     table = list(FAMILIES)

@@ -99,6 +99,25 @@ def test_cpu_launches_ignore_the_override(monkeypatch):
     assert _override_arch(torch.device("cpu")) is None
 
 
+def test_override_that_names_no_nvidia_family_raises_on_cpu_too(monkeypatch):
+    """The docs: a value that is not an NVIDIA family raises at the first call, where the
+    override does not apply too (CPU tensors under the interpreter): it was ignored there."""
+    from helpers import make_pack
+
+    import portattn
+
+    p = make_pack([3], [4], 2, 1, 32, seed=71)
+    try:
+        for value in ("bogus", "cdna3"):
+            _override(monkeypatch, value)
+            with pytest.raises(ValueError, match=f"{value}'. expected an NVIDIA family"):
+                portattn.varlen_attention(p.q, p.k, p.v, p.cu_q, p.cu_k)
+        _override(monkeypatch, "sm80")  # an NVIDIA family: ignored by CPU launches
+        assert portattn.varlen_attention(p.q, p.k, p.v, p.cu_q, p.cu_k).shape == p.q.shape
+    finally:
+        families.override_setting.cache_clear()
+
+
 # ----------------------------------------------------------------------------- golden
 
 

@@ -223,10 +223,13 @@ def run_launches(
 
 def _override_arch(device: torch.device) -> int | None:
     """The compute capability whose PTX the launches run as (``$PORTATTN_FAMILY_OVERRIDE``),
-    or None: no override, a CPU tensor, or the interpreter."""
+    or None: no override, a CPU tensor, or the interpreter (where a value that names no NVIDIA
+    family still raises, ``families.check_override_name``)."""
+    from portattn.families import FAMILIES, check_override_name, family_override
+
     if device.type != "cuda" or interpreter_active():
+        check_override_name()
         return None
-    from portattn.families import FAMILIES, family_override
 
     name = family_override(device)
     return None if name is None else int(FAMILIES[name].arch)
