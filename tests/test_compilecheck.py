@@ -523,3 +523,15 @@ def test_sm90_varlen_wgmma_not_serialized():
     for head_dim, stage, ok, serialized in out:
         assert ok, (head_dim, stage)
         assert serialized is False, (head_dim, stage)
+
+
+@pytest.mark.parametrize("where", ["missing-folder", "a-folder"])
+def test_json_path_checked_before_compiling(monkeypatch, capsys, tmp_path, where):
+    """``compile --json PATH`` into a folder that does not exist (or onto a folder) is refused
+    before anything compiles: it died after the whole compile."""
+    monkeypatch.setattr(cc, "interpreter_active", lambda: False)
+    monkeypatch.setattr(cc, "run_entries", lambda *a, **k: pytest.fail("compiled"))
+    path = tmp_path / "no" / "cc.json" if where == "missing-folder" else tmp_path
+    args = _args(json=str(path), family=["cdna2"], kernel=["varlen"], head_dim=[32])
+    assert cc.main(args) == 2
+    assert "nothing compiled" in capsys.readouterr().out

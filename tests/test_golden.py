@@ -221,6 +221,29 @@ def test_fingerprints_from_compile_results(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        (None, "cannot be read"),
+        ('{"sm80": {"varlen/d32/fp16": {"fwd": {"fingerp', "not valid JSON"),
+        ("[1, 2]", "compile --json): the top level is an array"),
+        ('{"sm80": {"varlen/d32/fp16": {"fwd": {"ok": true}}}}', "sm80 / varlen/d32/fp16 / fwd"),
+        ('{"sm80": {"varlen/d32/fp16": []}}', "sm80 / varlen/d32/fp16"),
+    ],
+    ids=["missing", "truncated", "array", "no-fingerprint", "entry-array"],
+)
+def test_fingerprints_results_file_unusable(tmp_path, capsys, text, match):
+    """``golden fingerprints --results FILE`` with a file that is missing, truncated or not a
+    compile check's results: one error line, exit 2 (it printed a traceback)."""
+    path = tmp_path / "results.json"
+    if text is not None:
+        path.write_text(text)
+    argv = ["golden", "fingerprints", "--results", str(path), "--golden-dir", str(tmp_path)]
+    assert portattn.tools.cli.main(argv) == 2
+    said = capsys.readouterr().out
+    assert said.startswith("error: ") and str(path) in said and match in said, said
+
+
 def test_fingerprint_change_marks_outputs_stale(tmp_path):
     fps = {"varlen/d32/fp16": {"fwd": "f1", "bwd_dq": "g1"}}
     assert refresh(tmp_path, cases=TINY[:1], fingerprint_fn=lambda fam: fps) == 0

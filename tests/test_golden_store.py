@@ -294,3 +294,62 @@ def test_process_killed_mid_write_leaves_old_file(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert load(path) == old
+
+
+def test_write_through_a_symlinked_golden_file(tmp_path):
+    """A golden file that is a symlink (a checkout sharing golden/ elsewhere) is written
+    through, not replaced by a regular file."""
+    from portattn.tools.golden.store import load, write_record
+
+    real = tmp_path / "elsewhere" / "fake.json"
+    real.parent.mkdir()
+    golden = tmp_path / "golden"
+    golden.mkdir()
+    link = golden / "fake.json"
+    link.symlink_to(real)
+    for salt in ("", "2"):
+        record = fake_record([fake_result("a", salt)], toolchain=f"triton-{salt or 1}")
+        assert write_record(link, record, False, lambda line: None) == 0
+        assert link.is_symlink() and real.is_file()
+    assert set(load(real)["toolchains"]) == {"triton-1", "triton-2"}
+
+
+@pytest.mark.parametrize("family", ["../x", "a/b", "", ".hidden", "sm90.json"])
+def test_golden_family_names_stay_in_the_golden_folder(tmp_path, family):
+    """run_refresh / run_verify with a family that is no plain name (``../x``) refuse before
+    building a path: refresh wrote outside the golden folder."""
+    from golden_helpers import capture
+
+    from portattn.tools.golden import run_refresh, run_verify
+
+    golden = tmp_path / "golden"
+    golden.mkdir()
+    for run in (run_refresh, run_verify):
+        lines, out = capture()
+        kw = dict(cases=TINY[:1], repeat=1, fingerprint_fn=None) if run is run_refresh else {}
+        assert run(family, DEV, golden, out=out, **kw) == 2
+        assert "is not a family name" in "\n".join(lines)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["golden"]
+
+
+def test_golden_file_of_another_family_is_named(tmp_path):
+    """sm80's golden file saved as sm90.json: said so, not reported as differing hashes."""
+    from golden_helpers import capture
+
+    from portattn.tools.golden import run_fingerprints, run_verify
+    from portattn.tools.golden.store import atomic_write, load
+
+    record = fake_record([fake_result("a")])
+    record["family"] = "sm80"
+    path = tmp_path / "sm90.json"
+    atomic_write(path, record)
+    with pytest.raises(GoldenError, match="holds the golden records of sm80 .*not sm90"):
+        load(path, family="sm90")
+    assert load(path)["family"] == "sm80"  # without a family to expect: as before
+    lines, out = capture()
+    assert run_verify("sm90", DEV, tmp_path, out=out) == 2
+    assert "holds the golden records of sm80" in "\n".join(lines)
+    lines, out = capture()  # the fingerprint check: not "fingerprints differ"
+    made = lambda family: {}  # noqa: E731
+    assert run_fingerprints(["sm90"], tmp_path, out=out, fingerprint_fn=made) == 2
+    assert "holds the golden records of sm80" in "\n".join(lines)

@@ -447,6 +447,18 @@ def _entries_from_args(args: argparse.Namespace) -> list[Entry]:
     return select_entries(args.family, args.kernel, head_dims, dtypes, head_dim_v)
 
 
+def _check_json_path(path: str | None) -> None:
+    """``--json PATH`` must be writable where it points before the compile, which takes
+    minutes (it died after the compile with FileNotFoundError)."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"--json {path} is a folder, not a file; nothing compiled")
+    if not os.path.isdir(folder):
+        raise ValueError(f"--json {path}: the folder {folder} does not exist; nothing compiled")
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the compile check; 0 when every check passed, 1 otherwise, 2 on bad usage."""
     if interpreter_active():
@@ -454,6 +466,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         entries = _entries_from_args(args)
+        _check_json_path(args.json)
     except ValueError as exc:
         print(f"error: {exc}")
         return 2

@@ -17,6 +17,7 @@ from portattn.tools.golden.commands import (
     say,
 )
 from portattn.tools.golden.fingerprints import compile_records, run_fingerprints, run_key_check
+from portattn.tools.golden.layout import GoldenError
 
 NOT_A_FAMILY = (
     "no GPU here: golden hashes are recorded and verified on a GPU of a family (sm80, sm90, "
@@ -107,7 +108,11 @@ def cmd_fingerprints(args: argparse.Namespace) -> int:
     if args.update or args.full:
         return run_fingerprints(families, golden_dir, args.update)
     if args.results:
-        made = results_fingerprints(args.results)
+        try:
+            made = results_fingerprints(args.results)
+        except GoldenError as exc:
+            say(f"error: {exc}")
+            return 2
         return run_fingerprints(families, golden_dir, fingerprint_fn=made)
     return run_key_check(
         families, golden_dir, compile_fn=None if args.no_compile else compile_records

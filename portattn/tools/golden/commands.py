@@ -100,9 +100,9 @@ def results_fingerprints(path: str | os.PathLike) -> FingerprintFn:
     """Fingerprints read from a compile check's results (``python -m portattn compile --json
     PATH``: family -> entry -> kernel -> record) instead of compiling every entry again: the
     same compiles give the same fingerprints. A family or entry the results lack counts as
-    missing, so it differs from what golden/ stores."""
-    with open(path) as f:
-        results = json.load(f)
+    missing, so it differs from what golden/ stores. A file that cannot be read or is not such
+    results raises :class:`GoldenError` naming it, before anything is compared."""
+    results = _read_results(path)
 
     def fingerprints(family: str) -> dict[str, dict[str, str | None]]:
         return {
@@ -111,6 +111,47 @@ def results_fingerprints(path: str | os.PathLike) -> FingerprintFn:
         }
 
     return fingerprints
+
+
+def _read_results(path: str | os.PathLike) -> dict:
+    """A compile check's results (family -> entry -> kernel -> record with its
+    ``fingerprint``), checked whole: GoldenError naming the file and where it departs."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            results = json.load(f)
+    except OSError as exc:
+        raise GoldenError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise GoldenError(f"{path} is not valid JSON: {exc}") from None
+    where = _results_problem(results)
+    if where is not None:
+        raise GoldenError(
+            f"{path} is not a compile check's results (python -m portattn compile --json): {where}"
+        )
+    return results
+
+
+def _results_problem(results) -> str | None:
+    """Where ``results`` departs from family -> entry -> kernel -> {"fingerprint": str}."""
+    if not isinstance(results, dict):
+        return f"the top level is {'an array' if isinstance(results, list) else 'no object'}"
+    for family, entries in results.items():
+        if not isinstance(entries, dict):
+            return f"{family} is not an object of entries"
+        for label, stages in entries.items():
+            if not isinstance(stages, dict):
+                return f"{family} / {label} is not an object of kernels"
+            for stage, record in stages.items():
+                if not _has_fingerprint(record):
+                    return f"{family} / {label} / {stage} has no fingerprint"
+    return None
+
+
+def _has_fingerprint(record) -> bool:
+    """A kernel's record holds its fingerprint: a string, or null where it did not compile."""
+    if not isinstance(record, dict) or "fingerprint" not in record:
+        return False
+    return record["fingerprint"] is None or isinstance(record["fingerprint"], str)
 
 
 def case_definition(case: Case) -> dict:
@@ -146,9 +187,9 @@ def run_verify(
     """Run the recorded cases of ``golden/<family>.json`` on ``device`` and compare bitwise."""
     device = torch.device(device)
     toolchain = toolchain or toolchain_key()
-    path = golden_path(golden_dir, family)
     try:
-        doc = load(path)
+        path = golden_path(golden_dir, family)
+        doc = load(path, family)
     except GoldenError as exc:
         out(f"error: {exc}")
         return 2
@@ -274,11 +315,11 @@ def provisional_mark(family: str, device: torch.device) -> str:
     )
 
 
-def _check_target(path: Path) -> None:
+def _check_target(path: Path, family: str) -> None:
     """Before any work: the golden file can be written, and what it holds now (if anything)
-    is a well-formed golden file (GoldenError otherwise)."""
+    is a well-formed golden file of ``family`` (GoldenError otherwise)."""
     check_writable(path)
-    load(path)
+    load(path, family)
 
 
 def run_refresh(
@@ -301,7 +342,11 @@ def run_refresh(
     malformed or not writable."""
     device = torch.device(device)
     toolchain = toolchain or toolchain_key()
-    path = golden_path(golden_dir, family)
+    try:
+        path = golden_path(golden_dir, family)  # before anything: a name, not a path
+    except GoldenError as exc:
+        out(f"error: {exc}")
+        return 2
     problem = device_problem(family, device)
     if problem:
         out(f"error: {problem}")
@@ -313,7 +358,7 @@ def run_refresh(
             out(f"error: {exc}")
             return 2
     try:
-        _check_target(path)
+        _check_target(path, family)
     except GoldenError as exc:
         out(f"error: {exc}")
         return 2

@@ -134,9 +134,9 @@ def run_key_check(
     worst, keyed, compiled_entries, compile_seconds = 0, 0, 0, 0.0
     began = time.perf_counter()
     for family in families:
-        path = golden_path(golden_dir, family)
         try:
-            doc = load(path) or {}
+            path = golden_path(golden_dir, family)
+            doc = load(path, family) or {}
         except GoldenError as exc:
             out(f"{family}: error: {exc}")
             worst = max(worst, 2)
@@ -237,9 +237,9 @@ def run_fingerprints(
     toolchain = toolchain or toolchain_key()
     worst = 0
     for family in families:
-        path = golden_path(golden_dir, family)
         try:
-            doc = load(path)
+            path = golden_path(golden_dir, family)
+            doc = load(path, family)
             if update:
                 check_writable(path)  # before the compile, which takes minutes
         except GoldenError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Callable
@@ -63,14 +64,26 @@ __all__ = [
 LOCK_TIMEOUT_S = 300.0
 
 
+# A family name as a file name: the table's (sm90, cdna3) and the tests' made-up ones; no path
+# separators, no leading dot (``../x`` made refresh write outside the golden folder).
+_FAMILY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
 def golden_path(golden_dir: str | os.PathLike, family: str) -> Path:
+    """``<golden_dir>/<family>.json``; GoldenError for a family that is no plain name."""
+    if not isinstance(family, str) or not _FAMILY_NAME.fullmatch(family):
+        raise GoldenError(
+            f"{family!r} is not a family name (letters, digits, '_' and '-', e.g. sm90): no "
+            "golden file outside the golden folder"
+        )
     return Path(golden_dir) / f"{family}.json"
 
 
-def load(path: str | os.PathLike) -> dict[str, Any] | None:
+def load(path: str | os.PathLike, family: str | None = None) -> dict[str, Any] | None:
     """The golden document at ``path``, or None when there is no file. A file that is not
     UTF-8 JSON of the golden layout (:func:`check_document`) raises :class:`GoldenError`
-    naming the file, as does one that cannot be read."""
+    naming the file, as does one that cannot be read, and, with ``family``, one whose own
+    ``family`` field names another family (sm80's file saved as sm90.json)."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
@@ -86,6 +99,11 @@ def load(path: str | os.PathLike) -> dict[str, Any] | None:
         check_document(doc)
     except _Malformed as exc:
         raise GoldenError(f"{path} is malformed: {exc}") from None
+    if family is not None and doc["family"] != family:
+        raise GoldenError(
+            f"{path} holds the golden records of {doc['family']} (its 'family' field), not "
+            f"{family}: a copy of {doc['family']}'s file? Nothing of it is compared or replaced"
+        )
     return doc
 
 
@@ -159,8 +177,9 @@ def _new_file_mode(path: Path) -> int:
 def atomic_write(path: str | os.PathLike, doc: dict[str, Any]) -> None:
     """Write ``doc`` to a temp file beside ``path``, fsync it, then ``os.replace`` it in: a
     reader (or a crash) sees the old file or the new one, never a part. A file that is not
-    writable is refused (:func:`check_writable`); a replaced file keeps its mode."""
-    path = Path(path)
+    writable is refused (:func:`check_writable`); a replaced file keeps its mode. A symlink is
+    written through (its target replaced, beside it), never replaced by a regular file."""
+    path = Path(path).resolve()
     check_writable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = _new_file_mode(path)
@@ -184,10 +203,11 @@ def update_file(
 ) -> dict[str, Any]:
     """Under ``FileLock(<path>.lock)``: re-read the file, apply ``update`` to it and write the
     result atomically. Returns what was written. Exceptions of ``update`` leave the file as it
-    was; so does a file that cannot be written (:class:`GoldenError`, before the lock)."""
+    was; so does a file that cannot be written (:class:`GoldenError`, before the lock). A
+    symlink is followed: the lock and the write are its target's."""
     from filelock import FileLock
 
-    path = Path(path)
+    path = Path(path).resolve()
     check_writable(path)  # the lock file needs the directory too
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock", timeout=timeout):
