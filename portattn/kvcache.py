@@ -24,6 +24,7 @@ from portattn.configs import resolve_config
 from portattn.kernels.buffers import check_row_strides
 from portattn.kvcache_checks import check_append_memory, check_written_slots
 from portattn.validation import (
+    INT32_MAX,
     DTypeError,
     check_block_table_meta,
     check_bool,
@@ -71,15 +72,46 @@ def _index_tensor(name: str, x, batch: int, device: torch.device) -> torch.Tenso
     return x
 
 
-def _cache_seqlens(cache_seqlens, batch: int, capacity: int, device) -> torch.Tensor:
-    """[B] int32 keys already in the cache: a tensor, an int for all, or None (full cache)."""
+def _cache_seqlens(cache_seqlens, batch: int, capacity: int, device) -> torch.Tensor | int:
+    """The keys already in each sequence's cache: an int32 [B] tensor as given, or an int
+    (given for all, or None: the full cache) that the checks and the index arithmetic use as
+    it is, with no device tensor to read back."""
     if cache_seqlens is None:
-        return torch.full((batch,), capacity, dtype=torch.int32, device=device)
+        return capacity
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
         if not 0 <= cache_seqlens <= capacity:
             raise ValueError(f"cache_seqlens must be in [0, {capacity}], got {cache_seqlens}")
-        return torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
+        return int(cache_seqlens)
     return _index_tensor("cache_seqlens", cache_seqlens, batch, device)
+
+
+# Ramps ``0, step, 2 * step, ...`` (int32) by (length, step, device, stream): cu_seqlens_q and
+# the default cache rows are the same few per model, made once in eager mode. They are only
+# ever read. Keyed by stream, a ramp is read only after its own making, in stream order; none is
+# ever dropped (once full, new ones are not kept), so no kernel can read a freed one. While a
+# CUDA graph is captured they are made anew, in the graph's memory.
+_RAMPS: dict[tuple, torch.Tensor] = {}
+_RAMPS_MAX = 256
+
+
+def _ramp(length: int, step: int, device: torch.device, capturing: bool) -> torch.Tensor:
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (length, step, device, stream)
+    ramp = None if capturing else _RAMPS.get(key)
+    if ramp is None:
+        ramp = torch.arange(length, dtype=torch.int32, device=device) * step
+        if not capturing and len(_RAMPS) < _RAMPS_MAX:
+            _RAMPS[key] = ramp
+    return ramp
+
+
+def _cu_seqlens_k(seqlens: torch.Tensor | int, new: int, batch: int, device, capturing: bool):
+    """int32 [B + 1]: 0, then the running sum of each sequence's keys (cache plus new)."""
+    if isinstance(seqlens, int):  # the step changes from call to call: not a cached ramp
+        return _ramp(batch + 1, 1, device, capturing) * (seqlens + new)
+    cu_seqlens_k = torch.zeros(batch + 1, dtype=torch.int32, device=device)
+    cu_seqlens_k[1:] = torch.cumsum(seqlens + new, 0)
+    return cu_seqlens_k
 
 
 def _check_new_kv(k, v, q, k_cache, v_cache) -> int:
@@ -111,7 +143,8 @@ def _check_new_kv(k, v, q, k_cache, v_cache) -> int:
 
 
 def _check_values(
-    cache_seqlens,
+    cache_seqlens: torch.Tensor | int,
+    batch: int,
     new: int,
     capacity: int,
     block_table,
@@ -120,14 +153,19 @@ def _check_values(
     batch_idx,
     n_cache_rows: int,
 ) -> None:
-    """The eager checks of the index tensors' values (host copies, once per tensor version),
-    before anything is written."""
-    lens = host_values(cache_seqlens)
+    """The eager checks of the index tensors' values (host copies, once per tensor version;
+    an int ``cache_seqlens`` is its own host value), before anything is written."""
+    lens = [cache_seqlens] * batch if isinstance(cache_seqlens, int) else host_values(cache_seqlens)
     bad = [n for n in lens if n < 0]
     if bad:
         raise ValueError(f"cache_seqlens must be >= 0, got {bad[0]}")
     counts = [n + new for n in lens]
     check_key_counts("cache_seqlens + new keys", counts, capacity)
+    if sum(counts) > INT32_MAX:  # cu_seqlens_k, their running sum, is int32
+        raise ValueError(
+            f"the sequences' keys (cache_seqlens + new keys) add up to {sum(counts)}, more "
+            "than 2**31 - 1"
+        )
     if block_table is not None:
         check_pages(block_table, counts, page_size, num_pages)
         check_written_slots(host_values(block_table), lens, new, page_size)  # copied: no sync
@@ -167,9 +205,11 @@ def _check_writable(caches: dict[str, torch.Tensor]) -> None:
 
 
 def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, page_size, batch_idx) -> None:
-    """Write the new rows in place at positions ``cache_seqlens[b] + i`` (device ops only)."""
+    """Write the new rows in place at positions ``cache_seqlens[b] + i`` (device ops only;
+    ``cache_seqlens`` a [B] tensor or an int for all)."""
     batch, new = k.shape[:2]
-    pos = cache_seqlens.long()[:, None] + torch.arange(new, device=k.device)  # [B, S_new]
+    start = cache_seqlens if isinstance(cache_seqlens, int) else cache_seqlens.long()[:, None]
+    pos = (start + torch.arange(new, device=k.device)).expand(batch, new)  # [B, S_new]
     if block_table is not None:
         rows = torch.gather(block_table.long(), 1, torch.div(pos, page_size, rounding_mode="floor"))
         slots = pos % page_size
@@ -256,6 +296,7 @@ def flash_attn_with_kvcache(
             "(use torch.no_grad(), or detach them)"
         )
     batch, seqlen_q, n_heads_q, head_dim = q.shape
+    capturing = _capturing(q)
     new = _check_new_kv(k, v, q, k_cache, v_cache)
     if new:  # from the layouts alone: checked while a CUDA graph is captured too
         check_append_memory({"k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v})
@@ -273,14 +314,15 @@ def flash_attn_with_kvcache(
                     f"k_cache has {k_cache.shape[0]} rows for a batch of {batch}: pass "
                     "cache_batch_idx, or a cache with a row per sequence"
                 )
-            batch_idx = torch.arange(batch, dtype=torch.int32, device=q.device)
+            batch_idx = _ramp(batch, 1, q.device, capturing)
         else:
             batch_idx = _index_tensor("cache_batch_idx", cache_batch_idx, batch, q.device)
         table = batch_idx[:, None]  # a dense cache: one page of S_cache rows per sequence
     seqlens = _cache_seqlens(cache_seqlens, batch, capacity, q.device)
-    if not _capturing(q):
+    if not capturing:
         _check_values(
             seqlens,
+            batch,
             new,
             capacity,
             block_table,
@@ -294,9 +336,8 @@ def flash_attn_with_kvcache(
     if new:
         _check_writable({"k_cache": k_cache, "v_cache": v_cache})
         _append(k_cache, v_cache, k, v, seqlens, block_table, page_size, batch_idx)
-    cu_seqlens_k = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
-    cu_seqlens_k[1:] = torch.cumsum(seqlens + new, 0)
-    cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * seqlen_q
+    cu_seqlens_k = _cu_seqlens_k(seqlens, new, batch, q.device, capturing)
+    cu_seqlens_q = _ramp(batch + 1, seqlen_q, q.device, capturing)
     out, lse = _run_fwd(
         q_rows,
         k_cache,

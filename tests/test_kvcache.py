@@ -509,3 +509,60 @@ def test_kvcache_interleaved_caches_append(layout):
         q, k_cache.contiguous(), v_cache.contiguous(), cache_seqlens=4
     )
     assert torch.equal(out, expect)
+
+
+# --- Host syncs (issue 35) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["dense", "paged"])
+@pytest.mark.parametrize("seqlens", [None, 16, "tensor"])
+def test_kvcache_host_copies(monkeypatch, layout, seqlens):
+    """An int or None cache_seqlens is checked from the host value it is, with no device
+    round trip; a tensor is copied once per version. Other index tensors (a block table)
+    are copied once per version too, so repeated calls copy nothing."""
+    from portattn import validation
+
+    gen = torch.Generator().manual_seed(10)
+    batch = 2
+    q = torch.randn(batch, 1, HQ, D, generator=gen).to(DTYPE).to(DEVICE)
+    k_cache, v_cache = (
+        torch.randn(4, 32, HKV, D, generator=gen).to(DTYPE).to(DEVICE) for _ in "kv"
+    )
+    kwargs = {}
+    if layout == "paged":
+        kwargs["block_table"] = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=DEVICE)
+        k_cache, v_cache = k_cache.view(-1, 16, HKV, D)[:4], v_cache.view(-1, 16, HKV, D)[:4]
+    if seqlens == "tensor":
+        seqlens = torch.tensor([16, 16], dtype=torch.int32, device=DEVICE)
+    validation.forget_host_values()
+    copies = []
+
+    def spy(name: str):
+        real = getattr(torch.Tensor, name)
+        return lambda t, *args, **kwargs: copies.append(name) or real(t, *args, **kwargs)
+
+    for name in ("tolist", "item", "cpu"):  # the ways a tensor's values reach the host
+        monkeypatch.setattr(torch.Tensor, name, spy(name))
+    first = portattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, **kwargs)
+    # tolist: a block table's and a tensor cache_seqlens' values, once; nothing else
+    expect = (layout == "paged") + isinstance(seqlens, torch.Tensor)
+    assert copies == ["tolist"] * expect
+    for _ in range(3):
+        again = portattn.flash_attn_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=seqlens, **kwargs
+        )
+        assert torch.equal(again, first)
+    assert len(copies) == expect
+
+
+@pytest.mark.parametrize("seqlens", [None, "tensor"])
+def test_kvcache_key_total_beyond_int32_raises(seqlens):
+    """cu_seqlens_k, the running sum of the keys, is int32: a batch whose keys add up to more
+    than 2**31 - 1 is refused (two broadcast rows of 2**30 + 8 keys stand in for a cache)."""
+    capacity = 2**30 + 8
+    cache = torch.zeros(1, 1, HKV, D, dtype=DTYPE, device=DEVICE).expand(2, capacity, HKV, D)
+    q = torch.zeros(2, 1, HQ, D, dtype=DTYPE, device=DEVICE)
+    if seqlens == "tensor":
+        seqlens = torch.tensor([capacity, capacity], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"add up to 2147483664, more than 2\*\*31 - 1"):
+        portattn.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=seqlens)
