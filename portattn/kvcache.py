@@ -15,7 +15,10 @@ version, see ``validation.host_values``).
 
 from __future__ import annotations
 
+import contextlib
 import numbers
+import re
+from collections.abc import Iterator
 
 import torch
 
@@ -58,6 +61,31 @@ def _check_features(rotary_cos, rotary_sin, cache_leftpad, alibi_slopes, num_spl
             f"num_splits must be 0 (choose) or 1: portattn never splits a sequence's keys over "
             f"programs (its rows keep the trainer's key order), got {num_splits}"
         )
+
+
+# The checks shared with varlen_attention name its arguments, which this function calls k_cache,
+# v_cache and return_softmax_lse (and its batch is q's, not that of a cu_seqlens).
+_SHARED_NAMES = {
+    "k": "k_cache",
+    "v": "v_cache",
+    "return_lse": "return_softmax_lse",
+    "cu_seqlens": "q",  # block_table's B: "the batch of q"
+}
+# A whole word, not an attribute or a quoted value (``kernel='k'`` stays as given).
+_SHARED_NAME = re.compile(r"(?<![\w.'])(" + "|".join(_SHARED_NAMES) + r")(?![\w'])")
+
+
+@contextlib.contextmanager
+def _named_as_here() -> Iterator[None]:
+    """Errors of the shared checks in this block, worded with this function's argument names;
+    the error keeps its type and traceback."""
+    try:
+        yield
+    except (TypeError, ValueError) as err:
+        if err.args and isinstance(err.args[0], str):
+            renamed = _SHARED_NAME.sub(lambda m: _SHARED_NAMES[m.group(1)], err.args[0])
+            err.args = (renamed, *err.args[1:])
+        raise
 
 
 def _index_tensor(name: str, x, batch: int, device: torch.device) -> torch.Tensor:
@@ -284,9 +312,10 @@ def flash_attn_with_kvcache(
     """
     _check_features(rotary_cos, rotary_sin, cache_leftpad, alibi_slopes, num_splits)
     check_bool("rotary_interleaved", rotary_interleaved)
-    scale = check_common(
-        q, k_cache, v_cache, causal, softmax_scale, return_softmax_lse, kernel, token_dims=2
-    )
+    with _named_as_here():
+        scale = check_common(
+            q, k_cache, v_cache, causal, softmax_scale, return_softmax_lse, kernel, token_dims=2
+        )
     causal, return_lse = bool(causal), bool(return_softmax_lse)
     causal, *window = check_window(window_size, causal)
     softcap = check_softcap(softcap)
@@ -303,7 +332,8 @@ def flash_attn_with_kvcache(
     if block_table is not None:
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx applies to dense caches, not with a block_table")
-        page_size = check_block_table_meta(block_table, k_cache, batch, q.device)
+        with _named_as_here():
+            page_size = check_block_table_meta(block_table, k_cache, batch, q.device)
         capacity = block_table.shape[1] * page_size
         table, batch_idx = block_table, None
     else:

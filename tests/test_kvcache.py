@@ -566,3 +566,49 @@ def test_kvcache_key_total_beyond_int32_raises(seqlens):
         seqlens = torch.tensor([capacity, capacity], dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match=r"add up to 2147483664, more than 2\*\*31 - 1"):
         portattn.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=seqlens)
+
+
+# --- Errors name this function's arguments (issue 35) --------------------------------------------
+
+
+def _named_case(change):
+    gen = torch.Generator().manual_seed(12)
+    args = dict(
+        q=torch.randn(2, 1, HQ, D, generator=gen).to(DTYPE).to(DEVICE),
+        k_cache=torch.randn(2, 16, HKV, D, generator=gen).to(DTYPE).to(DEVICE),
+        v_cache=torch.randn(2, 16, HKV, D, generator=gen).to(DTYPE).to(DEVICE),
+        cache_seqlens=3,
+    )
+    change(args)
+    return args
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda a: a.update(k_cache=a["k_cache"].float()), r"^k_cache must have the dtype of q"),
+        (lambda a: a.update(v_cache=a["v_cache"][0]), r"^v_cache must be 4-D"),
+        (lambda a: a.update(v_cache=a["v_cache"][..., :24]), r"^v_cache head dim must equal q's"),
+        (lambda a: a.update(k_cache=a["k_cache"][:, :8]), r"^k_cache and v_cache must have the"),
+        (lambda a: a.update(return_softmax_lse=1), r"^return_softmax_lse must be a bool, got int"),
+        (lambda a: a.update(kernel="k"), r"^kernel must be one of .*, got 'k'$"),
+        (
+            lambda a: a.update(
+                k_cache=a["k_cache"][:, :8],
+                v_cache=a["v_cache"][:, :8],
+                block_table=torch.zeros(2, 1, dtype=torch.int32, device=DEVICE),
+            ),
+            r"^with a block_table, k_cache and v_cache are paged caches .* got k_cache of shape",
+        ),
+        (
+            lambda a: a.update(block_table=torch.zeros(3, 1, dtype=torch.int32, device=DEVICE)),
+            r"with B = 2 \(the batch of q\)",
+        ),
+    ],
+)
+def test_kvcache_errors_name_its_arguments(change, match):
+    """The checks shared with varlen_attention name k_cache / v_cache / return_softmax_lse,
+    as this function's caller knows them."""
+    args = _named_case(change)
+    with pytest.raises((TypeError, ValueError), match=match):
+        portattn.flash_attn_with_kvcache(**args)
