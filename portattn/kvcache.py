@@ -9,8 +9,8 @@ query row gets the bytes of the same row of the trainer's packed prefill (design
 
 Everything it does is device work (no host copy): it can be captured in a CUDA graph, where the
 value checks of ``cache_seqlens`` / ``block_table`` / ``cache_batch_idx``, which need their
-host values, are skipped; in eager mode they run before anything is written (once per tensor
-version, see ``validation.host_values``).
+host values, are skipped; in eager mode they run before anything is written (a host copy once
+per tensor version, see ``validation.host_values``; none for an int or None ``cache_seqlens``).
 """
 
 from __future__ import annotations
