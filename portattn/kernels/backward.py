@@ -33,7 +33,6 @@ from portattn.kernels.primitives import (
     load_lse2,
     load_row_lse2,
     mask_scores,
-    masked_product,
     mma,
     mma_rounded,
     query_range,
@@ -255,9 +254,7 @@ def attn_bwd_dkdv_kernel(
             # P <= 1 is scaled by an exact power of two before it is rounded for the product,
             # so small probabilities keep their bits in float16 (whose exponent range is
             # narrow); the scale is undone exactly on the float32 dV at the end.
-            b_dv = _dkdv_product(b_pT * P_SCALE, b_doc, b_dv, m_start < m_full, o_q, o_k,
-                                 seqlen_k, diag, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SPLIT_P,
-                                 INTERPRET)
+            b_dv = mma_rounded(b_pT * P_SCALE, b_doc, b_dv, SPLIT_P, INTERPRET)
         if WANT_DK:
             if TMA:
                 b_delta = desc_delta.load([i_h32, hm_start + m_start]).reshape(BLOCK_M)
@@ -272,8 +269,7 @@ def attn_bwd_dkdv_kernel(
             else:
                 b_qc = load_head_rows(desc_qc, p_q, m_start, i_h32, c_dc, o_dc, m_row, m_dc,
                                       BLOCK_M, BLOCK_DC, TMA)  # [BLOCK_M, BLOCK_DC]
-            b_dk = _dkdv_product(b_dsT, b_qc, b_dk, m_start < m_full, o_q, o_k, seqlen_k, diag,
-                                 CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SPLIT_P, INTERPRET)
+            b_dk = mma_rounded(b_dsT, b_qc, b_dk, SPLIT_P, INTERPRET)
     m_kc = m_krow[:, None] & m_dc[None, :]
     if HEAD_DIM_V == HEAD_DIM:
         m_kvc = m_kc
@@ -297,26 +293,6 @@ def attn_bwd_dkdv_kernel(
         if WANT_DV:
             tl.store(p_dv + o_dvc[None, :], (b_dv * (1.0 / P_SCALE)).to(p_dv.dtype.element_ty),
                      mask=m_kvc)
-
-
-@triton.jit
-def _dkdv_product(b_aT, b_x, b_acc, masked, o_q, o_k, seqlen_k, diag, CAUSAL: tl.constexpr,
-                  WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SPLIT_P: tl.constexpr,
-                  INTERPRET: tl.constexpr):
-    """dK or dV of one query tile: ``b_acc + b_aT @ b_x`` (b_aT [BLOCK_N, BLOCK_M]: dS^T or
-    P^T; b_x [BLOCK_M, C]: Q or dO), as ``masked_product`` where the tile takes the mask
-    (``masked``: below ``m_full``), so a query row holding NaN/inf reaches only the keys it
-    sees."""
-    if CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:
-        if masked:
-            m_visT = visible_mask(o_q[None, :], o_k[:, None], seqlen_k, diag, CAUSAL,
-                                  WINDOW_LEFT, WINDOW_RIGHT)
-            b_acc = masked_product(b_aT, b_x, b_acc, m_visT, SPLIT_P, INTERPRET)
-        else:
-            b_acc = mma_rounded(b_aT, b_x, b_acc, SPLIT_P, INTERPRET)
-    else:
-        b_acc = mma_rounded(b_aT, b_x, b_acc, SPLIT_P, INTERPRET)
-    return b_acc
 
 
 @triton.jit
@@ -346,18 +322,15 @@ def _dq_key_tiles(
         else:
             p_scale = scale_log2
         if MASKED:
-            m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, loop.CAUSAL,
-                                 loop.WINDOW_LEFT, loop.WINDOW_RIGHT)
-            b_qk = mask_scores(b_qk, m_vis)
+            b_qk = mask_scores(b_qk, visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag,
+                                                  loop.CAUSAL, loop.WINDOW_LEFT,
+                                                  loop.WINDOW_RIGHT))
         b_p = recompute_p(b_qk, b_lse2[:, None], p_scale)  # [BLOCK_M, BLOCK_N]
         b_dp = mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), loop.INTERPRET)
         b_ds = b_p * (b_dp - b_delta[:, None])  # [BLOCK_M, BLOCK_N]
         if SOFTCAP > 0:
             b_ds = b_ds * (1.0 - b_tanh * b_tanh)
-        if MASKED:  # [BLOCK_M, BLOCK_D]; unseen NaN/inf stay out of the rows
-            b_dq = masked_product(b_ds, b_k, b_dq, m_vis, loop.SPLIT_P, loop.INTERPRET)
-        else:
-            b_dq = mma_rounded(b_ds, b_k, b_dq, loop.SPLIT_P, loop.INTERPRET)
+        b_dq = mma_rounded(b_ds, b_k, b_dq, loop.SPLIT_P, loop.INTERPRET)  # [BLOCK_M, BLOCK_D]
     return b_dq
 
 

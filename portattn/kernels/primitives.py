@@ -168,28 +168,6 @@ def mask_scores(b_qk, m_vis):
 
 
 @triton.jit
-def masked_product(b_a, b_x, b_acc, m_vis, SPLIT_P: tl.constexpr, INTERPRET: tl.constexpr):
-    """``mma_rounded(b_a, b_x, b_acc)`` of a masked tile, where row ``m`` of the product sees
-    only the rows ``n`` of ``b_x`` with ``m_vis[m, n]`` (b_a [M, N]: P or dS, or their
-    transposes in the dK/dV products; b_x [N, C]: V or K, or Q / dO; m_vis [M, N]).
-
-    ``b_a``'s unseen entries are 0, but 0 times a NaN or an infinity is NaN, so an unseen key
-    (or query row) holding one would reach every row of the tile. Here unseen entries of
-    ``b_a`` are made exact zeros (they are NaN where a row's lse or delta is), ``b_x``'s
-    non-finite entries become 0, and the rows of the product that see one of them are set to
-    NaN: a row's result depends on what it sees only, and where that is non-finite so is the
-    row (NaN here; whatever IEEE gives in an unmasked tile). Masked tiles only: unmasked tiles
-    keep their plain product, and finite inputs get the bits of the plain product."""
-    b_a = tl.where(m_vis, b_a, 0.0)
-    m_finite = tl.abs(b_x.to(tl.float32)) < float("inf")  # False for NaN and +-inf
-    b_x = tl.where(m_finite, b_x, tl.zeros_like(b_x))
-    m_bad = tl.max(tl.where(m_finite, 0, 1), 1) > 0  # [N] rows of b_x with a non-finite entry
-    m_sees_bad = tl.max(tl.where(m_vis & m_bad[None, :], 1, 0), 1) > 0  # [M]
-    b_acc = mma_rounded(b_a, b_x, b_acc, SPLIT_P, INTERPRET)
-    return tl.where(m_sees_bad[:, None], float("nan"), b_acc)
-
-
-@triton.jit
 def softcap_scores(b_qk, scale_log2, SOFTCAP: tl.constexpr):
     """Softcapping (Gemma 2): raw scores ``qk`` -> ``tanh(u)`` with ``u = scale * qk / c``; the
     capped score in log2 units is ``tanh(u) * c * log2(e)`` (``softcap_log2``), a product
@@ -299,10 +277,7 @@ def forward_key_tiles(
             b_qk = mask_scores(b_qk, m_vis)
         b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, step_scale)
         b_acc = b_acc * b_alpha[:, None]
-        if MASKED:  # [BLOCK_M, BLOCK_DC]; unseen NaN/inf in V stay out of the rows
-            b_acc = masked_product(b_p, b_v, b_acc, m_vis, loop.SPLIT_P, loop.INTERPRET)
-        else:
-            b_acc = mma_rounded(b_p, b_v, b_acc, loop.SPLIT_P, loop.INTERPRET)
+        b_acc = mma_rounded(b_p, b_v, b_acc, loop.SPLIT_P, loop.INTERPRET)  # [BLOCK_M, BLOCK_DC]
     return b_acc, b_m, b_l
 
 

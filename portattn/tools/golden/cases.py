@@ -15,8 +15,8 @@ import torch
 
 # 2: the paged decode / append cases (page_size); 3: the model-feature cases (window_left,
 # window_right, softcap, sinks) and a borrowed head dim (d80); 4: v's own head dim (head_dim_v,
-# MLA's (192, 128))
-CASES_VERSION = 4
+# MLA's (192, 128)); 5: a varlen paged append with softcap (decode == prefill bits on sm90)
+CASES_VERSION = 5
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Tensor ids of the input generator (see portattn.tools.golden.inputs).
@@ -230,6 +230,16 @@ FEATURE_CASES: tuple[Case, ...] = (
         "fixed_order-mla-mha-d192v128-fp16-full",
         *("fixed_order", RAGGED_Q, RAGGED_K, 2, 2, 192, "fp16", False, 3006),
         head_dim_v=128,
+    ),
+    # Version 5: varlen's paged decode / append rows with a cap, d128 with GQA: the rows whose
+    # lse moved by an ulp on sm90 with the tiles that took the mask (the cap was rounded before
+    # the mask and contracted after it elsewhere).
+    Case(
+        "varlen-paged-softcap-gqa-d128-bf16-page64",
+        *("varlen", (1, 4, 16, 1), (300, 40, 77, 513), 8, 2, 128, "bf16", True, 3007),
+        dlse=False,
+        page_size=64,
+        softcap=5.0,
     ),
 )
 
