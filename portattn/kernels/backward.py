@@ -489,7 +489,7 @@ def plan_backward(problem: VarlenProblem, do, q, k, v, o_for_delta, lse, dlse, c
         # delta = rowsum(O * dO) over v's head dim (O and dO have it)
         params = dict(BLOCK_M=pre.block_m, HAS_DLSE=dlse is not None, PADDED=padded,
                       HEAD_DIM=p.value_dim, BLOCK_D=p.block_dv, **pre.launch_kwargs())
-        grid = (triton.cdiv(p.max_seqlen_q, pre.block_m) * p.batch, p.n_heads_q)
+        grid = (triton.cdiv(p.grid_rows_q, pre.block_m) * p.batch, p.n_heads_q)
         launches.append(KernelLaunch("bwd_pre", attn_bwd_preprocess_kernel, grid, args, params))
     if p.total_k > 0:
         args = (
@@ -501,7 +501,7 @@ def plan_backward(problem: VarlenProblem, do, q, k, v, o_for_delta, lse, dlse, c
         launches += _plan_dkdv(p, args, common, kernel_flags, tma_dkdv)
     if p.total_q > 0:
         t = cfg.bwd_dq
-        grid = (triton.cdiv(p.max_seqlen_q, t.block_m) * p.batch, p.n_heads_q)
+        grid = (triton.cdiv(p.grid_rows_q, t.block_m) * p.batch, p.n_heads_q)
         args = (
             q, k, v, do, lse2, delta, dq, cu_seqlens_q, cu_seqlens_k,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -535,7 +535,7 @@ def _plan_dkdv(p: VarlenProblem, args: tuple, common: dict, kernel_flags: dict,
     launches = []
     for want_dk, want_dv, chunks in passes:
         t = cfg.dkdv_launch_tiles(want_dk)
-        grid = (triton.cdiv(p.max_seqlen_k, t.block_n) * p.batch, p.n_heads_k, chunks)
+        grid = (triton.cdiv(p.grid_rows_k, t.block_n) * p.batch, p.n_heads_k, chunks)
         if use_warp_specialized_dkdv(p, tma):
             params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                           CAUSAL=p.causal, SPLIT_P=p.split_p, STAGES=t.num_stages,

@@ -168,7 +168,7 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
         p.batch, p.n_heads_q, p.group, p.scale_log2,
     )
     slices = triton.cdiv(p.group, heads)
-    grid = (triton.cdiv(p.max_seqlen_q, rows) * p.batch, p.n_heads_k * slices, cfg.fwd_chunks)
+    grid = (triton.cdiv(p.grid_rows_q, rows) * p.batch, p.n_heads_k * slices, cfg.fwd_chunks)
     params = dict(
         HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, **p.value_flags(),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,

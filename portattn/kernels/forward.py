@@ -173,7 +173,7 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
         out.stride(0), out.stride(1), o32_arg.stride(0), o32_arg.stride(1),
         p.batch, p.n_heads_q, p.group, p.scale_log2,
     )
-    grid = (triton.cdiv(p.max_seqlen_q, tiles.block_m) * p.batch, p.n_heads_q, cfg.fwd_chunks)
+    grid = (triton.cdiv(p.grid_rows_q, tiles.block_m) * p.batch, p.n_heads_q, cfg.fwd_chunks)
     tma = "fwd" in cfg.tma and rows_aligned(q, k, v)
     flags = dict(HEAD_DIM=p.head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                  CAUSAL=p.causal, SPLIT_P=p.split_p, STORE_O32=store_o32)

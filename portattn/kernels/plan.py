@@ -124,6 +124,20 @@ class VarlenProblem:
         )
 
     @property
+    def grid_rows_q(self) -> int:
+        """The query rows a launch grid is sized for: ``max_seqlen_q`` (flash-attn's upper
+        bound, which also picks the decode kernel, ``decode.decode_fits``), but no more than q
+        has (tiles past a sequence's end exit at once: the same bits; 2**31 - 1 over a few
+        tokens made 2**27 programs per sequence)."""
+        return min(self.max_seqlen_q, self.total_q)
+
+    @property
+    def grid_rows_k(self) -> int:
+        """As ``grid_rows_q`` for keys: no more than packed k has (a paged sequence may reuse
+        pages, so its bound stays ``max_seqlen_k``)."""
+        return self.max_seqlen_k if self.page_size else min(self.max_seqlen_k, self.total_k)
+
+    @property
     def group(self) -> int:
         """Query heads per kv head (GQA)."""
         return self.n_heads_q // self.n_heads_k
@@ -157,21 +171,15 @@ def describe(
     total_q, n_heads_q, head_dim = q.shape
     value_dim = head_dim if head_dim_v is None else head_dim_v
     paged = block_table is not None
-    total_k = k.shape[0] * k.shape[1] if paged else k.shape[0]
     return VarlenProblem(
         total_q=total_q,
-        total_k=total_k,
+        total_k=k.shape[0] * k.shape[1] if paged else k.shape[0],
         n_heads_q=n_heads_q,
         n_heads_k=k.shape[-2],
         head_dim=head_dim,
         batch=cu_seqlens_q.numel() - 1,
-        # max_seqlen is an upper bound (flash-attn's hint) that sizes the launch grids: no
-        # sequence has more query rows than q, nor more keys than packed k (a paged sequence
-        # may reuse pages, so its bound stays), and the tiles past a sequence's end exit at
-        # once, so the grid follows the smaller number (the same bits; 2**31 - 1 over a few
-        # tokens made 2**27 programs per sequence).
-        max_seqlen_q=min(max_seqlen_q, total_q),
-        max_seqlen_k=max_seqlen_k if paged else min(max_seqlen_k, total_k),
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
         causal=causal,
         softmax_scale=softmax_scale,
         split_p=splits_p(kernel),
