@@ -7,6 +7,12 @@ Importing it registers the custom ops ``torch.ops.portattn.varlen_fwd`` / ``varl
 from portattn.api import attention, varlen_attention
 from portattn.families import family
 from portattn.flash_compat import flash_attn_func, flash_attn_varlen_func
+from portattn.flash_packed import (
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
 from portattn.kvcache import flash_attn_with_kvcache
 from portattn.merge import merge_attention_states
 from portattn.validation import CacheIndexError
@@ -18,7 +24,11 @@ __all__ = [
     "attention",
     "family",
     "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
     "merge_attention_states",
     "varlen_attention",

@@ -237,7 +237,11 @@ def check_common(
         _check_tensor(name, x)
     check_heads_and_dims(q, k, v, token_dims, kv_token_dims)
     if q.dtype not in (torch.float16, torch.bfloat16):
-        raise DTypeError(f"q must be torch.float16 or torch.bfloat16, got {q.dtype}")
+        raise DTypeError(
+            f"q must be torch.float16 or torch.bfloat16, got {q.dtype}: cast q, k and v "
+            "(e.g. .to(torch.bfloat16)), or call under "
+            "torch.autocast('cuda', dtype=torch.bfloat16), which portattn's entry points follow"
+        )
     for name, x in (("k", k), ("v", v)):
         if x.dtype != q.dtype:
             raise DTypeError(f"{name} must have the dtype of q ({q.dtype}), got {x.dtype}")
