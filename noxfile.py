@@ -50,7 +50,7 @@ FAMILIES = ("sm80", "sm90", "sm100", "sm120", "cdna2", "cdna3", "cdna4")
 # pytest-xdist workers for the CPU suite: one per core (the CI machine has two). Each test seeds
 # its own generators, so a test's inputs do not depend on the worker that runs it.
 CPU_WORKERS = "auto"
-LINT_PATHS = ("portattn", "tests", "noxfile.py")
+LINT_PATHS = ("portattn", "tests", "benchmarks", "noxfile.py")
 
 nox.options.sessions = ["lint", "tests"]
 # A failed session ends the run: `tests` failing on a changed compile key has already compiled
@@ -265,16 +265,16 @@ BENCH_STEM = "docs/bench-h200"
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """``python -m portattn bench`` into ``docs/bench-h200.json`` and ``.md``, then the chart.
+    """``python benchmarks/bench.py`` into ``docs/bench-h200.json`` and ``.md``, then the chart.
 
     Same environment rule as ``gpu``: the current Python environment (``venv_backend="none"``),
     nothing installed. Extra arguments go to the benchmark (``nox -s bench -- --quick``). The
-    chart needs matplotlib, which a GPU machine may lack: ``bench plot`` then exits 3, which
-    does not fail the session; render the PNG elsewhere from the JSON with
-    ``python -m portattn bench plot --json docs/bench-h200.json --png docs/bench-h200.png``.
+    chart needs matplotlib (the ``bench`` extra), which a GPU machine may lack: ``plot`` then
+    exits 3, which does not fail the session; render the PNG elsewhere from the JSON with
+    ``python benchmarks/bench.py plot --json docs/bench-h200.json --png docs/bench-h200.png``.
     """
     json_path, md_path, png_path = (f"{BENCH_STEM}.{ext}" for ext in ("json", "md", "png"))
-    run = ("python", "-m", "portattn", "bench")
+    run = ("python", "benchmarks/bench.py")
     session.run(*run, "--json", json_path, "--markdown", md_path, *session.posargs, external=True)
     plot = (*run, "plot", "--json", json_path, "--png", png_path)
     session.run(*plot, external=True, success_codes=[0, 3])

@@ -27,7 +27,7 @@ if [ "$rc_tests" = 0 ] && [ "${REFRESH:-1}" = 1 ]; then
 fi
 step check 60 python3 -m portattn check; tail -n 12 "$OUT/check.log"
 step accuracy 90 python3 ci/accuracy_table.py; cp "$OUT/accuracy.log" "$OUT/accuracy.md"
-step bench "${BENCH_LIMIT:-420}" python3 -m portattn bench --json "$OUT/bench.json" \
+step bench "${BENCH_LIMIT:-420}" python3 benchmarks/bench.py --json "$OUT/bench.json" \
   --markdown "$OUT/bench.md"
 cat "$OUT/accuracy.md"
 grep -E "^\|" "$OUT/bench.log"

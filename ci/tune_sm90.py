@@ -19,15 +19,19 @@ import dataclasses
 import json
 import sys
 import time
+from pathlib import Path
+
+if not __package__:  # run as `python ci/tune_sm90.py`: the checkout's root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import triton
 
 import portattn
+from benchmarks.bench import profile_cuda_us, skewed_lengths, write_rows
 from portattn import configs
 from portattn.configs import Tiles
 from portattn.tools import check
-from portattn.tools.bench import profile_cuda_us, skewed_lengths, write_rows
 
 # Rounds of variants, named by the docs/perf-notes.md row that records them. A variant is
 # (kernel, head_dim, overrides): overrides are KernelConfig fields (tiles as tuples, ``tma`` a

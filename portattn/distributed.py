@@ -15,8 +15,8 @@ Two ways to split one attention call over the ranks of a process group:
 :func:`shard_keys` cuts each sequence's keys into contiguous, rank-ordered chunks: the layout
 that causal context parallelism needs.
 
-``python -m portattn.distributed --demo`` runs both on 2 processes and checks them (see
-``portattn/tools/_distributed_demo.py`` and ``docs/distributed.md``).
+``python benchmarks/distributed_demo.py`` (a checkout's) runs both on 2 processes and checks them
+(see ``docs/distributed.md``).
 """
 
 from __future__ import annotations
@@ -294,8 +294,13 @@ def context_parallel_attention(
 
 
 if __name__ == "__main__":
-    # ``python -m portattn.distributed --demo`` runs the demo module as the program. The demo
-    # imports this module like any user does; this module never imports the demo (no cycle).
-    import runpy
+    # The demo lives outside the package (benchmarks/), which the package never imports: the
+    # former spelling says where it went instead of exiting 0 having run nothing.
+    import sys
 
-    runpy.run_module("portattn.tools._distributed_demo", run_name="__main__", alter_sys=True)
+    print(
+        "error: the multi-process demo moved out of the package: from a checkout of portattn, "
+        "run python benchmarks/distributed_demo.py [--world-size N]",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)

@@ -1,17 +1,18 @@
-"""``python -m portattn bench`` without a GPU: workloads, FLOP convention, the runner's loop with
+"""``python benchmarks/bench.py`` without a GPU: workloads, FLOP convention, the runner's loop with
 fake implementations and timer, the reports (markdown, ratios, JSON, chart) and the CLI."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-from portattn.tools import bench, bench_report, cli
-from portattn.tools.bench import Impl, Workload
-from portattn.tools.bench_report import CUDNN, FIXED, FLASH, FLEX, VARLEN
+from benchmarks import bench, bench_report
+from benchmarks.bench import Impl, Workload
+from benchmarks.bench_report import CUDNN, FIXED, FLASH, FLEX, VARLEN
 
 # --- FLOPs ------------------------------------------------------------------------------------
 
@@ -364,6 +365,20 @@ def test_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
+    """No dependency brings matplotlib: the error says which extra does, and the extra exists."""
+    import re
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib.x -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[bench\]'"):
+        bench_report.plot(_synthetic(), tmp_path / "bench.png")
+    assert not (tmp_path / "bench.png").exists()
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    assert re.search(r'^bench = \[.*"matplotlib', pyproject.read_text(), re.MULTILINE)
+
+
 # --- command line -----------------------------------------------------------------------------
 
 
@@ -374,23 +389,24 @@ def test_cli_without_gpu_exits_2(monkeypatch, capsys):
         raise AssertionError("bench must not start without a GPU")
 
     monkeypatch.setattr(bench, "run", must_not_run)
-    assert cli.main(["bench"]) == 2
+    assert bench.main([]) == 2
     err = capsys.readouterr().err
     assert "GPU" in err and "error" in err
+    assert "a GPU (CUDA or ROCm)" in err  # not "CUDA GPU": torch.cuda answers for ROCm too
 
 
 def test_cli_list_and_unknown_workload(capsys):
-    assert cli.main(["bench", "--quick", "--list"]) == 0
+    assert bench.main(["--quick", "--list"]) == 0
     out = capsys.readouterr().out
     assert "skewed 32k h16 d128 causal" in out and "d64" not in out
-    assert cli.main(["bench", "--workloads", "nothing like this"]) == 2
+    assert bench.main(["--workloads", "nothing like this"]) == 2
     assert "equal 2x8192 h16 d128 full" in capsys.readouterr().err
 
 
 def test_cli_plot_from_json(tmp_path, monkeypatch, capsys):
     path, md = tmp_path / "b.json", tmp_path / "b.md"
     bench_report.write_json(path, _synthetic())
-    assert cli.main(["bench", "plot", "--json", str(path), "--markdown", str(md)]) == 0
+    assert bench.main(["plot", "--json", str(path), "--markdown", str(md)]) == 0
     assert md.read_text() == bench_report.markdown(_synthetic())
 
     def no_matplotlib(data, png):
@@ -398,12 +414,12 @@ def test_cli_plot_from_json(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(bench_report, "plot", no_matplotlib)
     png = tmp_path / "b.png"
-    assert cli.main(["bench", "plot", "--json", str(path), "--png", str(png)]) == 3
+    assert bench.main(["plot", "--json", str(path), "--png", str(png)]) == 3
     err = capsys.readouterr().err
     assert "matplotlib" in err and f"--json {path} --png {png}" in err
-    assert cli.main(["bench", "plot", "--png", str(png)]) == 2  # no --json to read
+    assert bench.main(["plot", "--png", str(png)]) == 2  # no --json to read
     missing = str(tmp_path / "missing.json")
-    assert cli.main(["bench", "plot", "--json", missing, "--png", str(png)]) == 2
+    assert bench.main(["plot", "--json", missing, "--png", str(png)]) == 2
     assert "no such file" in capsys.readouterr().err
 
 
@@ -413,7 +429,7 @@ def test_docs_flag_defaults(tmp_path, monkeypatch):
     bench_report.write_json(tmp_path / "docs" / "bench-h200.json", _synthetic())
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(bench_report, "plot", lambda data, png: open(png, "wb").close())
-    assert cli.main(["bench", "plot", "--docs"]) == 0
+    assert bench.main(["plot", "--docs"]) == 0
     assert (tmp_path / "docs" / "bench-h200.md").read_text().startswith("- device: NVIDIA H200")
     assert (tmp_path / "docs" / "bench-h200.png").exists()
 

@@ -1,6 +1,6 @@
-"""``python -m portattn bench --decode`` without a GPU: workloads, the byte count, the three cache
-layouts and the float32 reference, the runner's loop with fake implementations and timer, the
-reports and the command line."""
+"""``python benchmarks/bench.py --decode`` without a GPU: workloads, the byte count, the three
+cache layouts and the float32 reference, the runner's loop with fake implementations and timer,
+the reports and the command line."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from portattn.tools import bench_decode as bd
-from portattn.tools import bench_report, cli
-from portattn.tools.bench_decode import DecodeImpl, DecodeWorkload
+from benchmarks import bench, bench_report
+from benchmarks import bench_decode as bd
+from benchmarks.bench_decode import DecodeImpl, DecodeWorkload
 
 # --- workloads --------------------------------------------------------------------------------
 
@@ -257,29 +257,30 @@ def test_markdown_and_short_table():
 
 
 def test_cli_parse_and_list(capsys):
-    args = cli.build_parser().parse_args(["bench", "--decode", "--quick", "--list"])
+    args = bench.build_parser().parse_args(["--decode", "--quick", "--list"])
     assert args.decode and args.quick and args.list
-    assert cli.build_parser().parse_args(["bench"]).decode is False
-    assert cli.main(["bench", "--decode", "--quick", "--list"]) == 0
+    assert bench.build_parser().parse_args([]).decode is False
+    assert bench.main(["--decode", "--quick", "--list"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.split("  ")[0] for line in out] == [w.name for w in bd.quick_workloads()]
-    assert cli.main(["bench", "--decode", "--list"]) == 0
+    assert bench.main(["--decode", "--list"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == len(bd.default_workloads())
-    assert cli.main(["bench", "--decode", "--workloads", "nothing like this"]) == 2
+    assert bench.main(["--decode", "--workloads", "nothing like this"]) == 2
 
 
 def test_cli_without_gpu_exits_2(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert cli.main(["bench", "--decode", "--quick"]) == 2
-    assert "CUDA GPU" in capsys.readouterr().err
+    assert bench.main(["--decode", "--quick"]) == 2
+    # a ROCm GPU is a GPU too (torch.cuda answers for both): the message names both
+    assert "a GPU (CUDA or ROCm)" in capsys.readouterr().err
 
 
 def test_cli_plot_renders_markdown(tmp_path):
     path, md = tmp_path / "d.json", tmp_path / "d.md"
     bench_report.write_json(path, _synthetic())
-    assert cli.main(["bench", "plot", "--decode", "--json", str(path), "--markdown", str(md)]) == 0
+    assert bench.main(["plot", "--decode", "--json", str(path), "--markdown", str(md)]) == 0
     assert md.read_text() == bd.markdown(bench_report.load_json(path))
-    assert cli.main(["bench", "plot", "--decode", "--json", str(tmp_path / "none.json")]) == 2
+    assert bench.main(["plot", "--decode", "--json", str(tmp_path / "none.json")]) == 2
 
 
 # --- the peers' calls, against fakes with the real keyword names ------------------------------

@@ -121,11 +121,9 @@ def test_graph_sees_top_level_lazy_and_relative_imports():
     graph = import_graph()
     assert len(graph) > 20 and "portattn.tools.golden.run" in graph and "portattn" in graph
     assert "portattn.tools.harness" in graph["portattn.tools.check"]  # top level
-    assert "portattn.distributed" in graph["portattn.tools._distributed_demo"]  # top level
+    assert "portattn.tools.harness" in graph["portattn.tools.golden.run"]  # top level
     assert "portattn.tools.check" in graph["portattn.tools.cli"]  # inside a function
-    assert "portattn.tools.harness" in graph["portattn.tools.golden.run"]
-    # the demo is run, not imported, by distributed.py's __main__ block
-    assert "portattn.tools._distributed_demo" not in graph["portattn.distributed"]
+    assert "portattn" in graph["portattn.distributed"]  # top level: import portattn
 
 
 def test_find_cycle():
@@ -175,3 +173,22 @@ def test_product_does_not_import_the_tools():
     }
     assert not {mod: deps for mod, deps in leaks.items() if deps}
     assert "portattn.tools.cli" in graph["portattn.__main__"]  # the graph sees the door
+
+
+def test_package_does_not_import_the_benchmarks():
+    """``benchmarks/`` (the checkout's benchmarks and distributed demo) is not shipped: no module
+    of the package imports it, anywhere (``python -m portattn.distributed --demo`` only says
+    where the demo went)."""
+    imports = {}
+    for name, path in _modules().items():
+        for node in _import_nodes(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                targets = [node.module or ""] if not node.level else []
+            bad = [t for t in targets if t == "benchmarks" or t.startswith("benchmarks.")]
+            if bad:
+                imports[f"{name}:{node.lineno}"] = bad
+    assert not imports
+    assert not list(PACKAGE.rglob("*bench*.py")), "the benchmarks live in benchmarks/"
+    assert (PACKAGE.parent / "benchmarks" / "bench.py").is_file()

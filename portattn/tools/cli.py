@@ -1,4 +1,6 @@
-"""Command line: ``python -m portattn {check,compile,bench,golden}``.
+"""Command line: ``python -m portattn {check,compile,golden}``.
+
+The benchmarks are not part of the package: ``python benchmarks/bench.py`` in a checkout.
 
 On a machine without a GPU, ``check`` runs the kernels under Triton's interpreter, and says so.
 Triton decides between compiling and interpreting when a kernel is defined, i.e. when
@@ -57,16 +59,6 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     return compile_main(args)
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    if getattr(args, "decode", False):
-        from portattn.tools.bench_decode import main as decode_main
-
-        return decode_main(args)
-    from portattn.tools.bench import main as bench_main
-
-    return bench_main(args)
-
-
 def _cmd_golden(args: argparse.Namespace) -> int:
     from portattn.tools.golden.cli import main as golden_main
 
@@ -113,19 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
     from portattn.tools.compilecheck import add_arguments
 
     add_arguments(p_compile)
-    p_bench = _add_command(
-        sub,
-        "bench",
-        _cmd_bench,
-        help="time both kernels against SDPA and FlexAttention on the GPU (TFLOP/s, ratios)",
-        description="Benchmark portattn's kernels against SDPA (cuDNN, flash) and "
-        "FlexAttention on packed bfloat16 workloads (docs/performance.md): prints a markdown "
-        "table, optionally writes JSON, markdown and a PNG chart. `bench plot` renders the "
-        "chart (and markdown) from a JSON file, on any machine with matplotlib.",
-    )
-    from portattn.tools.bench import add_arguments as add_bench_arguments
-
-    add_bench_arguments(p_bench)
     p_golden = _add_command(
         sub,
         "golden",

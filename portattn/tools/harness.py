@@ -2,10 +2,10 @@
 float64 reference, and measures the result against the accuracy rule.
 
 Used by the test suite (``tests/helpers.py``), ``python -m portattn check``, the golden runner
-(``portattn/tools/golden/run.py``) and the distributed demo
-(``portattn/tools/_distributed_demo.py``). Each of them makes its own inputs (the golden files
-from a counter-based generator, the others from a seeded ``torch.Generator``) and keeps its own
-report; what they share is here:
+(``portattn/tools/golden/run.py``) and the distributed demo (``benchmarks/distributed_demo.py``,
+in a checkout). Each of them makes its own inputs (the golden files from a counter-based
+generator, the others from a seeded ``torch.Generator``) and keeps its own report; what they
+share is here:
 
 - :func:`cu_seqlens`: int32 sequence boundaries from lengths;
 - :class:`PackShape`: a packed batch's shape (lengths, heads, head dim), as the distributed

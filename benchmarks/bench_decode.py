@@ -1,4 +1,4 @@
-"""``python -m portattn bench --decode``: batched decode and append against a KV cache, bf16.
+"""``python benchmarks/bench.py --decode``: batched decode and append against a KV cache, bf16.
 
 Workloads (:func:`default_workloads`): B sequences with ``q_len`` new query rows each (1:
 decode; 4, 16: append), whose keys are already in the cache (``cache_seqlens`` counts them),
@@ -32,7 +32,7 @@ Before timing, each output on a few sequences is compared with a float32 referen
 Metric: K/V bytes read, ``sum(kv_len) * Hkv * D * 2 (K and V) * 2 (bf16)``, per second (TB/s),
 and its ratio to the copy bandwidth measured in the same run, (read + write bytes) / time of
 ``dst.copy_(src)`` on 1 GiB of bf16 ("copy BW (read+write)"). vs FA4 det: FA4 det's time / this
-time. Timing as :mod:`portattn.tools.bench`: ``do_bench`` medians with L2 flushed per repeat
+time. Timing as :mod:`benchmarks.bench`: ``do_bench`` medians with L2 flushed per repeat
 (a B = 1 cache fits in the 50 MiB L2), a GPU warm-up, first calls untimed, two passes in alternating
 order, the better kept; random inputs, never zeros. B = 1 and 8 are launch-bound.
 """
@@ -52,9 +52,9 @@ from typing import Any
 
 import torch
 
-from portattn.tools import bench
-from portattn.tools import bench_report as report
-from portattn.tools.bench import attempt, metadata
+from benchmarks import bench
+from benchmarks import bench_report as report
+from benchmarks.bench import attempt, metadata
 
 PAGE_SIZE = 64
 KV_RANGE = (512, 8192)
@@ -356,7 +356,7 @@ Timer = Callable[[Callable[[], object]], tuple[float, float | None, float | None
 
 
 def gpu_timer(step: Callable[[], object]) -> tuple[float, float | None, float | None]:
-    """:func:`portattn.tools.bench.gpu_timer` with shorter budgets (``WARMUP_MS``, ``REP_MS``:
+    """:func:`benchmarks.bench.gpu_timer` with shorter budgets (``WARMUP_MS``, ``REP_MS``:
     calls here take 0.01-2 ms, so 150 ms is 75+ repeats): median ms, peak and resident GiB."""
     return bench.gpu_timer(step, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
 
@@ -544,7 +544,7 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-# --- command line (wired into ``python -m portattn bench --decode``) ---------------------------
+# --- command line (``python benchmarks/bench.py --decode``: bench.main dispatches here) ---------
 
 
 def main(args: argparse.Namespace) -> int:
@@ -557,7 +557,7 @@ def main(args: argparse.Namespace) -> int:
         print("bench --decode writes no chart; --png is ignored", file=sys.stderr)
     if getattr(args, "action", "run") == "plot":
         if not args.json or not args.markdown or not Path(args.json).is_file():
-            print("bench plot --decode needs --json FILE and --markdown PATH", file=sys.stderr)
+            print("plot --decode needs --json FILE and --markdown PATH", file=sys.stderr)
             return 2
         Path(args.markdown).write_text(markdown(report.load_json(args.json)), encoding="utf-8")
         print(f"wrote {args.markdown}")
@@ -574,8 +574,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"{w.name:28s} B={w.batch:3d} Sq={w.q_len:2d} {lens:14s} K/V {gb:.3f} GB")
         return 0
     if not torch.cuda.is_available():
-        msg = "times kernels on a CUDA GPU and none is here (`--decode --list` needs none)"
-        print(f"error: python -m portattn bench --decode {msg}", file=sys.stderr)
+        msg = f"times kernels on {bench.NEEDS_GPU} and none is here (`--decode --list` needs none)"
+        print(f"error: python benchmarks/bench.py --decode {msg}", file=sys.stderr)
         return 2
     data = run_decode(workloads)
     text = markdown(data)

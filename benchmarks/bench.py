@@ -1,4 +1,4 @@
-"""``python -m portattn bench``: portattn's kernels against SDPA and FlexAttention, one run.
+"""``python benchmarks/bench.py``: portattn's kernels against SDPA and FlexAttention, one run.
 
 Workloads (:func:`default_workloads`) are packed varlen batches in bfloat16: equal-length packs
 (2 x 8192 tokens, so dense SDPA is a natural peer) and skewed packs (16k or 32k tokens in
@@ -32,7 +32,13 @@ and sequence, halved for causal; forward+backward 3.5x forward. Peak memory:
 ``torch.cuda.max_memory_allocated`` over one call after a reset (outside ``do_bench``, whose
 256 MB flush buffer would otherwise count), in GiB, with the resident inputs counted.
 
-Reports (markdown, JSON, PNG chart): :mod:`portattn.tools.bench_report`.
+Reports (markdown, JSON, PNG chart): :mod:`benchmarks.bench_report`. ``--decode`` runs
+:mod:`benchmarks.bench_decode` instead. The chart needs matplotlib (``pip install -e
+'.[bench]'``).
+
+Run from a checkout (the benchmarks are not part of the installed package):
+``python benchmarks/bench.py [--quick] [--decode] [--json PATH] ...``; ``--help`` lists the
+options.
 """
 
 from __future__ import annotations
@@ -52,15 +58,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+if not __package__:  # run as `python benchmarks/bench.py`: the checkout's root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import torch
 
-from portattn.tools import bench_report as report
-from portattn.tools.bench_report import CUDNN, FIXED, FLASH, FLEX, MODES, VARLEN
+from benchmarks import bench_report as report
+from benchmarks.bench_report import CUDNN, FIXED, FLASH, FLEX, MODES, VARLEN
 
 WARMUP_MS = 50  # do_bench's warm-up and repetition budgets: about 0.4 s per do_bench call
 REP_MS = 300
 DOCS_STEM = "docs/bench-h200"  # --docs: docs/bench-h200.{json,md,png}, relative to the cwd
 SKEWED_CHOICES = (64, 128, 300, 512, 1000, 2048, 3000, 4096)
+# torch.cuda covers both: ROCm builds of torch answer through the same API.
+NEEDS_GPU = "a GPU (CUDA or ROCm)"
 
 
 @dataclass(frozen=True)
@@ -362,7 +373,7 @@ def _first_call(impl: Impl, mode: str, args: tuple, do: torch.Tensor | None):
 
 
 def _row(w: Workload, mode: str, impl: str, pass_: int | None, **fields: Any) -> dict[str, Any]:
-    """One row of the results (fields described in :mod:`portattn.tools.bench_report`)."""
+    """One row of the results (fields described in :mod:`benchmarks.bench_report`)."""
     row = {"workload": w.name, "mode": mode, "impl": impl, "pass": pass_, "ms": None}
     row.update(tflops=None, peak_gib=None, resident_gib=None, error=None)
     row.update(fields)
@@ -441,8 +452,8 @@ def metadata() -> dict[str, Any]:
     import triton
 
     argv = list(sys.argv)
-    if argv and argv[0].endswith("__main__.py"):  # python -m portattn ...
-        argv = ["python", "-m", "portattn", *argv[1:]]
+    if argv and argv[0].endswith(".py"):  # python benchmarks/bench.py ...
+        argv = ["python", *argv]
     status = _git("status", "--porcelain", "--untracked-files=no")
     return dict(
         device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -476,7 +487,7 @@ def run(workloads: list[Workload], log: Callable[[str], None] = print) -> dict[s
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``python -m portattn bench``."""
+    """The options of ``python benchmarks/bench.py``."""
     p.add_argument(
         "action",
         nargs="?",
@@ -499,7 +510,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--plot",
         dest="png",
         metavar="PATH",
-        help="bar chart (needs matplotlib; without it, render later with `bench plot`)",
+        help="bar chart (needs matplotlib: the `bench` extra; without it, render later with "
+        "`plot`)",
     )
     p.add_argument(
         "--docs",
@@ -509,9 +521,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--decode",
         action="store_true",
-        help="the decode/append benchmark against a KV cache instead (portattn.tools.bench_decode, "
-        "dispatched by the CLI; --quick, --workloads, --list, --json, --markdown and --docs "
-        "apply to it)",
+        help="the decode/append benchmark against a KV cache instead (benchmarks/bench_decode.py; "
+        "--quick, --workloads, --list, --json, --markdown and --docs apply to it)",
     )
 
 
@@ -521,8 +532,8 @@ def _write_png(data: dict[str, Any], png: str, json_path: str | None) -> bool:
     except ImportError as exc:
         later = json_path or "RUN.json"
         print(
-            f"no chart: {exc} (matplotlib is needed); render it where matplotlib is installed "
-            f"with: python -m portattn bench plot --json {later} --png {png}",
+            f"no chart: {exc}; or render it where matplotlib is installed "
+            f"with: python benchmarks/bench.py plot --json {later} --png {png}",
             file=sys.stderr,
         )
         return False
@@ -530,20 +541,19 @@ def _write_png(data: dict[str, Any], png: str, json_path: str | None) -> bool:
     return True
 
 
-def main(args: argparse.Namespace) -> int:
-    """Exit status: 0 done, 2 usage error or no GPU, 3 (plot) matplotlib missing."""
+def command(args: argparse.Namespace) -> int:
+    """The benchmark (not ``--decode``) for parsed ``args``. Exit status: 0 done, 2 usage error
+    or no GPU, 3 (plot) matplotlib missing."""
     if args.docs:
         for attr, ext in (("json", "json"), ("markdown", "md"), ("png", "png")):
             if getattr(args, attr) is None:
                 setattr(args, attr, f"{DOCS_STEM}.{ext}")
     if args.action == "plot":
         if not args.json or not (args.png or args.markdown):
-            print(
-                "bench plot needs --json PATH and --png PATH (or --markdown PATH)", file=sys.stderr
-            )
+            print("plot needs --json PATH and --png PATH (or --markdown PATH)", file=sys.stderr)
             return 2
         if not Path(args.json).is_file():
-            print(f"bench plot: no such file: {args.json}", file=sys.stderr)
+            print(f"plot: no such file: {args.json}", file=sys.stderr)
             return 2
         data = report.load_json(args.json)
         if args.markdown:
@@ -564,8 +574,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if not torch.cuda.is_available():
         print(
-            "error: python -m portattn bench times kernels on a CUDA GPU and none is available "
-            "here (torch.cuda.is_available() is False). `bench --list` and `bench plot` work "
+            f"error: python benchmarks/bench.py times kernels on {NEEDS_GPU} and none is "
+            "available here (torch.cuda.is_available() is False). `--list` and `plot` work "
             "without one.",
             file=sys.stderr,
         )
@@ -577,3 +587,32 @@ def main(args: argparse.Namespace) -> int:
     if args.png:
         _write_png(data, args.png, args.json)  # a missing matplotlib does not fail the run
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/bench.py",
+        description="Benchmark portattn's kernels against SDPA (cuDNN, flash) and "
+        "FlexAttention on packed bfloat16 workloads (docs/performance.md): prints a markdown "
+        "table, optionally writes JSON, markdown and a PNG chart. `plot` renders the chart "
+        "(and markdown) from a JSON file, on any machine with matplotlib. --decode: the "
+        "decode/append benchmark against a KV cache.",
+    )
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.decode:
+        from benchmarks import bench_decode  # it imports this module: imported here, not above
+
+        return bench_decode.main(args)
+    return command(args)
+
+
+if __name__ == "__main__":
+    # Through the package's module, so that bench_decode and this run share one copy of it.
+    from benchmarks.bench import main as package_main
+
+    raise SystemExit(package_main())

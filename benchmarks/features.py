@@ -10,11 +10,11 @@ Rows (bf16, causal, H = 16 query heads, GQA 16/4 no; one packed batch each):
 Useful FLOPs count the visible (query, key) pairs exactly: ``2 * (D + Dv) * H * pairs``
 forward (QK^T and PV), ``2 * (4 * D + 3 * Dv) * H * pairs`` forward + backward (with the
 recomputed QK^T, dP, dV, dQ, dK): ``4 * D`` and 3.5x that where Dv == D. Timing:
-``portattn.tools.bench.gpu_timer`` (do_bench medians, L2 flushed), each implementation
+``benchmarks.bench.gpu_timer`` (do_bench medians, L2 flushed), each implementation
 warmed first, two passes in alternating order, the better median kept. q, k, v require grad
 in the forward + backward rows.
 
-    python ci/bench_features.py [--json PATH] [--only "d192 v128"]
+    python benchmarks/features.py [--json PATH] [--only "d192 v128"]
 """
 
 from __future__ import annotations
@@ -22,11 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+
+if not __package__:  # run as `python benchmarks/features.py`: the checkout's root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
 import portattn
-from portattn.tools.bench import gpu_timer
+from benchmarks.bench import gpu_timer
 
 HEADS = 16
 

@@ -4,11 +4,11 @@ The eager ``varlen_attention`` reads ``cu_seqlens`` on the host before each laun
 checks, design §1 in docs/design.md), so the GPU waits for that host work on every call; under
 ``torch.compile`` those checks are skipped (docs/api.md) and launches queue up like the peers'.
 This script times, in one run and on the benchmark's own workloads and timer
-(``portattn.tools.bench``): the eager API, the same call compiled with ``fullgraph=True``,
+(``benchmarks/bench.py``): the eager API, the same call compiled with ``fullgraph=True``,
 FlexAttention and (equal packs) SDPA cuDNN, plus the forward kernel's own CUDA time from
 ``torch.profiler``.
 
-Usage (GPU): python ci/api_overhead.py [--json PATH]
+Usage (GPU): python benchmarks/api_overhead.py [--json PATH]
 """
 
 from __future__ import annotations
@@ -16,11 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+
+if not __package__:  # run as `python benchmarks/api_overhead.py`: the checkout's root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
 import portattn
-from portattn.tools import bench
+from benchmarks import bench
 
 WORKLOADS = ("equal 2x8192 h16 d128", "skewed 32k h16 d128")
 

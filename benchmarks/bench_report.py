@@ -1,10 +1,11 @@
-"""Reports of ``python -m portattn bench``: JSON file, markdown summary, PNG bar chart.
+"""Reports of ``python benchmarks/bench.py``: JSON file, markdown summary, PNG bar chart.
 
-Everything here works on the plain data of a run (the dict that :func:`portattn.tools.bench.run`
+Everything here works on the plain data of a run (the dict that :func:`benchmarks.bench.run`
 returns and :func:`write_json` stores), so a report can be rendered on another machine than the
 one that measured: this module imports neither torch nor triton, and matplotlib only inside
 :func:`plot` (the GPU machine may not have it; render the PNG later with
-``python -m portattn bench plot --json PATH --png PATH``).
+``python benchmarks/bench.py plot --json PATH --png PATH``). matplotlib comes with the
+optional extra ``bench`` of pyproject.toml (``pip install -e '.[bench]'``).
 
 A row is one timing: ``workload``, ``mode`` ("fwd" or "fwd+bwd"), ``impl``, ``pass`` (0 or 1),
 ``ms`` (median of ``triton.testing.do_bench``), ``tflops`` (useful FLOPs / time), ``peak_gib``
@@ -41,6 +42,8 @@ RATIOS = (
     ("fixed_order / varlen time", FIXED, VARLEN),
 )
 NOT_RUN = "—"  # the implementation does not apply to this workload (SDPA on a skewed pack)
+# No dependency of portattn brings matplotlib; the optional extra `bench` does (pyproject.toml).
+MATPLOTLIB_NEEDED = "the chart needs matplotlib: pip install -e '.[bench]' (the bench extra)"
 FAILED = "error"  # it applies but failed; the message is listed under the table
 
 Row = dict[str, Any]
@@ -213,8 +216,11 @@ def plot(data: dict[str, Any], png: str | Path) -> None:
     above, fwd+bwd below), written to ``png``. Raises ImportError without matplotlib."""
     # Imported here, not at the top: the GPU machine may lack matplotlib; the run's JSON is then
     # rendered elsewhere. Figure + savefig need no pyplot, hence no GUI backend and no globals.
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
+    try:
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch
+    except ImportError as exc:
+        raise ImportError(f"{MATPLOTLIB_NEEDED} ({exc})") from exc
 
     table = summarize(data.get("rows", []))
     keys = _keys(data, table)

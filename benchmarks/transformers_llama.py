@@ -9,10 +9,10 @@ Model: 2 layers, 16 query heads on 4 kv heads (GQA), head dim 64 or 128 (hidden 
     sdpa: the block-causal mask transformers builds from them);
   * decode: 8 sequences of 2048 tokens in the cache, one new token each (an all-ones mask, as
     generate passes: portattn reads the [B, H, S, D] cache in place, heads fold).
-Timing: ``portattn.tools.bench.gpu_timer`` (do_bench medians, L2 flushed), each
+Timing: ``benchmarks.bench.gpu_timer`` (do_bench medians, L2 flushed), each
 implementation warmed first, two passes in alternating order, the better median kept.
 
-    python ci/bench_transformers.py [--json PATH]
+    python benchmarks/transformers_llama.py [--json PATH]
 """
 
 from __future__ import annotations
@@ -20,10 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+
+if not __package__:  # run by path: the checkout's root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from portattn.tools.bench import gpu_timer
+from benchmarks.bench import gpu_timer
 
 IMPLS = ("portattn", "sdpa")
 SEQ, BATCH = 2048, 4
