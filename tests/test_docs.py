@@ -134,3 +134,29 @@ def test_extractor(tmp_path: Path):
         (8, "x = 1\n", "needs 2 GPUs"),
         (11, "y = 2\n", None),
     ]
+
+
+SCRIPT_PATH = re.compile(r"\b((?:benchmarks|ci)/[\w./-]+\.(?:py|sh))\b")
+# Spellings of commands that moved out of the package (benchmarks/): no runnable block gives them.
+REMOVED = ("python -m portattn bench", "python -m portattn.distributed")
+
+
+def test_documented_scripts_exist():
+    """Every ``benchmarks/...`` and ``ci/...`` script that the pages (README.md, docs/*.md,
+    ci/README.md), the nox sessions and the CI shell scripts name is a file of the checkout, and
+    no ```bash block runs a command that moved into ``benchmarks/``."""
+    pages = [*FILES, ROOT / "ci" / "README.md", ROOT / "noxfile.py", *(ROOT / "ci").glob("*.sh")]
+    missing, removed = [], []
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        where = page.relative_to(ROOT).as_posix()
+        missing += [f"{where}: {m}" for m in SCRIPT_PATH.findall(text) if not (ROOT / m).is_file()]
+        in_bash = False
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip().startswith("```"):
+                in_bash = not in_bash and line.strip() in ("```bash", "```sh", "```shell")
+            elif in_bash and line.strip().startswith(REMOVED):
+                removed.append(f"{where}:{number}: {line.strip()}")
+    assert not missing, missing
+    assert not removed, removed
+    assert any("benchmarks/bench.py" in p.read_text(encoding="utf-8") for p in FILES)
