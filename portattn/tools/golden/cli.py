@@ -87,7 +87,7 @@ def cmd_refresh(args: argparse.Namespace, hw: Hardware | None = None) -> int:
     return run_refresh(
         hw.family,
         hw.device,
-        args.golden_dir or default_golden_dir(),
+        args.golden_dir or default_golden_dir(write=True),
         force=args.force,
         case_names=args.case,
         repeat=args.repeat,
@@ -101,7 +101,7 @@ def cmd_fingerprints(args: argparse.Namespace) -> int:
     from portattn.families import FAMILIES
 
     families = args.family or list(FAMILIES)
-    golden_dir = args.golden_dir or default_golden_dir()
+    golden_dir = args.golden_dir or default_golden_dir(write=args.update)
     if args.update and args.results:
         say("error: --update compiles every entry itself; it takes no --results")
         return 2
@@ -142,8 +142,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--golden-dir",
-        help="directory of <family>.json (default: the "
-        "checkout's golden/, or $PORTATTN_GOLDEN_DIR)",
+        help="directory of <family>.json (default: $PORTATTN_GOLDEN_DIR, else the checkout's "
+        "golden/ when run from one, else, to read, the copy installed with portattn)",
     )
     on_gpu = argparse.ArgumentParser(add_help=False, parents=[common])
     on_gpu.add_argument(

@@ -41,12 +41,23 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def default_golden_dir() -> Path:
-    """``$PORTATTN_GOLDEN_DIR``, else the checkout's ``golden/``, else ``./golden``."""
+# The wheel's copy of the checkout's golden/ (pyproject.toml maps the package
+# ``portattn.golden_data`` to golden/): an installed portattn verifies without a checkout.
+PACKAGED_GOLDEN_DIR = Path(__file__).resolve().parents[2] / "golden_data"
+
+
+def default_golden_dir(write: bool = False) -> Path:
+    """``$PORTATTN_GOLDEN_DIR``, else the checkout's ``golden/`` (run from a checkout), else,
+    to read (``write=False``), the golden files installed with the package, else ``./golden``.
+    A refresh never writes into the installed package: it writes the checkout's or ``./golden``."""
     if os.environ.get("PORTATTN_GOLDEN_DIR"):
         return Path(os.environ["PORTATTN_GOLDEN_DIR"])
     repo = REPO_ROOT / "golden"
-    return repo if repo.is_dir() else Path.cwd() / "golden"
+    if repo.is_dir():
+        return repo
+    if not write and PACKAGED_GOLDEN_DIR.is_dir():
+        return PACKAGED_GOLDEN_DIR
+    return Path.cwd() / "golden"
 
 
 def parse_entry(entry: str) -> tuple[str, int, torch.dtype, int | None]:
@@ -175,6 +186,31 @@ def _digest_line(result: CaseResult) -> str:
 # ----------------------------------------------------------------------------- verify
 
 
+def no_hashes_message(doc: dict, path: Path, family: str, toolchain: str) -> str:
+    """The one line verify prints when ``doc`` holds no output hashes for ``toolchain``: what
+    is held instead, and the two ways on (another Triton's bits may differ, so its hashes are
+    never compared with this one's)."""
+    recorded = sorted(t for t, s in doc.get("toolchains", {}).items() if s.get("outputs"))
+    command = (
+        f"nox -s \"golden_refresh(family='{family}')\" "
+        f"(= python -m portattn golden refresh --family {family})"
+    )
+    if not recorded:
+        return (
+            f"no output hashes recorded for {toolchain} in {path} (it holds compile "
+            f"fingerprints only; no Triton's hashes exist for {family} yet); nothing compared: "
+            f"record them on {family} hardware: {command}"
+        )
+    versions = ", ".join(t.removeprefix("triton-") for t in recorded)
+    return (
+        f"no output hashes recorded for {toolchain} in {path} (recorded toolchains: "
+        f"{', '.join(recorded)}); nothing compared: {family}'s hashes exist for Triton "
+        f"{versions} only, and another Triton's machine code can give other bits. Verify in an "
+        f"environment with triton=={recorded[-1].removeprefix('triton-')}, or record "
+        f"{toolchain}'s hashes on {family} hardware (a section beside the others): {command}"
+    )
+
+
 def run_verify(
     family: str,
     device: torch.device | str,
@@ -194,21 +230,16 @@ def run_verify(
         out(f"error: {exc}")
         return 2
     if doc is None:
-        out(f"no golden file for family {family}: {path} does not exist")
+        out(
+            f"no golden file for family {family}: {path} does not exist; pass --golden-dir DIR "
+            f"(a folder holding {family}.json, e.g. a checkout's golden/) or set "
+            "$PORTATTN_GOLDEN_DIR"
+        )
         return 2
     section = doc.get("toolchains", {}).get(toolchain, {})
     outputs = section.get("outputs", {})
     if not outputs:
-        recorded = sorted(t for t, s in doc.get("toolchains", {}).items() if s.get("outputs"))
-        held = (
-            f"recorded toolchains: {', '.join(recorded)}"
-            if recorded
-            else ("it holds compile fingerprints only")
-        )
-        out(
-            f"no output hashes recorded for {toolchain} in {path} ({held}); record them on "
-            f"{family} hardware: nox -s \"golden_refresh(family='{family}')\""
-        )
+        out(no_hashes_message(doc, path, family, toolchain))
         return 2
     names = sorted(outputs) if not case_names else list(case_names)
     missing = [n for n in names if n not in outputs or n not in doc.get("cases", {})]
