@@ -89,6 +89,7 @@ from portattn.tools.compile_launches import (  # noqa: F401  (re-exported: the c
     table_mismatches,
     unset_env,
 )
+from portattn.tools.compile_workers import quiet_exit
 
 CI_HEAD_DIMS = (128, 64, 80)  # 80: a borrowed head dim (the d96 row), Phi-2's
 # --head-dim's choices: the supported head dims and the q/k ones of VALUE_HEAD_DIM_PAIRS (192)
@@ -264,7 +265,8 @@ def run_entries(entries: list[Entry], jobs: int, progress=None) -> list[KernelRe
     results: list[KernelResult] = []
     ctx = multiprocessing.get_context("spawn")
     workers = max(1, min(jobs, len(entries)))
-    with ProcessPoolExecutor(workers, mp_context=ctx, max_tasks_per_child=1) as pool:
+    # quiet_exit: no nanobind leak report from Triton 3.9 as each worker ends (compile_workers)
+    with ProcessPoolExecutor(workers, ctx, quiet_exit, max_tasks_per_child=1) as pool:
         futures = [pool.submit(check_entry, entry) for entry in entries]
         for i, future in enumerate(as_completed(futures)):
             results.extend(part := future.result())
