@@ -1,4 +1,5 @@
-"""Command line: ``python -m portattn {check,compile,golden}``.
+"""Command line: ``python -m portattn {check,compile,golden}``, also installed as the
+``portattn`` console script (``portattn check``); the usage line names the way it was launched.
 
 The benchmarks are not part of the package: ``python benchmarks/bench.py`` in a checkout.
 
@@ -79,9 +80,33 @@ def _add_command(
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
+def prog_name(argv0: str | None = None) -> str:
+    """How this command was launched, for the usage line: ``portattn`` from the console
+    script (``sys.argv[0]`` is its path), else ``python -m portattn`` (``__main__.py``, or a
+    caller of :func:`main`)."""
+    name = os.path.basename(sys.argv[0] if argv0 is None else argv0)
+    return "portattn" if name in ("portattn", "portattn.exe") else "python -m portattn"
+
+
+COMPILE_DESCRIPTION = (
+    "Ahead-of-time compile check, on this machine (no GPU needed; Triton's compiler, not its "
+    "interpreter). For each entry of the configuration table (family, kernel, head dim, dtype) "
+    "the five Triton kernels (forward, backward preprocess, dK/dV, dQ, decode) are compiled "
+    "for the family's GPU target, each entry in a worker process of its own, and checked: it "
+    "compiles with the table's tiles and launch options, its shared memory / LDS fits the "
+    "family, it spills no registers, the family's matrix instruction (mma.sync, wgmma, "
+    "tcgen05.mma, v_mfma) is in the code. Prints a progress line per entry, then a table with "
+    "each kernel's shared memory, registers, spills, matrix instructions and machine-code "
+    "fingerprint. Exit 0 when every check passes, 1 when one fails, 2 on bad usage. Without "
+    "options it compiles every entry of every family (about 13 minutes on a 2-core machine); the "
+    "filters select a part (e.g. --family sm90 --head-dim 128), --guarded the entries whose "
+    "fingerprints golden/ records (docs/families.md; the checks: portattn/tools/compilecheck.py)."
+)
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m portattn",
+        prog=prog or prog_name(),
         description="portattn: portable, bitwise-deterministic attention kernels in Triton.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -100,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         "compile",
         _cmd_compile,
         help="compile every configuration for every GPU family on this machine and check it",
-        description="Ahead-of-time compile check: see portattn.tools.compilecheck.",
+        description=COMPILE_DESCRIPTION,
     )
     from portattn.tools.compilecheck import add_arguments
 

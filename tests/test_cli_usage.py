@@ -1,0 +1,50 @@
+"""The command line's usage names the way it was launched (``portattn`` console script or
+``python -m portattn``), and ``compile --help`` says what the command does (issue 39, item 9)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from portattn.tools.cli import build_parser, prog_name
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _help(argv: list[str], cwd: Path) -> str:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, *argv, "--help"], cwd=cwd, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_prog_name():
+    assert prog_name("/venv/bin/portattn") == "portattn"
+    assert prog_name("/src/portattn/__main__.py") == "python -m portattn"
+    assert prog_name("/usr/bin/pytest") == "python -m portattn"
+
+
+def test_usage_of_each_launch(tmp_path: Path):
+    # The console script: pip writes a file named portattn that calls portattn.tools.cli:main.
+    script = tmp_path / "portattn"
+    script.write_text("from portattn.tools.cli import main\nraise SystemExit(main())\n")
+    assert _help([str(script)], tmp_path).startswith("usage: portattn [-h]")
+    assert _help(["-m", "portattn"], ROOT).startswith("usage: python -m portattn [-h]")
+
+
+def test_compile_help_says_what_it_does(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser("portattn").parse_args(["compile", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the description
+    assert text.startswith("usage: portattn compile [-h]")
+    assert "see portattn.tools.compilecheck" not in text
+    for needed in ("no GPU needed", "forward", "spills", "fingerprint", "Exit 0", "--guarded"):
+        assert needed in text
