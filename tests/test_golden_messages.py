@@ -35,3 +35,28 @@ def test_family_without_any_hashes():
     assert "it holds compile fingerprints only" in lines[0]
     assert "no Triton's hashes exist for cdna3 yet" in lines[0]
     assert "golden_refresh(family='cdna3')" in lines[0]
+
+
+def test_readme_quotes_the_messages():
+    """README.md quotes both lines (an MI300's first run, another Triton): the quoted parts are
+    the real messages' text."""
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    _, (other,) = _verify("sm90", "triton-3.9.0")
+    _, (first,) = _verify("cdna3", "triton-3.6.0")
+    for quoted, line in [
+        ("nothing compared: sm90's hashes exist for Triton 3.6.0 only,", other),
+        (
+            "Verify in an environment with triton==3.6.0, or record triton-3.9.0's hashes on sm90 "
+            "hardware",
+            other,
+        ),
+        ("(recorded toolchains: triton-3.6.0);", other),
+        ("(it holds compile fingerprints only;", first),
+        (
+            "nothing compared: record them on cdna3 hardware: nox -s "
+            "\"golden_refresh(family='cdna3')\"",
+            first,
+        ),
+    ]:
+        assert quoted in line, (quoted, line)
+        assert quoted in readme, quoted
