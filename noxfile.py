@@ -9,7 +9,7 @@
   checked, and fail until ``golden/`` is updated). This is the README's test command with
   ``tests_newest``, and what ``.ci/run`` runs. It pins Triton 3.6, the GPU machine's.
 - ``tests_newest``: with the newest supported Triton (3.9), whose configuration table has its
-  own rows where it must (``portattn.configs._SINCE_TRITON``) and whose fingerprints and keys
+  own rows where it must (``portattn.configs.rows.SINCE_TRITON``) and whose fingerprints and keys
   ``golden/`` keeps beside 3.6's: the tests marked ``triton_version`` (of the family entries
   under the interpreter only that version's own rows), then its key check.
 - ``quick``: for iteration, a few minutes: lint, the key check naming what changed without
@@ -17,7 +17,7 @@
 - ``lint``: ruff check and ruff format --check.
 - ``compile``: the full ahead-of-time compile of every guarded entry, checked; CPU only.
 - ``fingerprints``: that compile under both Tritons, recorded into ``golden/`` with the compile
-  keys (run it after any change under ``portattn/kernels/`` or to ``portattn/configs.py``).
+  keys (run it after any change under ``portattn/kernels/`` or to ``portattn/configs/``).
 - ``gpu(family=...)``: the test suite on a GPU of that family, then ``python -m portattn golden
   verify`` (the stored golden hashes, bitwise), in the *current* Python environment (see the
   session's docstring).
@@ -104,7 +104,7 @@ def _cpu_suite(session: nox.Session, triton: str, selection: list[str]) -> None:
         _install_cpu_stack(session, "[test,transformers]", triton)
     # tests/test_family_tiles.py runs every family's configuration entries under the
     # interpreter: all of them with TRITON, and with a newer Triton only those its table
-    # changes (the rows of configs._SINCE_TRITON that the interpreter sees).
+    # changes (the rows of configs.rows.SINCE_TRITON that the interpreter sees).
     scope = {"PORTATTN_FAMILY_TILES": "all" if triton == TRITON else "versioned"}
     with phases("pytest"):
         args = session.posargs or [*selection, "-q", "-n", CPU_WORKERS, "--durations=20"]
@@ -200,7 +200,7 @@ def compile(session: nox.Session) -> None:
 def fingerprints(session: nox.Session, triton: str) -> None:
     """Record golden/'s fingerprints and compile keys under each checked Triton: the full
     compile, ``python -m portattn golden fingerprints --update``. Run it after any change under
-    ``portattn/kernels/`` or to ``portattn/configs.py`` (docs/golden.md); 13 minutes under
+    ``portattn/kernels/`` or to ``portattn/configs/`` (docs/golden.md); 13 minutes under
     Triton 3.6 and about 20 under 3.9 on two cores."""
     _install_cpu_stack(session, triton=triton)
     session.run("python", "-m", "portattn", "golden", "fingerprints", "--update", *session.posargs)

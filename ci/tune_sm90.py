@@ -4,7 +4,7 @@ Each variant replaces one sm90 bfloat16 entry of the table in this process only,
 against float64 (``portattn.tools.check``'s small packed case, at the entry's head dim, causal and
 not), and is timed on the skewed 32k-token pack (16 heads, bf16): forward alone and backward
 alone (``autograd.grad`` on a kept graph), medians of ``triton.testing.do_bench``. The table in
-``portattn/configs.py`` is edited by hand afterwards; nothing here picks a configuration at run
+``portattn/configs/rows.py`` is edited by hand afterwards; nothing here picks a configuration at run
 time.
 
 Usage (GPU): python ci/tune_sm90.py [--round NAME] [--json PATH] [--table-only]

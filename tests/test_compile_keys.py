@@ -123,11 +123,11 @@ def test_editing_a_backward_helper_changes_only_the_backward_keys(base_keys, tmp
 
 def test_editing_a_configuration_row_changes_only_its_entries(base_keys, tmp_path):
     """A table row's tiles are launch options and constexprs: doubling the warps of sm90's d64
-    forward (configs._SM90; its fixed_order rows are their own) changes the forward keys of the
+    forward (configs.rows.SM90; its fixed_order rows are their own) changes the forward keys of the
     varlen entries that run that row (d64, and d40, which borrows it) and decode's where it
     shares the forward's tiles; nothing else."""
     tree = _copy(tmp_path)
-    configs = tree / "portattn" / "configs.py"
+    configs = tree / "portattn" / "configs" / "rows.py"
     row = "    64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3), "
     row += "tma=(_FWD, _DKDV, _DQ),\n"
     src = configs.read_text()

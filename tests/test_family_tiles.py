@@ -28,7 +28,7 @@ runs each program's loop in Python). float16 only: the rows do not depend on the
 (``configs.upcast_dot``).
 
 ``PORTATTN_FAMILY_TILES=versioned`` runs only the groups that the lowest supported Triton's
-table does not have (its ``_SINCE_TRITON`` rows): ``nox -s tests_newest`` sets it, after
+table does not have (its ``rows.SINCE_TRITON`` rows): ``nox -s tests_newest`` sets it, after
 ``nox -s tests`` has run every group under Triton 3.6.
 """
 
@@ -82,10 +82,11 @@ def interpreted(cfg: KernelConfig) -> KernelConfig:
 def family_head_dims(family: str, kernel: str, triton=None) -> list[int]:
     """The head dims whose entries run: the table's, the first borrowed ones (48, 80, 112), 8
     (the smallest, a block of 16 on the d32 row) and 40 (an odd multiple of 8) for every
-    family, and other borrowed head dims only where their own tiles (``configs._BORROWED_TILES``)
-    differ from their row's in what the interpreter sees, the first head dim of each such
-    override (elsewhere a head dim runs its row's tiles, which the head dims above run through
-    the same masks: 26 more head dims of every family would cost the CI minutes)."""
+    family, and other borrowed head dims only where their own tiles
+    (``configs.rows.BORROWED_TILES``) differ from their row's in what the interpreter sees, the
+    first head dim of each such override (elsewhere a head dim runs its row's tiles, which the
+    head dims above run through the same masks: 26 more head dims of every family would cost
+    the CI minutes)."""
     own: dict[str, int] = {}
     for d in configs.BORROWED_HEAD_DIMS:
         entry = configs.entry_config(family, kernel, d, DTYPE, triton=triton)

@@ -54,7 +54,7 @@ def test_borrowed_rows_are_the_next_table_row_up():
 
 
 def test_borrowed_tiles_of_their_own():
-    """A borrowed head dim's own tiles (``configs._BORROWED_TILES``) replace only the kernels
+    """A borrowed head dim's own tiles (``configs.rows.BORROWED_TILES``) replace only the kernels
     named, on the row that each Triton version runs; the decode kernel follows a forward
     that changes; the table's own entries (and their content hashes) are the rows'."""
     for triton in configs.table_versions():

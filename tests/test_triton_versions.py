@@ -24,7 +24,7 @@ def triton_version(monkeypatch):
     """Pretend the installed Triton is ``version`` (the table is rebuilt, then again after)."""
 
     def pretend(version: str) -> None:
-        monkeypatch.setattr(configs, "installed_triton", lambda: version)
+        monkeypatch.setattr(configs.triton_gate, "installed_triton", lambda: version)
         configs.config_table.cache_clear()
 
     yield pretend
@@ -85,7 +85,7 @@ def test_unreadable_version_is_refused(triton_version):
 def test_check_runs_once(triton_version, monkeypatch):
     """The version is read at the first lookup only (the table is cached)."""
     calls = []
-    monkeypatch.setattr(configs, "installed_triton", lambda: calls.append(1) or "3.9.0")
+    monkeypatch.setattr(configs.triton_gate, "installed_triton", lambda: calls.append(1) or "3.9.0")
     configs.config_table.cache_clear()
     for _ in range(3):
         configs.get_config("sm90", "varlen", 128, torch.bfloat16)
@@ -124,21 +124,21 @@ def test_pyproject_states_the_range():
 
 def test_lowest_version_runs_the_base_rows():
     """Below the first override every entry is its base row: what Triton 3.6 compiles is the
-    table without ``_SINCE_TRITON``."""
+    table without ``rows.SINCE_TRITON``."""
     base = configs.table_for(configs.SUPPORTED_TRITON[0])
     for (family, kernel, head_dim, _), cfg in base.items():
-        assert cfg is configs._row(family, kernel, head_dim)
-    assert min(configs._SINCE_TRITON) > configs.SUPPORTED_TRITON[0]
+        assert cfg is configs.base_row(family, kernel, head_dim)
+    assert min(configs.rows.SINCE_TRITON) > configs.SUPPORTED_TRITON[0]
 
 
 def test_overrides_are_real_entries_that_change_something():
     low, high = configs.SUPPORTED_TRITON
-    for since, rows in configs._SINCE_TRITON.items():
+    for since, rows in configs.rows.SINCE_TRITON.items():
         assert low < since < high, since
         for (family, kernel, head_dim), cfg in rows.items():
             assert family in FAMILIES, family  # never the interpreter's row
             assert kernel in configs.KERNELS and head_dim in configs.HEAD_DIMS
-            assert cfg != configs._row(family, kernel, head_dim), (since, family, head_dim)
+            assert cfg != configs.base_row(family, kernel, head_dim), (since, family, head_dim)
 
 
 def test_each_version_takes_its_latest_override():
@@ -148,22 +148,22 @@ def test_each_version_takes_its_latest_override():
     for version in versions:
         table = configs.table_for(version)
         for (family, kernel, head_dim, _), cfg in table.items():
-            applying = [s for s in configs._SINCE_TRITON if s <= version]
+            applying = [s for s in configs.rows.SINCE_TRITON if s <= version]
             rows = [
-                configs._SINCE_TRITON[s][(family, kernel, head_dim)]
+                configs.rows.SINCE_TRITON[s][(family, kernel, head_dim)]
                 for s in sorted(applying)
-                if (family, kernel, head_dim) in configs._SINCE_TRITON[s]
+                if (family, kernel, head_dim) in configs.rows.SINCE_TRITON[s]
             ]
-            assert cfg == (rows[-1] if rows else configs._row(family, kernel, head_dim))
+            assert cfg == (rows[-1] if rows else configs.base_row(family, kernel, head_dim))
 
 
 def test_retuned_keeps_the_amd_knobs():
-    row = configs._CDNA3[128]
-    new = configs._retuned(row, fwd=(128, 64, 4, 1, 1))
+    row = configs.rows.CDNA3[128]
+    new = configs.retuned(row, fwd=(128, 64, 4, 1, 1))
     assert new.fwd == configs.Tiles(128, 64, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16, kpack=1)
     assert (new.bwd_pre, new.bwd_dkdv, new.bwd_dq) == (row.bwd_pre, row.bwd_dkdv, row.bwd_dq)
-    cuda = configs._retuned(configs._SM90[128], fwd_ws=False)
-    assert not cuda.fwd_ws and cuda.fwd == configs._SM90[128].fwd
+    cuda = configs.retuned(configs.rows.SM90[128], fwd_ws=False)
+    assert not cuda.fwd_ws and cuda.fwd == configs.rows.SM90[128].fwd
 
 
 def test_triton_39_runs_sm90_d128_forward_and_dkdv_as_triton_kernels():

@@ -12,7 +12,7 @@ function of, computed without compiling). Three ways to check:
   ``--update`` records it.
 * :func:`run_fingerprints` with ``update``: compile every entry, check it, and record
   fingerprints and keys (what a developer runs after touching ``portattn/kernels/`` or
-  ``configs.py``).
+  ``configs/``).
 * :func:`run_fingerprints` without ``update``: compile every entry (or read a compile's
   results) and compare the fingerprints.
 """
