@@ -1,4 +1,4 @@
-"""Command line: ``python -m portattn {check,compile,golden}``, also installed as the
+"""Command line: ``python -m portattn {check,compile,golden,config}``, also installed as the
 ``portattn`` console script (``portattn check``); the usage line names the way it was launched.
 
 The benchmarks are not part of the package: ``python benchmarks/bench.py`` in a checkout.
@@ -64,6 +64,12 @@ def _cmd_golden(args: argparse.Namespace) -> int:
     from portattn.tools.golden.cli import main as golden_main
 
     return golden_main(args)
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    from portattn.tools.config_cmd import main as config_main
+
+    return config_main(args)
 
 
 def _add_command(
@@ -141,6 +147,19 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     from portattn.tools.golden.cli import add_arguments as add_golden_arguments
 
     add_golden_arguments(p_golden)
+    p_config = _add_command(
+        sub,
+        "config",
+        _cmd_config,
+        help="print the configuration entry a call runs, each field with the row it comes from",
+        description="The configuration entry of a family, kernel, head dim and dtype for the "
+        "installed Triton (or --triton X.Y): every field with its source in "
+        "portattn/configs/rows.py (the family's row, a Triton version's row, a borrowed head "
+        "dim's tiles), and the entry's content hash. Nothing is compiled.",
+    )
+    from portattn.tools.config_cmd import add_arguments as add_config_arguments
+
+    add_config_arguments(p_config)
     return parser
 
 
