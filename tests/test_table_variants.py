@@ -20,7 +20,7 @@ import torch
 from helpers import HAS_GPU, KERNELS, assert_accurate, assert_bitwise_equal, make_pack, run_kernel
 
 from portattn import configs
-from portattn.kernels import backward, forward
+from portattn.kernels import backward_plan, forward, ws_kernels
 from portattn.kernels.backward_ws import dkdv_ws_supports
 from portattn.kernels.buffers import dense_specialized, descriptor_scratch, rows_aligned
 from portattn.kernels.dq_ws import dq_ws_supports
@@ -183,8 +183,8 @@ WS_LENS_K = [280, 700, 5, 513, 1000, 17, 63, 2000, 0]
 # Per field: the launchers' choice of its warp-specialised kernel (problem, rows aligned).
 _WS_SELECTED = {
     "fwd_ws": forward.use_warp_specialized,
-    "bwd_ws": backward.use_warp_specialized_dkdv,
-    "dq_ws": backward.use_warp_specialized_dq,
+    "bwd_ws": backward_plan.use_warp_specialized_dkdv,
+    "dq_ws": backward_plan.use_warp_specialized_dq,
 }
 
 
@@ -319,12 +319,12 @@ _WS_FIELDS = {
         [((128, 128, 8, 1), 128), ((64, 64, 4, 3), 128), ((128, 128, 8, 3), 96)],
     ),
     "bwd_ws": (
-        (backward.attn_bwd_dkdv_ws_kernel, dkdv_ws_supports, "bwd_dkdv", "dkdv_passes"),
+        (ws_kernels.attn_bwd_dkdv_ws_kernel, dkdv_ws_supports, "bwd_dkdv", "dkdv_passes"),
         (64, 128, 8, 2),
         [((64, 128, 8, 1), 128), ((32, 64, 4, 3), 128), ((64, 128, 8, 2), 96)],
     ),
     "dq_ws": (
-        (backward.attn_bwd_dq_ws_kernel, dq_ws_supports, "bwd_dq", None),
+        (ws_kernels.attn_bwd_dq_ws_kernel, dq_ws_supports, "bwd_dq", None),
         (128, 64, 8, 3),
         [((128, 64, 8, 1), 128), ((128, 32, 8, 3), 128), ((128, 64, 8, 3), 96)],
     ),

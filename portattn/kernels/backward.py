@@ -8,18 +8,25 @@
   and dK are summed by separate launches (and, with 4, halves of the head dim by separate
   programs).
 * dQ: one program per (query tile, query head), key tiles ascending, as in the forward.
+
+The launches are planned on the host in ``backward_plan.py`` (which kernel runs each stage,
+with which tiles, constexprs and grid); this file keeps the kernels and binds them to the plan
+(``BACKWARD_KERNELS``, :func:`plan_backward`, :func:`attn_bwd`). No line above the last kernel
+may be added or removed: Triton's cache key of a ``@triton.jit`` function includes the line it
+starts on, so a kernel that moves changes the compile key of every entry that runs it (though
+not its machine code), and ``python -m portattn golden fingerprints`` then fails until the keys
+are recorded again (``--update``, which compiles every guarded entry under both Tritons: see
+docs/golden.md).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from portattn.kernels.buffers import check_row_strides, dense_specialized, new_buffer, rows_aligned
-from portattn.kernels.plan import KernelLaunch, VarlenProblem, gluon_applies, run_launches
+from portattn.kernels.backward_plan import BackwardKernels, BackwardPlan, plan_backward_launches
+from portattn.kernels.plan import VarlenProblem, run_launches
 from portattn.kernels.primitives import (
     P_SCALE,
     KeyLoop,
@@ -48,13 +55,6 @@ from portattn.kernels.primitives import (
     visible_mask,
     visited_key_range,
     window_query_range,
-)
-from portattn.kernels.ws_kernels import (
-    attn_bwd_dkdv_ws_kernel,
-    attn_bwd_dq_ws_kernel,
-    dkdv_ws_supports,
-    dq_ws_supports,
-    ws_launch_options,
 )
 
 
@@ -413,140 +413,18 @@ def attn_bwd_dq_kernel(
              b_dq.to(dq.dtype.element_ty), mask=m_q)
 
 
-def use_warp_specialized_dkdv(problem: VarlenProblem, tma: bool) -> bool:
-    """Whether dK/dV run as the warp-specialised Gluon kernel (``backward_ws.py``), in one
-    pass (``plan.gluon_applies``)."""
-    cfg = problem.cfg  # bwd_ws implies dkdv_passes == 1 (checked when the entry is made)
-    return gluon_applies("bwd_ws", cfg.bwd_ws, attn_bwd_dkdv_ws_kernel, dkdv_ws_supports,
-                         cfg.bwd_dkdv, problem, tma)
 
-
-def use_warp_specialized_dq(problem: VarlenProblem, tma: bool) -> bool:
-    """Whether dQ runs as the warp-specialised Gluon kernel (``dq_ws.py``;
-    ``plan.gluon_applies``)."""
-    cfg = problem.cfg
-    return gluon_applies("dq_ws", cfg.dq_ws, attn_bwd_dq_ws_kernel, dq_ws_supports,
-                         cfg.bwd_dq, problem, tma)
-
-
-@dataclass(frozen=True)
-class BackwardPlan:
-    """The gradients (dq [total_q, Hq, D], dk [total_k, Hkv, D], dv [total_k, Hkv, Dv], input
-    dtype) and the
-    launches that write them, in order: preprocess, dK/dV (one or two launches), dQ."""
-
-    dq: torch.Tensor
-    dk: torch.Tensor
-    dv: torch.Tensor
-    launches: tuple[KernelLaunch, ...]
+# The kernels end here; the launches are planned in ``backward_plan.py``.
+BACKWARD_KERNELS = BackwardKernels(attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel,
+                                   attn_bwd_dq_kernel)
 
 
 def plan_backward(problem: VarlenProblem, do, q, k, v, o_for_delta, lse, dlse, cu_seqlens_q,
                   cu_seqlens_k) -> BackwardPlan:
-    """Allocate the gradients and the scratch (lse2, delta) and plan the backward's launches.
-
-    do, o_for_delta: [total_q, Hq, Dv] (any strides with stride(-1) == 1; o_for_delta is the
-    forward output, or its float32 copy for split-P); lse: float32 [total_q, Hq];
-    dlse: float32 [total_q, Hq] or None.
-    """
-    p, cfg = problem, problem.cfg
-    dq = new_buffer(q.shape, q.dtype, q.device)
-    dk = new_buffer(k.shape, k.dtype, k.device)
-    dv = new_buffer(v.shape, v.dtype, v.device)
-    if p.batch == 0 or (p.total_q == 0 and p.total_k == 0):
-        return BackwardPlan(dq, dk, dv, ())
-    # The preprocess kernel sums delta = rowsum(O * dO) in the register layout that the
-    # compiler derives from the loads' vector width, that is from how it specialized the O and
-    # dO arguments: a misaligned dO (or one with strides not divisible by 16) was summed in
-    # another order, with other bits (fixed_order on the H200; its O is float32). Such tensors
-    # are copied densely first, so the bits never depend on the inputs' memory layout.
-    do, o_for_delta = dense_specialized(do), dense_specialized(o_for_delta)
-    check_row_strides(q, k, v)  # the kernels' row_strides (do and o: dense_specialized)
-    aligned = bool(cfg.tma) and rows_aligned(q, k, v, do)
-    # The dK/dV kernel also stores dK and dV through descriptors (dense buffers: always aligned
-    # for the supported head dims, checked so that the condition stays explicit).
-    tma_dkdv = aligned and "bwd_dkdv" in cfg.tma and rows_aligned(dk, dv)
-    tma_dq = aligned and "bwd_dq" in cfg.tma
-    # Written by the preprocess kernel, head-major: [Hq, stride_hm]. For dK/dV's descriptors
-    # every sequence starts 16-byte aligned (``head_major_start``); the padding is never read.
-    padded = tma_dkdv
-    stride_hm = triton.cdiv(p.total_q, 4) * 4 + 4 * p.batch if padded else p.total_q
-    lse2 = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
-    delta = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
-    common = dict(HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, **p.value_flags())
-    kernel_flags = dict(CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret,
-                        **p.feature_flags())
-    launches = []
-    if p.total_q > 0:
-        pre = cfg.bwd_pre
-        dlse_arg = dlse if dlse is not None else lse
-        args = (
-            o_for_delta, do, lse, dlse_arg, lse2, delta, cu_seqlens_q,
-            o_for_delta.stride(0), o_for_delta.stride(1), do.stride(0), do.stride(1),
-            dlse_arg.stride(0), dlse_arg.stride(1),
-            p.batch, p.n_heads_q, stride_hm,
-        )
-        # delta = rowsum(O * dO) over v's head dim (O and dO have it)
-        params = dict(BLOCK_M=pre.block_m, HAS_DLSE=dlse is not None, PADDED=padded,
-                      HEAD_DIM=p.value_dim, BLOCK_D=p.block_dv, **pre.launch_kwargs())
-        grid = (triton.cdiv(p.grid_rows_q, pre.block_m) * p.batch, p.n_heads_q)
-        launches.append(KernelLaunch("bwd_pre", attn_bwd_preprocess_kernel, grid, args, params))
-    if p.total_k > 0:
-        args = (
-            q, k, v, do, lse2, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-            p.batch, stride_hm, p.group, p.softmax_scale, p.scale_log2,
-        )
-        launches += _plan_dkdv(p, args, common, kernel_flags, tma_dkdv)
-    if p.total_q > 0:
-        t = cfg.bwd_dq
-        grid = (triton.cdiv(p.grid_rows_q, t.block_m) * p.batch, p.n_heads_q)
-        args = (
-            q, k, v, do, lse2, delta, dq, cu_seqlens_q, cu_seqlens_k,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
-            p.batch, stride_hm, p.group, p.softmax_scale, p.scale_log2,
-        )
-        if use_warp_specialized_dq(p, tma_dq):
-            params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-                          CAUSAL=p.causal, SPLIT_P=p.split_p, PADDED=padded,
-                          STAGES=t.num_stages, **ws_launch_options(t))
-            launches.append(KernelLaunch("bwd_dq", attn_bwd_dq_ws_kernel, grid, args, params,
-                                         tma_dq))
-        else:
-            params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded,
-                          **common, **kernel_flags, **t.launch_kwargs())
-            launches.append(KernelLaunch("bwd_dq", attn_bwd_dq_kernel, grid, args, params,
-                                         tma_dq))
-    return BackwardPlan(dq, dk, dv, tuple(launches))
-
-
-def _plan_dkdv(p: VarlenProblem, args: tuple, common: dict, kernel_flags: dict,
-               tma: bool) -> list[KernelLaunch]:
-    """The dK/dV launches. dkdv_passes 1: one launch for dK and dV; 2: dV, then dK; 4: as 2,
-    each launch with two programs per key tile (half of the head dim each)."""
-    cfg = p.cfg
-    if cfg.dkdv_passes == 1:
-        passes = [(True, True, 1)]
-    else:
-        chunks = cfg.dkdv_passes // 2
-        passes = [(False, True, chunks), (True, False, chunks)]
-    launches = []
-    for want_dk, want_dv, chunks in passes:
-        t = cfg.dkdv_launch_tiles(want_dk)
-        grid = (triton.cdiv(p.grid_rows_k, t.block_n) * p.batch, p.n_heads_k, chunks)
-        if use_warp_specialized_dkdv(p, tma):
-            params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-                          CAUSAL=p.causal, SPLIT_P=p.split_p, STAGES=t.num_stages,
-                          **ws_launch_options(t))
-            launches.append(KernelLaunch("bwd_dkdv", attn_bwd_dkdv_ws_kernel, grid[:2], args,
-                                         params, tma))
-            continue
-        params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, WANT_DK=want_dk, WANT_DV=want_dv,
-                      D_CHUNKS=chunks, TMA=tma, **common, **kernel_flags, **t.launch_kwargs())
-        launches.append(KernelLaunch("bwd_dkdv", attn_bwd_dkdv_kernel, grid, args, params, tma))
-    return launches
+    """The gradients, the scratch and the launches of this module's kernels
+    (``backward_plan.plan_backward_launches``)."""
+    return plan_backward_launches(BACKWARD_KERNELS, problem, do, q, k, v, o_for_delta, lse, dlse,
+                                  cu_seqlens_q, cu_seqlens_k)
 
 
 def attn_bwd(problem: VarlenProblem, do, q, k, v, o_for_delta, lse, dlse, cu_seqlens_q,

@@ -1,0 +1,174 @@
+"""The backward's launches, planned on the host: the gradients and scratch buffers, and which
+kernel computes each stage (delta preprocess, dK/dV in one or two passes, dQ) with which tiles,
+constexprs and grid; the Triton kernels themselves are ``backward.py``'s (passed in as
+:class:`BackwardKernels`), the Gluon ones ``ws_kernels``'.
+
+Host code only, kept apart from ``backward.py`` so that file holds the kernels: Triton's cache
+key of a ``@triton.jit`` function includes the line it starts on, so the kernels' lines there
+never move (``python -m portattn golden fingerprints`` compares the compile keys).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import triton
+
+from portattn.kernels.buffers import check_row_strides, dense_specialized, new_buffer, rows_aligned
+from portattn.kernels.plan import KernelLaunch, VarlenProblem, gluon_applies
+from portattn.kernels.ws_kernels import (
+    attn_bwd_dkdv_ws_kernel,
+    attn_bwd_dq_ws_kernel,
+    dkdv_ws_supports,
+    dq_ws_supports,
+    ws_launch_options,
+)
+
+
+class BackwardKernels(NamedTuple):
+    """The backward's Triton kernels (``backward.BACKWARD_KERNELS``)."""
+
+    preprocess: object  # delta = rowsum(O * dO) - dlse, and lse in log2 units
+    dkdv: object  # dK / dV per key tile
+    dq: object  # dQ per query tile
+
+
+def use_warp_specialized_dkdv(problem: VarlenProblem, tma: bool) -> bool:
+    """Whether dK/dV run as the warp-specialised Gluon kernel (``backward_ws.py``), in one
+    pass (``plan.gluon_applies``)."""
+    cfg = problem.cfg  # bwd_ws implies dkdv_passes == 1 (checked when the entry is made)
+    return gluon_applies(
+        "bwd_ws", cfg.bwd_ws, attn_bwd_dkdv_ws_kernel, dkdv_ws_supports, cfg.bwd_dkdv, problem, tma
+    )
+
+
+def use_warp_specialized_dq(problem: VarlenProblem, tma: bool) -> bool:
+    """Whether dQ runs as the warp-specialised Gluon kernel (``dq_ws.py``;
+    ``plan.gluon_applies``)."""
+    cfg = problem.cfg
+    return gluon_applies(
+        "dq_ws", cfg.dq_ws, attn_bwd_dq_ws_kernel, dq_ws_supports, cfg.bwd_dq, problem, tma
+    )
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    """The gradients (dq [total_q, Hq, D], dk [total_k, Hkv, D], dv [total_k, Hkv, Dv], input
+    dtype) and the
+    launches that write them, in order: preprocess, dK/dV (one or two launches), dQ."""
+
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    launches: tuple[KernelLaunch, ...]
+
+
+def plan_backward_launches(kernels: BackwardKernels, problem: VarlenProblem, do, q, k, v,
+                           o_for_delta, lse, dlse, cu_seqlens_q, cu_seqlens_k) -> BackwardPlan:
+    """Allocate the gradients and the scratch (lse2, delta) and plan the backward's launches
+    of ``kernels`` (and the Gluon ones where they apply).
+
+    do, o_for_delta: [total_q, Hq, Dv] (any strides with stride(-1) == 1; o_for_delta is the
+    forward output, or its float32 copy for split-P); lse: float32 [total_q, Hq];
+    dlse: float32 [total_q, Hq] or None.
+    """
+    p, cfg = problem, problem.cfg
+    dq = new_buffer(q.shape, q.dtype, q.device)
+    dk = new_buffer(k.shape, k.dtype, k.device)
+    dv = new_buffer(v.shape, v.dtype, v.device)
+    if p.batch == 0 or (p.total_q == 0 and p.total_k == 0):
+        return BackwardPlan(dq, dk, dv, ())
+    # The preprocess kernel sums delta = rowsum(O * dO) in the register layout that the
+    # compiler derives from the loads' vector width, that is from how it specialized the O and
+    # dO arguments: a misaligned dO (or one with strides not divisible by 16) was summed in
+    # another order, with other bits (fixed_order on the H200; its O is float32). Such tensors
+    # are copied densely first, so the bits never depend on the inputs' memory layout.
+    do, o_for_delta = dense_specialized(do), dense_specialized(o_for_delta)
+    check_row_strides(q, k, v)  # the kernels' row_strides (do and o: dense_specialized)
+    aligned = bool(cfg.tma) and rows_aligned(q, k, v, do)
+    # The dK/dV kernel also stores dK and dV through descriptors (dense buffers: always aligned
+    # for the supported head dims, checked so that the condition stays explicit).
+    tma_dkdv = aligned and "bwd_dkdv" in cfg.tma and rows_aligned(dk, dv)
+    tma_dq = aligned and "bwd_dq" in cfg.tma
+    # Written by the preprocess kernel, head-major: [Hq, stride_hm]. For dK/dV's descriptors
+    # every sequence starts 16-byte aligned (``head_major_start``); the padding is never read.
+    padded = tma_dkdv
+    stride_hm = triton.cdiv(p.total_q, 4) * 4 + 4 * p.batch if padded else p.total_q
+    lse2 = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
+    delta = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
+    common = dict(HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, **p.value_flags())
+    kernel_flags = dict(CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret,
+                        **p.feature_flags())
+    launches = []
+    if p.total_q > 0:
+        pre = cfg.bwd_pre
+        dlse_arg = dlse if dlse is not None else lse
+        args = (
+            o_for_delta, do, lse, dlse_arg, lse2, delta, cu_seqlens_q,
+            o_for_delta.stride(0), o_for_delta.stride(1), do.stride(0), do.stride(1),
+            dlse_arg.stride(0), dlse_arg.stride(1),
+            p.batch, p.n_heads_q, stride_hm,
+        )
+        # delta = rowsum(O * dO) over v's head dim (O and dO have it)
+        params = dict(BLOCK_M=pre.block_m, HAS_DLSE=dlse is not None, PADDED=padded,
+                      HEAD_DIM=p.value_dim, BLOCK_D=p.block_dv, **pre.launch_kwargs())
+        grid = (triton.cdiv(p.grid_rows_q, pre.block_m) * p.batch, p.n_heads_q)
+        launches.append(KernelLaunch("bwd_pre", kernels.preprocess, grid, args, params))
+    if p.total_k > 0:
+        args = (
+            q, k, v, do, lse2, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            p.batch, stride_hm, p.group, p.softmax_scale, p.scale_log2,
+        )
+        launches += _plan_dkdv(kernels, p, args, common, kernel_flags, tma_dkdv)
+    if p.total_q > 0:
+        t = cfg.bwd_dq
+        grid = (triton.cdiv(p.grid_rows_q, t.block_m) * p.batch, p.n_heads_q)
+        args = (
+            q, k, v, do, lse2, delta, dq, cu_seqlens_q, cu_seqlens_k,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
+            p.batch, stride_hm, p.group, p.softmax_scale, p.scale_log2,
+        )
+        if use_warp_specialized_dq(p, tma_dq):
+            params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                          CAUSAL=p.causal, SPLIT_P=p.split_p, PADDED=padded,
+                          STAGES=t.num_stages, **ws_launch_options(t))
+            launches.append(KernelLaunch("bwd_dq", attn_bwd_dq_ws_kernel, grid, args, params,
+                                         tma_dq))
+        else:
+            params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded,
+                          **common, **kernel_flags, **t.launch_kwargs())
+            launches.append(KernelLaunch("bwd_dq", kernels.dq, grid, args, params,
+                                         tma_dq))
+    return BackwardPlan(dq, dk, dv, tuple(launches))
+
+
+def _plan_dkdv(kernels: BackwardKernels, p: VarlenProblem, args: tuple, common: dict,
+               kernel_flags: dict, tma: bool) -> list[KernelLaunch]:
+    """The dK/dV launches. dkdv_passes 1: one launch for dK and dV; 2: dV, then dK; 4: as 2,
+    each launch with two programs per key tile (half of the head dim each)."""
+    cfg = p.cfg
+    if cfg.dkdv_passes == 1:
+        passes = [(True, True, 1)]
+    else:
+        chunks = cfg.dkdv_passes // 2
+        passes = [(False, True, chunks), (True, False, chunks)]
+    launches = []
+    for want_dk, want_dv, chunks in passes:
+        t = cfg.dkdv_launch_tiles(want_dk)
+        grid = (triton.cdiv(p.grid_rows_k, t.block_n) * p.batch, p.n_heads_k, chunks)
+        if use_warp_specialized_dkdv(p, tma):
+            params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                          CAUSAL=p.causal, SPLIT_P=p.split_p, STAGES=t.num_stages,
+                          **ws_launch_options(t))
+            launches.append(KernelLaunch("bwd_dkdv", attn_bwd_dkdv_ws_kernel, grid[:2], args,
+                                         params, tma))
+            continue
+        params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, WANT_DK=want_dk, WANT_DV=want_dv,
+                      D_CHUNKS=chunks, TMA=tma, **common, **kernel_flags, **t.launch_kwargs())
+        launches.append(KernelLaunch("bwd_dkdv", kernels.dkdv, grid, args, params, tma))
+    return launches
