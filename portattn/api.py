@@ -19,73 +19,14 @@ import torch
 
 from portattn.autocast import autocast_inputs
 from portattn.dense_layout import dense_layout
-from portattn.kernels.plan import splits_p
-from portattn.ops import varlen_fwd
+from portattn.forward_entry import run_forward
+from portattn.options import capturing, check_options, needs_grad
 from portattn.validation import (
     check_block_table_meta,
-    check_common,
     check_paged_values,
-    check_sinks,
-    check_softcap,
     check_varlen,
     check_varlen_without_values,
-    check_window,
 )
-
-
-def _capturing(q: torch.Tensor) -> bool:
-    """Whether a CUDA graph is being captured on q's stream: the host values of ``cu_seqlens``
-    are out of reach then (a device-to-host copy is an error there, and would be frozen into
-    the graph), as while ``torch.compile`` traces (reading them would break the graph)."""
-    return q.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
-def _needs_grad(*tensors: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-
-
-def _run_fwd(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    causal,
-    scale,
-    kernel,
-    check_values: bool = False,
-    block_table: torch.Tensor | None = None,
-    window: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    sinks: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The checked arguments into the forward op; returns (out, lse), both differentiable.
-    ``check_values``: the op runs the value checks of ``cu_seqlens`` right before its launch;
-    ``window``: (left, right) as :func:`check_window` normalizes it; ``softcap``: checked."""
-    # fixed_order's backward reads a float32 copy of out: store it only when a backward can run.
-    store_o32 = splits_p(kernel) and _needs_grad(q, k, v, *([] if sinks is None else [sinks]))
-    out, lse, _ = varlen_fwd(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        causal,
-        softmax_scale=scale,
-        kernel=kernel,
-        store_o32=store_o32,
-        check_values=check_values,
-        block_table=block_table,
-        window_left=window[0],
-        window_right=window[1],
-        softcap=softcap,
-        sinks=sinks,
-    )
-    return out, lse
 
 
 def varlen_attention(
@@ -186,38 +127,41 @@ def varlen_attention(
     """
     q, k, v = autocast_inputs(q, k, v)  # float32 under autocast -> its dtype, as SDPA
     paged = block_table is not None
-    softmax_scale = check_common(
+    # Read in this frame: Dynamo may compile a helper's frame alone while this one runs eagerly.
+    compiling = torch.compiler.is_compiling()
+    options = check_options(
         q,
         k,
         v,
-        causal,
-        softmax_scale,
-        return_lse,
-        kernel,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        return_lse=return_lse,
+        kernel=kernel,
+        window_size=window_size,
+        softcap=softcap,
+        sinks=sinks,
         token_dims=1,
         kv_token_dims=2 if paged else None,
+        compiling=compiling,
     )
-    causal, return_lse = bool(causal), bool(return_lse)  # checked: bools or numpy bools
-    causal, *window = check_window(window_size, causal)
-    softcap = check_softcap(softcap)
-    traced = torch.compiler.is_compiling() or _capturing(q)
-    sinks = check_sinks(sinks, q.shape[1], q.device, check_values=not traced)
+    return_lse = bool(return_lse)  # checked: a bool or numpy bool
+    no_host = compiling or capturing(q)  # no host copy: traced, or captured in a CUDA graph
     if paged:
         max_seqlen_q, max_seqlen_k, check_values = _check_paged(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, traced
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, no_host
         )
-    elif traced or (max_seqlen_q is not None and max_seqlen_k is not None):
+    elif no_host or (max_seqlen_q is not None and max_seqlen_k is not None):
         max_seqlen_q, max_seqlen_k = check_varlen_without_values(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         )
         # Eager: the value checks run in the op, right before its launch (same checks, same
         # errors, still before any launch), as the GPU idles from their host copy on.
-        check_values = not traced
+        check_values = not no_host
     else:  # a max_seqlen to derive: the values are needed here
         shape = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         max_seqlen_q, max_seqlen_k = shape.max_seqlen_q, shape.max_seqlen_k
         check_values = False
-    out, lse = _run_fwd(
+    out, lse = run_forward(
         q,
         k,
         v,
@@ -225,14 +169,9 @@ def varlen_attention(
         cu_seqlens_k,
         max_seqlen_q,
         max_seqlen_k,
-        causal,
-        softmax_scale,
-        kernel,
-        check_values,
-        block_table,
-        tuple(window),
-        softcap,
-        sinks,
+        options,
+        check_values=check_values,
+        block_table=block_table,
     )
     return (out, lse) if return_lse else out
 
@@ -242,7 +181,7 @@ def _check_paged(
 ):
     """The checks of a paged call (after ``check_common``): returns (max_seqlen_q,
     max_seqlen_k, whether the op checks the values before its launch)."""
-    if _needs_grad(q, k, v):
+    if needs_grad(q, k, v):
         raise ValueError(
             "varlen_attention with a block_table (paged K/V) is inference-only: q, k and v "
             "must not require grad (use torch.no_grad(), or detach them)"
@@ -307,19 +246,28 @@ def attention(
     host values: under ``torch.compile`` every check runs and nothing is required beyond eager.
     """
     q, k, v = autocast_inputs(q, k, v)  # float32 under autocast -> its dtype, as SDPA
-    softmax_scale = check_common(q, k, v, causal, softmax_scale, return_lse, kernel, token_dims=2)
-    causal, return_lse = bool(causal), bool(return_lse)  # checked: bools or numpy bools
-    causal, *window = check_window(window_size, causal)
-    softcap = check_softcap(softcap)
-    traced = torch.compiler.is_compiling() or _capturing(q)
-    sinks = check_sinks(sinks, q.shape[2], q.device, check_values=not traced)
+    options = check_options(
+        q,
+        k,
+        v,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        return_lse=return_lse,
+        kernel=kernel,
+        window_size=window_size,
+        softcap=softcap,
+        sinks=sinks,
+        token_dims=2,
+        compiling=torch.compiler.is_compiling(),  # in this frame (see varlen_attention)
+    )
+    return_lse = bool(return_lse)  # checked: a bool or numpy bool
     if k.shape[0] != q.shape[0]:
         raise ValueError(
             f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}"
         )
-    layout = dense_layout(q, k, v, sinks)
+    layout = dense_layout(q, k, v, options.sinks)
     cu_seqlens_q, cu_seqlens_k = layout.cu_seqlens(q.device)
-    out, lse = _run_fwd(
+    out, lse = run_forward(
         layout.packed(q),
         layout.packed(k),
         layout.packed(v),
@@ -327,12 +275,7 @@ def attention(
         cu_seqlens_k,
         layout.seqlen_q,
         layout.seqlen_k,
-        causal,
-        softmax_scale,
-        kernel,
-        window=tuple(window),
-        softcap=softcap,
-        sinks=sinks,
+        options,
     )
     out = layout.output(out, q.shape[2])
     if not return_lse:

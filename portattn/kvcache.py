@@ -22,20 +22,18 @@ from collections.abc import Iterator
 
 import torch
 
-from portattn.api import _capturing, _needs_grad, _run_fwd
 from portattn.configs import resolve_config
+from portattn.forward_entry import run_forward
 from portattn.kernels.buffers import check_row_strides
 from portattn.kvcache_checks import check_append_memory, check_written_slots
+from portattn.options import capturing, check_options, needs_grad
 from portattn.validation import (
     INT32_MAX,
     DTypeError,
     check_block_table_meta,
     check_bool,
-    check_common,
     check_key_counts,
     check_pages,
-    check_softcap,
-    check_window,
     host_values,
     type_name,
 )
@@ -313,19 +311,27 @@ def flash_attn_with_kvcache(
     _check_features(rotary_cos, rotary_sin, cache_leftpad, alibi_slopes, num_splits)
     check_bool("rotary_interleaved", rotary_interleaved)
     with _named_as_here():
-        scale = check_common(
-            q, k_cache, v_cache, causal, softmax_scale, return_softmax_lse, kernel, token_dims=2
+        options = check_options(
+            q,
+            k_cache,
+            v_cache,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            return_lse=return_softmax_lse,
+            kernel=kernel,
+            window_size=window_size,
+            softcap=softcap,
+            token_dims=2,
+            compiling=torch.compiler.is_compiling(),  # in this frame: see check_options
         )
-    causal, return_lse = bool(causal), bool(return_softmax_lse)
-    causal, *window = check_window(window_size, causal)
-    softcap = check_softcap(softcap)
-    if _needs_grad(q, k_cache, v_cache, *(x for x in (k, v) if isinstance(x, torch.Tensor))):
+    return_lse = bool(return_softmax_lse)
+    if needs_grad(q, k_cache, v_cache, *(x for x in (k, v) if isinstance(x, torch.Tensor))):
         raise ValueError(
             "flash_attn_with_kvcache is inference-only: its tensors must not require grad "
             "(use torch.no_grad(), or detach them)"
         )
     batch, seqlen_q, n_heads_q, head_dim = q.shape
-    capturing = _capturing(q)
+    in_graph = capturing(q)
     new = _check_new_kv(k, v, q, k_cache, v_cache)
     if new:  # from the layouts alone: checked while a CUDA graph is captured too
         check_append_memory({"k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v})
@@ -344,12 +350,12 @@ def flash_attn_with_kvcache(
                     f"k_cache has {k_cache.shape[0]} rows for a batch of {batch}: pass "
                     "cache_batch_idx, or a cache with a row per sequence"
                 )
-            batch_idx = _ramp(batch, 1, q.device, capturing)
+            batch_idx = _ramp(batch, 1, q.device, in_graph)
         else:
             batch_idx = _index_tensor("cache_batch_idx", cache_batch_idx, batch, q.device)
         table = batch_idx[:, None]  # a dense cache: one page of S_cache rows per sequence
     seqlens = _cache_seqlens(cache_seqlens, batch, capacity, q.device)
-    if not capturing:
+    if not in_graph:
         _check_values(
             seqlens,
             batch,
@@ -366,9 +372,9 @@ def flash_attn_with_kvcache(
     if new:
         _check_writable({"k_cache": k_cache, "v_cache": v_cache})
         _append(k_cache, v_cache, k, v, seqlens, block_table, page_size, batch_idx)
-    cu_seqlens_k = _cu_seqlens_k(seqlens, new, batch, q.device, capturing)
-    cu_seqlens_q = _ramp(batch + 1, seqlen_q, q.device, capturing)
-    out, lse = _run_fwd(
+    cu_seqlens_k = _cu_seqlens_k(seqlens, new, batch, q.device, in_graph)
+    cu_seqlens_q = _ramp(batch + 1, seqlen_q, q.device, in_graph)
+    out, lse = run_forward(
         q_rows,
         k_cache,
         v_cache,
@@ -376,12 +382,8 @@ def flash_attn_with_kvcache(
         cu_seqlens_k,
         seqlen_q,
         capacity,
-        causal,
-        scale,
-        kernel,
+        options,
         block_table=table,
-        window=tuple(window),
-        softcap=softcap,
     )
     out = out.view(batch, seqlen_q, n_heads_q, v_cache.shape[-1])  # v's head dim
     if not return_lse:

@@ -29,17 +29,20 @@ Called directly, the ops trust their arguments.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import NamedTuple
 
 import torch
 
 from portattn.autocast import register_autocast_kernel
 from portattn.kernels.backward import attn_bwd
 from portattn.kernels.forward import attn_fwd
-from portattn.kernels.plan import describe, splits_p
+from portattn.kernels.plan import plan_problem, splits_p
+from portattn.options import AttentionOptions
 from portattn.validation import check_paged_values, check_varlen_values
 
-__all__ = ["varlen_bwd", "varlen_fwd"]
+__all__ = ["BwdArgs", "FwdArgs", "varlen_bwd", "varlen_fwd"]
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -54,7 +57,8 @@ def _empty_o32(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 # Explicit schemas (rather than inferred from the annotations) keep the ops' signatures stable
-# and independent of how a given torch version reads annotations.
+# and independent of how a given torch version reads annotations. Their option arguments are
+# the fields of AttentionOptions, by name; FwdArgs / BwdArgs mirror them (tests/test_ops.py).
 _FWD_SCHEMA = (
     "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
     "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float softmax_scale, str kernel, "
@@ -67,6 +71,84 @@ _BWD_SCHEMA = (
     "bool causal, float softmax_scale, str kernel, int window_left=-1, int window_right=-1, "
     "float softcap=0.0) -> (Tensor, Tensor, Tensor)"
 )
+# The options record's fields: the ops' arguments of the same names.
+OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionOptions))
+
+
+def _options(args: NamedTuple) -> AttentionOptions:
+    """The options record from an op's bound arguments (the fields its schema has)."""
+    return AttentionOptions(
+        **{name: getattr(args, name) for name in OPTION_FIELDS if name in args._fields}
+    )
+
+
+def _option_args(options: AttentionOptions, fields: tuple[str, ...]) -> dict:
+    """The options record as an op's keyword arguments (the fields its schema has)."""
+    return {name: getattr(options, name) for name in OPTION_FIELDS if name in fields}
+
+
+class FwdArgs(NamedTuple):
+    """``varlen_fwd``'s arguments: its schema's names, order and defaults. Its Python
+    functions (the op, its fake, its autograd formula) read their arguments through it, by
+    name; ``FwdArgs.bind(...)`` spelled out (``*args``) is a call of the op."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    causal: bool
+    softmax_scale: float
+    kernel: str
+    store_o32: bool
+    check_values: bool = False
+    block_table: torch.Tensor | None = None
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    sinks: torch.Tensor | None = None
+
+    @classmethod
+    def bind(
+        cls, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options, **rest
+    ) -> FwdArgs:
+        """The arguments of one call: the tensors and sizes, the options record and ``rest``
+        (``store_o32``, ``check_values``, ``block_table``) by name."""
+        return cls(
+            q=q,
+            k=k,
+            v=v,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
+            **_option_args(options, cls._fields),
+            **rest,
+        )
+
+
+class BwdArgs(NamedTuple):
+    """``varlen_bwd``'s arguments: its schema's names, order and defaults (as ``FwdArgs``)."""
+
+    dout: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    o_for_delta: torch.Tensor
+    lse: torch.Tensor
+    dlse: torch.Tensor | None
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    causal: bool
+    softmax_scale: float
+    kernel: str
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
 
 
 @torch.library.custom_op("portattn::varlen_fwd", mutates_args=(), schema=_FWD_SCHEMA)
@@ -110,19 +192,15 @@ def varlen_fwd(
     Returns (out [total_q, Hq, D] in q's dtype, lse float32 [total_q, Hq],
     out32 float32 [total_q, Hq, D] when store_o32, else an empty [0, Hq, D]); all contiguous.
     """
-    problem = describe(
+    args = FwdArgs(**locals())  # first: exactly the parameters, bound by name
+    problem = plan_problem(
         q,
         k,
         cu_seqlens_q,
         max_seqlen_q,
         max_seqlen_k,
-        causal,
-        softmax_scale,
-        kernel,
+        _options(args),
         block_table=block_table,
-        window=(window_left, window_right),
-        softcap=softcap,
-        sinks=sinks,
         head_dim_v=v.shape[-1],
     )
     before_launch = None
@@ -163,15 +241,16 @@ def varlen_fwd(
     return out, lse, _empty_o32(q, v) if out32 is None else out32
 
 
-# The ops' Python functions (fakes, autograd formula) get every argument by position: the
-# schemas have no keyword-only ones (trailing defaults may be left out). store_o32 is required.
-_STORE_O32 = 10  # its position in _FWD_SCHEMA
+# The ops' fakes and autograd formula get every argument by position (the schemas have no
+# keyword-only ones; trailing defaults may be left out): they bind them by name through
+# FwdArgs / BwdArgs.
 
 
 @varlen_fwd.register_fake
 def _varlen_fwd_fake(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forward's outputs as fake tensors: they follow q, v's head dim and ``store_o32``."""
-    q, v, store_o32 = args[0], args[2], args[_STORE_O32]
+    bound = FwdArgs(*args)
+    q, v, store_o32 = bound.q, bound.v, bound.store_o32
     total_q, n_heads_q, _ = q.shape
     out_shape = (total_q, n_heads_q, v.shape[-1])  # [total_q, Hq, Dv]
     out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
@@ -209,16 +288,19 @@ def varlen_bwd(
     All with ``stride(-1) == 1``. Returns contiguous (dq [total_q, Hq, D], dk, dv
     [total_k, Hkv, D]) in the input dtype.
     """
-    features = dict(window=(window_left, window_right), softcap=softcap, head_dim_v=v.shape[-1])
-    problem = describe(
-        q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, softmax_scale, kernel, **features
+    args = BwdArgs(**locals())  # first: exactly the parameters, bound by name
+    options = _options(args)
+    problem = plan_problem(
+        q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, options, head_dim_v=v.shape[-1]
     )
     return attn_bwd(problem, dout, q, k, v, o_for_delta, lse, dlse, cu_seqlens_q, cu_seqlens_k)
 
 
 @varlen_bwd.register_fake
-def _varlen_bwd_fake(dout, q, k, v, *_rest) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _varlen_bwd_fake(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients as fake tensors: like q, k and v, whatever the other arguments."""
+    bound = BwdArgs(*args)
+    q, k, v = bound.q, bound.k, bound.v
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -226,20 +308,19 @@ def _varlen_bwd_fake(dout, q, k, v, *_rest) -> tuple[torch.Tensor, torch.Tensor,
 
 
 def _fwd_setup_context(ctx, inputs, output) -> None:
-    q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
-    max_seqlen_q, max_seqlen_k, causal, scale, kernel, store_o32 = inputs[5:11]
+    args = FwdArgs(*inputs)
     out, lse, out32 = output
     ctx.mark_non_differentiable(out32)
     ctx.set_materialize_grads(False)
     # fixed_order computes the backward's row term from the float32 output.
-    o_for_delta = out32 if splits_p(kernel) else out
-    sinks = inputs[16] if len(inputs) > 16 else None
-    ctx.save_for_backward(q, k, v, o_for_delta, lse, cu_seqlens_q, cu_seqlens_k, sinks)
-    ctx.meta = (max_seqlen_q, max_seqlen_k, causal, scale, kernel)
-    ctx.missing_o32 = splits_p(kernel) and not store_o32
-    ctx.paged = inputs[12] is not None if len(inputs) > 12 else False
-    # The optional features, in the schema's order: window_left, window_right, softcap.
-    ctx.features = tuple(inputs[13:16]) + (-1, -1, 0.0)[len(inputs[13:16]) :]
+    o_for_delta = out32 if splits_p(args.kernel) else out
+    ctx.save_for_backward(
+        args.q, args.k, args.v, o_for_delta, lse, args.cu_seqlens_q, args.cu_seqlens_k, args.sinks
+    )
+    ctx.max_seqlen_q, ctx.max_seqlen_k = args.max_seqlen_q, args.max_seqlen_k
+    ctx.options = _options(args._replace(sinks=None))  # the sinks: a saved tensor
+    ctx.missing_o32 = splits_p(args.kernel) and not args.store_o32
+    ctx.paged = args.block_table is not None
 
 
 def _fwd_backward(ctx, dout, dlse, _dout32):
@@ -253,25 +334,28 @@ def _fwd_backward(ctx, dout, dlse, _dout32):
         )
     if dout is None:  # only lse was used downstream
         dout = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
-    dsinks = None
-    if sinks is not None and ctx.needs_input_grad[16]:
-        dsinks = sink_grad(sinks, o_for_delta, dout, lse, dlse)
-    if not any(ctx.needs_input_grad[:3]):  # only the sinks' gradient is asked for
-        return None, None, None, *([None] * 13), dsinks
-    dq, dk, dv = varlen_bwd(
-        _last_dim_contiguous(dout),
-        q,
-        k,
-        v,
-        o_for_delta,
-        lse,
-        None if dlse is None else _last_dim_contiguous(dlse.float()),
-        cu_seqlens_q,
-        cu_seqlens_k,
-        *ctx.meta,  # max_seqlen_q, max_seqlen_k, causal, softmax_scale, kernel: varlen_bwd's order
-        *ctx.features,
+    needs = FwdArgs(*ctx.needs_input_grad)
+    grads = FwdArgs(*[None] * len(FwdArgs._fields))  # one per input, by name
+    if sinks is not None and needs.sinks:
+        grads = grads._replace(sinks=sink_grad(sinks, o_for_delta, dout, lse, dlse))
+    if not (needs.q or needs.k or needs.v):  # only the sinks' gradient is asked for
+        return tuple(grads)
+    args = BwdArgs(
+        dout=_last_dim_contiguous(dout),
+        q=q,
+        k=k,
+        v=v,
+        o_for_delta=o_for_delta,
+        lse=lse,
+        dlse=None if dlse is None else _last_dim_contiguous(dlse.float()),
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=ctx.max_seqlen_q,
+        max_seqlen_k=ctx.max_seqlen_k,
+        **_option_args(ctx.options, BwdArgs._fields),
     )
-    return dq, dk, dv, *([None] * 13), dsinks
+    dq, dk, dv = varlen_bwd(*args)
+    return tuple(grads._replace(q=dq, k=dk, v=dv))
 
 
 def sink_grad(sinks, out, dout, lse, dlse) -> torch.Tensor:

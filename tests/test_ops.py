@@ -36,6 +36,44 @@ def _fwd_args(p, kernel, store_o32, requires_grad=True):
     return (q, k, v, p.cu_q, p.cu_k, max(LENS_Q), max(LENS_K), True, SCALE, kernel, store_o32)
 
 
+# ----------------------------------------------------------------------------- binding by name
+
+
+@pytest.mark.parametrize(
+    ("op", "bound"),
+    [
+        (torch.ops.portattn.varlen_fwd.default, ops_module.FwdArgs),
+        (torch.ops.portattn.varlen_bwd.default, ops_module.BwdArgs),
+    ],
+)
+def test_named_args_mirror_the_schema(op, bound):
+    """The NamedTuple an op's Python functions bind their arguments through has the
+    registered schema's argument names, in order, with its defaults."""
+    arguments = op._schema.arguments
+    assert list(bound._fields) == [a.name for a in arguments]
+    schema_defaults = {a.name: a.default_value for a in arguments if a.has_default_value()}
+    assert bound._field_defaults == schema_defaults
+
+
+def test_options_are_op_arguments():
+    """Every field of the options record is an argument of the forward op (bound by name);
+    the backward op has all but the sinks (their gradient is the forward's formula's)."""
+    from portattn.options import AttentionOptions
+
+    fields = set(AttentionOptions.__dataclass_fields__)
+    assert fields <= set(ops_module.FwdArgs._fields)
+    assert fields - set(ops_module.BwdArgs._fields) == {"sinks"}
+
+
+def test_ops_read_no_argument_by_position():
+    """ops.py binds the ops' arguments by name: no index into an argument tuple."""
+    import inspect
+    import re
+
+    source = inspect.getsource(ops_module)
+    assert not re.search(r"\b(args|inputs|needs_input_grad)\[", source)
+
+
 # ----------------------------------------------------------------------------- opcheck
 
 

@@ -1,8 +1,9 @@
 """Plan, then launch: the host side of every kernel call, in three records.
 
 * :class:`VarlenProblem`: one call, described once below the custom-op boundary (sizes, flags,
-  the table entry). ``kernel="fixed_order"`` is decoded here, into ``split_p``, and nowhere
-  else. A new parameter of the op travels in this record, not in the launchers' argument lists.
+  the table entry) with the call's :class:`~portattn.options.AttentionOptions`.
+  ``kernel="fixed_order"`` is decoded here, into ``split_p``, and nowhere else. A new parameter
+  of the op travels in the options record, not in the launchers' argument lists.
 * :class:`KernelLaunch`: one planned launch (stage, kernel, grid, arguments, compile-time
   parameters and options, whether it reads through tensor descriptors). The forward and
   backward planners (``forward.plan_forward``, ``backward.plan_backward``) return them with the
@@ -35,6 +36,7 @@ from portattn.configs import (
 from portattn.kernels.buffers import descriptor_scratch
 from portattn.kernels.host_checks import checks_at_launch
 from portattn.kernels.ptx_jit import launch_through_ptx
+from portattn.options import AttentionOptions
 
 LOG2E = 1.4426950408889634  # scores travel in log2 units: exp2 replaces exp in the kernels
 SPLIT_P_KERNELS = {"varlen": False, "fixed_order": True}  # kernel name -> split-P products
@@ -62,27 +64,15 @@ class VarlenProblem:
     batch: int
     max_seqlen_q: int
     max_seqlen_k: int
-    causal: bool
-    softmax_scale: float
-    split_p: bool
+    options: AttentionOptions  # causal, scale, kernel, window, softcap, sinks: as checked
     dtype: torch.dtype
     device: torch.device
     cfg: KernelConfig
     interpret: bool  # the CPU interpreter runs the kernels (no Gluon, BLAS-free products)
     # Paged K/V ([num_pages, page_size, Hkv, D] with a block table): the page size, else 0.
     page_size: int = 0
-    # Sliding window (flash-attn's window_size, as ``validation.check_window`` normalizes it:
-    # -1 unbounded; with causal the right side is -1, the causal mask bounds it).
-    window_left: int = -1
-    window_right: int = -1
-    # Softcapping (Gemma 2): scores c * tanh(s / c) with c = softcap; 0.0 off.
-    softcap: float = 0.0
-    # Attention sinks (gpt-oss): a float32 [Hq] logit per query head in each row's softmax
-    # denominator; the forward kernels read it (``primitives.fold_sink``), the backward's dQ,
-    # dK and dV need only the lse that includes it.
-    has_sinks: bool = False
     # v's head dim (and the output's, dO's, dV's), or 0: q's (``head_dim``). Set through
-    # ``describe``; read as ``value_dim``.
+    # ``plan_problem``; read as ``value_dim``.
     head_dim_v: int = 0
 
     @property
@@ -112,16 +102,24 @@ class VarlenProblem:
         ``HEAD_DIM`` / ``BLOCK_D`` (equal to them where Dv == D)."""
         return dict(HEAD_DIM_V=self.value_dim, BLOCK_DV=self.block_dv)
 
+    # The options' fields, read as the problem's own by the planners and launchers.
     @property
-    def windowed(self) -> bool:
-        return self.window_left >= 0 or self.window_right >= 0
+    def causal(self) -> bool:
+        return self.options.causal
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.options.softmax_scale
+
+    @property
+    def split_p(self) -> bool:
+        return splits_p(self.options.kernel)
 
     def feature_flags(self) -> dict[str, Any]:
         """The compile-time parameters of the optional features, for every Triton kernel that
         computes scores (their off values compile to the code of kernels without them)."""
-        return dict(
-            WINDOW_LEFT=self.window_left, WINDOW_RIGHT=self.window_right, SOFTCAP=self.softcap
-        )
+        o = self.options
+        return dict(WINDOW_LEFT=o.window_left, WINDOW_RIGHT=o.window_right, SOFTCAP=o.softcap)
 
     @property
     def grid_rows_q(self) -> int:
@@ -147,6 +145,45 @@ class VarlenProblem:
         return self.softmax_scale * LOG2E
 
 
+def plan_problem(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    options: AttentionOptions,
+    cfg: KernelConfig | None = None,
+    block_table: torch.Tensor | None = None,
+    head_dim_v: int | None = None,
+) -> VarlenProblem:
+    """The problem of one call with its checked ``options`` (``cfg``: the table entry, looked
+    up for q's device if None). With ``block_table``, k is a paged cache [num_pages,
+    page_size, Hkv, D]. ``head_dim_v``: v's head dim (None: q's). The entry is the table row of
+    the wider of the two head dims (``configs.resolve_config``, ``configs.pair_config``)."""
+    total_q, n_heads_q, head_dim = q.shape
+    value_dim = head_dim if head_dim_v is None else head_dim_v
+    paged = block_table is not None
+    if cfg is None:
+        cfg = resolve_config(q.device, options.kernel, head_dim, q.dtype, head_dim_v=value_dim)
+    return VarlenProblem(
+        total_q=total_q,
+        total_k=k.shape[0] * k.shape[1] if paged else k.shape[0],
+        n_heads_q=n_heads_q,
+        n_heads_k=k.shape[-2],
+        head_dim=head_dim,
+        batch=cu_seqlens_q.numel() - 1,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        options=options,
+        dtype=q.dtype,
+        device=q.device,
+        cfg=cfg,
+        interpret=interpreter_active(),
+        page_size=k.shape[1] if paged else 0,
+        head_dim_v=0 if value_dim == head_dim else value_dim,
+    )
+
+
 def describe(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -158,43 +195,13 @@ def describe(
     kernel: str,
     cfg: KernelConfig | None = None,
     block_table: torch.Tensor | None = None,
-    window: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    sinks: torch.Tensor | None = None,
     head_dim_v: int | None = None,
 ) -> VarlenProblem:
-    """The problem of one call (``cfg``: the table entry, looked up for q's device if None).
-    With ``block_table``, k is a paged cache [num_pages, page_size, Hkv, D]. ``window``: the
-    normalized (left, right) sliding window; ``softcap``: 0.0 (off) or the cap;
-    ``head_dim_v``: v's head dim (None: q's). The entry is the table row of the wider of the
-    two head dims (``configs.resolve_config``, ``configs.pair_config``)."""
-    total_q, n_heads_q, head_dim = q.shape
-    value_dim = head_dim if head_dim_v is None else head_dim_v
-    paged = block_table is not None
-    return VarlenProblem(
-        total_q=total_q,
-        total_k=k.shape[0] * k.shape[1] if paged else k.shape[0],
-        n_heads_q=n_heads_q,
-        n_heads_k=k.shape[-2],
-        head_dim=head_dim,
-        batch=cu_seqlens_q.numel() - 1,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        causal=causal,
-        softmax_scale=softmax_scale,
-        split_p=splits_p(kernel),
-        dtype=q.dtype,
-        device=q.device,
-        cfg=cfg
-        if cfg is not None
-        else resolve_config(q.device, kernel, head_dim, q.dtype, head_dim_v=value_dim),
-        interpret=interpreter_active(),
-        page_size=k.shape[1] if paged else 0,
-        window_left=window[0],
-        window_right=window[1],
-        softcap=float(softcap),
-        has_sinks=sinks is not None,
-        head_dim_v=0 if value_dim == head_dim else value_dim,
+    """:func:`plan_problem` of a call without optional features (no window, softcap or
+    sinks): the compile check's and the tests' representative problems."""
+    options = AttentionOptions(causal=causal, softmax_scale=softmax_scale, kernel=kernel)
+    return plan_problem(
+        q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, options, cfg, block_table, head_dim_v
     )
 
 
@@ -262,7 +269,7 @@ def gluon_applies(
         return False
     if problem.split_dv:  # the Gluon kernels have one head dim for Q, K and V: a call with
         return False  # its own value head dim runs the Triton kernels at the entry's tiles
-    if problem.windowed or problem.softcap or problem.has_sinks:  # not in the Gluon kernels;
+    if problem.options.any_feature:  # a window, softcap or sink: not in the Gluon kernels;
         return False  # the Triton ones, at the same tiles, have them
     if problem.head_dim not in HEAD_DIMS:  # the Gluon kernels are written for the table's
         return False

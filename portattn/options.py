@@ -1,0 +1,105 @@
+"""One attention call's options, checked once: :class:`AttentionOptions` and
+:func:`check_options`, the one function that builds it from the public arguments.
+
+Every entry point (``varlen_attention``, ``attention``, ``flash_attn_with_kvcache``, and through
+them the flash-attn and transformers adapters) calls :func:`check_options`; from there down the
+record travels whole: into the forward entry (:mod:`portattn.forward_entry`), across the custom
+ops (whose schemas name its fields one by one, :mod:`portattn.ops`) and into the planner's
+``VarlenProblem``. Its field names are the ops' argument names, so the ops bind them by name.
+A new keyword becomes a field here and a check in :func:`check_options` (design, "Adding a
+parameter").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from portattn.validation import check_common, check_sinks, check_softcap, check_window
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """What one call asks of the kernels besides its tensors' shapes, checked and normalized.
+
+    ``window_left`` / ``window_right``: the window's one spelling below validation, flash-attn's
+    ``window_size`` as :func:`portattn.validation.check_window` normalizes it (-1: unbounded on
+    that side; with ``causal`` the right side is -1, the causal mask bounds it). ``softcap``:
+    0.0 (off) or the cap ``c`` of the scores ``c * tanh(s / c)``. ``sinks``: None, or float32
+    [Hq] contiguous (a tensor: left out of equality and hashing)."""
+
+    causal: bool
+    softmax_scale: float
+    kernel: str = "varlen"
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    sinks: torch.Tensor | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def windowed(self) -> bool:
+        return self.window_left >= 0 or self.window_right >= 0
+
+    @property
+    def has_sinks(self) -> bool:
+        return self.sinks is not None
+
+    @property
+    def any_feature(self) -> bool:
+        """Whether an optional feature is on (a window, softcap or sinks): its kernels' flags
+        are off (and the warp-specialised Gluon kernels, which have none, may run) otherwise."""
+        return self.windowed or self.softcap != 0 or self.has_sinks
+
+
+def capturing(q: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on q's stream: the host values of ``cu_seqlens``
+    are out of reach then (a device-to-host copy is an error there, and would be frozen into
+    the graph), as while ``torch.compile`` traces (reading them would break the graph)."""
+    return q.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def check_options(
+    q,
+    k,
+    v,
+    *,
+    causal,
+    softmax_scale,
+    return_lse,
+    kernel,
+    window_size,
+    softcap,
+    sinks=None,
+    token_dims: int,
+    kv_token_dims: int | None = None,
+    compiling: bool,
+) -> AttentionOptions:
+    """The checks every entry point runs on its tensors and options, in this order (each
+    raises ValueError / TypeError before any launch): ``check_common`` (tensors, dims, dtypes,
+    devices, the flags, the kernel, the scale), ``check_window``, ``check_softcap``,
+    ``check_sinks`` (its values from a host copy unless ``compiling`` or :func:`capturing`).
+    ``compiling``: ``torch.compiler.is_compiling()`` read in the entry point's own frame (a
+    helper's frame may be compiled alone when Dynamo runs its caller eagerly, and reads True
+    there while its caller runs eagerly). ``token_dims``: q's
+    leading dims (1 packed, 2 dense), whose next dim is its heads; ``kv_token_dims``: k/v's
+    where they differ (2: paged caches). ``return_lse`` is only checked (a bool or numpy bool):
+    the caller keeps ``bool(return_lse)``."""
+    scale = check_common(
+        q, k, v, causal, softmax_scale, return_lse, kernel, token_dims, kv_token_dims
+    )
+    causal, window_left, window_right = check_window(window_size, bool(causal))
+    traced = compiling or capturing(q)
+    return AttentionOptions(
+        causal=causal,
+        softmax_scale=scale,
+        kernel=kernel,
+        window_left=window_left,
+        window_right=window_right,
+        softcap=check_softcap(softcap),
+        sinks=check_sinks(sinks, q.shape[token_dims], q.device, check_values=not traced),
+    )
