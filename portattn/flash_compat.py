@@ -58,8 +58,8 @@ def _resolve_features(
     dropout_p, causal, alibi_slopes, deterministic, return_attn_probs
 ) -> tuple[bool, bool]:
     """Reject what portattn does not implement and check the flags (bools or numpy bools);
-    returns ``causal`` and ``return_attn_probs`` as Python bools. ``window_size`` and
-    ``softcap`` go on to ``varlen_attention`` / ``attention``, which check them (and make
+    returns ``causal`` and ``return_attn_probs`` as Python bools. The other options go on to
+    ``varlen_attention`` / ``attention``, whose ``check_options`` checks them (and makes
     ``(-1, 0)`` causal, as flash-attn does) before any launch."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"dropout_p must be a float, got {type_name(dropout_p)}")
@@ -70,18 +70,6 @@ def _resolve_features(
     causal = check_bool("causal", causal)
     check_bool("deterministic", deterministic)  # ignored, but a flag all the same
     return causal, check_bool("return_attn_probs", return_attn_probs)
-
-
-def _options(causal, softmax_scale, kernel, window_size, softcap) -> dict:
-    """The keyword arguments both entry points pass on (lse always: flash-attn returns it)."""
-    return dict(
-        causal=causal,
-        softmax_scale=softmax_scale,
-        return_lse=True,
-        kernel=kernel,
-        window_size=window_size,
-        softcap=softcap,
-    )
 
 
 def _no_attn_probs(q: torch.Tensor) -> torch.Tensor:
@@ -171,8 +159,13 @@ def flash_attn_varlen_func(
         cu_seqlens_k,
         max_seqlen_q,
         max_seqlen_k,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        return_lse=True,  # flash-attn computes it always
+        kernel=kernel,
         block_table=block_table,
-        **_options(causal, softmax_scale, kernel, window_size, softcap),
+        window_size=window_size,
+        softcap=softcap,
     )
     if not return_attn_probs:
         return out
@@ -209,7 +202,17 @@ def flash_attn_func(
     causal, return_attn_probs = _resolve_features(
         dropout_p, causal, alibi_slopes, deterministic, return_attn_probs
     )
-    out, lse = attention(q, k, v, **_options(causal, softmax_scale, kernel, window_size, softcap))
+    out, lse = attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        return_lse=True,  # flash-attn computes it always
+        kernel=kernel,
+        window_size=window_size,
+        softcap=softcap,
+    )
     if not return_attn_probs:
         return out
     return out, lse.contiguous(), _no_attn_probs(q)

@@ -192,3 +192,35 @@ def test_package_does_not_import_the_benchmarks():
     assert not imports
     assert not list(PACKAGE.rglob("*bench*.py")), "the benchmarks live in benchmarks/"
     assert (PACKAGE.parent / "benchmarks" / "bench.py").is_file()
+
+
+def _private_imports(path: Path) -> list[str]:
+    """``from <a module of the package> import _name`` statements of one file (absolute or
+    relative), as ``line: module._name``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level == 0 and not (node.module or "").startswith("portattn"):
+            continue  # another package's private name is that package's business
+        for alias in node.names:
+            if alias.name.startswith("_") and not alias.name.startswith("__"):
+                found.append(f"{node.lineno}: {'.' * node.level}{node.module or ''}.{alias.name}")
+    return found
+
+
+def test_product_imports_no_private_name():
+    """No module of the product (outside ``portattn.tools``) imports a private (``_name``)
+    name of another: what two modules share is public in the package (issue 38)."""
+    bad = {
+        str(path.relative_to(PACKAGE.parent)): hits
+        for name, path in _modules().items()
+        if not name.startswith("portattn.tools") and (hits := _private_imports(path))
+    }
+    assert bad == {}
+
+
+def test_private_imports_are_seen(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("from portattn.api import _x, y\nfrom .ops import _z\nfrom os import _exit\n")
+    assert _private_imports(path) == ["1: portattn.api._x", "2: .ops._z"]
