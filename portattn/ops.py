@@ -152,26 +152,8 @@ class BwdArgs(NamedTuple):
 
 
 @torch.library.custom_op("portattn::varlen_fwd", mutates_args=(), schema=_FWD_SCHEMA)
-def varlen_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    causal: bool,
-    softmax_scale: float,
-    kernel: str,
-    store_o32: bool,
-    check_values: bool = False,
-    block_table: torch.Tensor | None = None,
-    window_left: int = -1,
-    window_right: int = -1,
-    softcap: float = 0.0,
-    sinks: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Forward attention over a packed batch.
+def varlen_fwd(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward attention over a packed batch; its arguments are :class:`FwdArgs`.
 
     q: [total_q, Hq, D]; k, v: [total_k, Hkv, D] (``stride(-1) == 1``, other strides free);
     cu_seqlens_q, cu_seqlens_k: int32 [B + 1]; max_seqlen_q/k: ints at least the longest
@@ -192,58 +174,47 @@ def varlen_fwd(
     Returns (out [total_q, Hq, D] in q's dtype, lse float32 [total_q, Hq],
     out32 float32 [total_q, Hq, D] when store_o32, else an empty [0, Hq, D]); all contiguous.
     """
-    args = FwdArgs(**locals())  # first: exactly the parameters, bound by name
+    a = FwdArgs(*args)
+    cu_q, cu_k, max_q, max_k = a.cu_seqlens_q, a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k
     problem = plan_problem(
-        q,
-        k,
-        cu_seqlens_q,
-        max_seqlen_q,
-        max_seqlen_k,
-        _options(args),
-        block_table=block_table,
-        head_dim_v=v.shape[-1],
+        a.q,
+        a.k,
+        cu_q,
+        max_q,
+        max_k,
+        _options(a),
+        block_table=a.block_table,
+        head_dim_v=a.v.shape[-1],
     )
     before_launch = None
-    if check_values and block_table is not None:
+    total_q, total_k = a.q.shape[0], a.k.shape[0]
+    if a.check_values and a.block_table is not None:
+        page_size = a.k.shape[1]
         before_launch = functools.partial(
-            check_paged_values,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            block_table,
-            q.shape[0],
-            k.shape[0],
-            k.shape[1],
-            max_seqlen_q,
-            max_seqlen_k,
+            check_paged_values, cu_q, cu_k, a.block_table, total_q, total_k, page_size, max_q, max_k
         )
-    elif check_values:
+    elif a.check_values:
         before_launch = functools.partial(
-            check_varlen_values,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            q.shape[0],
-            k.shape[0],
-            max_seqlen_q,
-            max_seqlen_k,
+            check_varlen_values, cu_q, cu_k, total_q, total_k, max_q, max_k
         )
     out, lse, out32 = attn_fwd(
         problem,
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        store_o32=store_o32,
+        a.q,
+        a.k,
+        a.v,
+        cu_q,
+        cu_k,
+        store_o32=a.store_o32,
         before_launch=before_launch,
-        block_table=block_table,
-        sinks=sinks,
+        block_table=a.block_table,
+        sinks=a.sinks,
     )
-    return out, lse, _empty_o32(q, v) if out32 is None else out32
+    return out, lse, _empty_o32(a.q, a.v) if out32 is None else out32
 
 
-# The ops' fakes and autograd formula get every argument by position (the schemas have no
-# keyword-only ones; trailing defaults may be left out): they bind them by name through
-# FwdArgs / BwdArgs.
+# The ops' functions, fakes and autograd formula get every argument by position (the schemas
+# have no keyword-only ones; trailing defaults may be left out): each binds them by name
+# through FwdArgs / BwdArgs first.
 
 
 @varlen_fwd.register_fake
@@ -261,26 +232,8 @@ def _varlen_fwd_fake(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 @torch.library.custom_op("portattn::varlen_bwd", mutates_args=(), schema=_BWD_SCHEMA)
-def varlen_bwd(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    o_for_delta: torch.Tensor,
-    lse: torch.Tensor,
-    dlse: torch.Tensor | None,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    causal: bool,
-    softmax_scale: float,
-    kernel: str,
-    window_left: int = -1,
-    window_right: int = -1,
-    softcap: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward of :func:`varlen_fwd`.
+def varlen_bwd(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward of :func:`varlen_fwd`; its arguments are :class:`BwdArgs`.
 
     dout: [total_q, Hq, D] in q's dtype; o_for_delta: the forward's out (``varlen``) or its
     float32 out32 (``fixed_order``), [total_q, Hq, D]; lse: float32 [total_q, Hq]; dlse: float32
@@ -288,12 +241,18 @@ def varlen_bwd(
     All with ``stride(-1) == 1``. Returns contiguous (dq [total_q, Hq, D], dk, dv
     [total_k, Hkv, D]) in the input dtype.
     """
-    args = BwdArgs(**locals())  # first: exactly the parameters, bound by name
-    options = _options(args)
+    a = BwdArgs(*args)
     problem = plan_problem(
-        q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, options, head_dim_v=v.shape[-1]
+        a.q,
+        a.k,
+        a.cu_seqlens_q,
+        a.max_seqlen_q,
+        a.max_seqlen_k,
+        _options(a),
+        head_dim_v=a.v.shape[-1],
     )
-    return attn_bwd(problem, dout, q, k, v, o_for_delta, lse, dlse, cu_seqlens_q, cu_seqlens_k)
+    tensors = (a.dout, a.q, a.k, a.v, a.o_for_delta, a.lse, a.dlse, a.cu_seqlens_q, a.cu_seqlens_k)
+    return attn_bwd(problem, *tensors)
 
 
 @varlen_bwd.register_fake
