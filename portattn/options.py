@@ -47,8 +47,8 @@ class AttentionOptions:
 
     @property
     def any_feature(self) -> bool:
-        """Whether an optional feature is on (a window, softcap or sinks): its kernels' flags
-        are off (and the warp-specialised Gluon kernels, which have none, may run) otherwise."""
+        """Whether an optional feature is on: their kernel flags are off (and the
+        warp-specialised Gluon kernels, which have none, may run) otherwise."""
         return self.windowed or self.softcap != 0 or self.has_sinks
 
 

@@ -64,7 +64,7 @@ class VarlenProblem:
     batch: int
     max_seqlen_q: int
     max_seqlen_k: int
-    options: AttentionOptions  # causal, scale, kernel, window, softcap, sinks: as checked
+    options: AttentionOptions  # the call's options, as ``options.check_options`` made them
     dtype: torch.dtype
     device: torch.device
     cfg: KernelConfig
@@ -197,8 +197,8 @@ def describe(
     block_table: torch.Tensor | None = None,
     head_dim_v: int | None = None,
 ) -> VarlenProblem:
-    """:func:`plan_problem` of a call without optional features (no window, softcap or
-    sinks): the compile check's and the tests' representative problems."""
+    """:func:`plan_problem` of a call with every optional feature off (``AttentionOptions``'
+    defaults): the compile check's and the tests' representative problems."""
     options = AttentionOptions(causal=causal, softmax_scale=softmax_scale, kernel=kernel)
     return plan_problem(
         q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, options, cfg, block_table, head_dim_v
@@ -269,7 +269,7 @@ def gluon_applies(
         return False
     if problem.split_dv:  # the Gluon kernels have one head dim for Q, K and V: a call with
         return False  # its own value head dim runs the Triton kernels at the entry's tiles
-    if problem.options.any_feature:  # a window, softcap or sink: not in the Gluon kernels;
+    if problem.options.any_feature:  # no optional feature is in the Gluon kernels;
         return False  # the Triton ones, at the same tiles, have them
     if problem.head_dim not in HEAD_DIMS:  # the Gluon kernels are written for the table's
         return False
