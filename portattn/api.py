@@ -179,7 +179,7 @@ def varlen_attention(
 def _check_paged(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, traced: bool
 ):
-    """The checks of a paged call (after ``check_common``): returns (max_seqlen_q,
+    """The checks of a paged call (after ``check_options``): returns (max_seqlen_q,
     max_seqlen_k, whether the op checks the values before its launch)."""
     if needs_grad(q, k, v):
         raise ValueError(
