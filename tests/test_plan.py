@@ -11,7 +11,8 @@ import torch
 
 from portattn import configs
 from portattn.kernels import backward, forward
-from portattn.kernels.plan import describe, run_launches, splits_p
+from portattn.kernels.plan import plan_problem, run_launches, splits_p
+from portattn.options import AttentionOptions
 
 # Compiles, Triton APIs or the installed Triton's table: nox -s tests_newest runs it too.
 pytestmark = pytest.mark.triton_version
@@ -30,14 +31,15 @@ def _tensors(head_dim: int = 128, dtype=torch.bfloat16):
 
 def _gpu_problem(cfg, kernel="varlen", head_dim=128):
     q, k, v, cu_q, cu_k = _tensors(head_dim)
-    problem = describe(q, k, cu_q, 56, 50, True, head_dim**-0.5, kernel, cfg)
+    options = AttentionOptions(causal=True, softmax_scale=head_dim**-0.5, kernel=kernel)
+    problem = plan_problem(q, k, cu_q, 56, 50, options, cfg)
     return dataclasses.replace(problem, interpret=False), (q, k, v, cu_q, cu_k)
 
 
 def test_problem_decodes_the_kernel_once():
     q, k, v, cu_q, cu_k = _tensors(64, torch.float16)
     for kernel, split in (("varlen", False), ("fixed_order", True)):
-        p = describe(q, k, cu_q, 56, 50, False, 0.125, kernel)
+        p = plan_problem(q, k, cu_q, 56, 50, AttentionOptions(False, 0.125, kernel))
         assert p.split_p is split is splits_p(kernel)
         assert (p.total_q, p.total_k, p.n_heads_q, p.n_heads_k, p.head_dim, p.batch) == (
             96,
@@ -104,7 +106,7 @@ def test_backward_plan_order_and_stages():
 def test_empty_pack_plans_nothing_and_still_checks():
     q, k, v, _, _ = _tensors(64, torch.float16)
     cu = torch.zeros(1, dtype=torch.int32)  # no sequence
-    problem = describe(q[:0], k[:0], cu, 0, 0, False, 0.125, "varlen")
+    problem = plan_problem(q[:0], k[:0], cu, 0, 0, AttentionOptions(False, 0.125, "varlen"))
     plan = forward.plan_forward(problem, q[:0], k[:0], v[:0], cu, cu, False)
     assert plan.launches == () and plan.out.shape == (0, 4, 64)
     checked = []

@@ -25,7 +25,8 @@ from portattn.kernels.backward_ws import dkdv_ws_supports
 from portattn.kernels.buffers import dense_specialized, descriptor_scratch, rows_aligned
 from portattn.kernels.dq_ws import dq_ws_supports
 from portattn.kernels.forward_ws import ws_supports
-from portattn.kernels.plan import describe
+from portattn.kernels.plan import plan_problem
+from portattn.options import AttentionOptions
 
 # A split stage runs the Triton kernel (the Gluon ones have one program per tile, one pass).
 SPLITS = [
@@ -50,7 +51,8 @@ def override_entry(monkeypatch):
 
 def _problem(p, kernel: str, cfg):
     """The launchers' problem record of pack ``p`` with the table entry ``cfg``."""
-    return describe(p.q, p.k, p.cu_q, p.q.shape[0], p.k.shape[0], True, 1.0, kernel, cfg)
+    options = AttentionOptions(causal=True, softmax_scale=1.0, kernel=kernel)
+    return plan_problem(p.q, p.k, p.cu_q, p.q.shape[0], p.k.shape[0], options, cfg)
 
 
 def _gpu_family() -> str:

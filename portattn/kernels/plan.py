@@ -184,27 +184,6 @@ def plan_problem(
     )
 
 
-def describe(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    causal: bool,
-    softmax_scale: float,
-    kernel: str,
-    cfg: KernelConfig | None = None,
-    block_table: torch.Tensor | None = None,
-    head_dim_v: int | None = None,
-) -> VarlenProblem:
-    """:func:`plan_problem` of a call with every optional feature off (``AttentionOptions``'
-    defaults): the compile check's and the tests' representative problems."""
-    options = AttentionOptions(causal=causal, softmax_scale=softmax_scale, kernel=kernel)
-    return plan_problem(
-        q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, options, cfg, block_table, head_dim_v
-    )
-
-
 @dataclass(frozen=True)
 class KernelLaunch:
     """One planned launch: ``kernel[grid](*args, **params)``. ``params`` holds the

@@ -123,7 +123,8 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
     a dK launch). Nothing is launched."""
     from portattn.kernels.backward import plan_backward
     from portattn.kernels.forward import plan_forward
-    from portattn.kernels.plan import describe, splits_p
+    from portattn.kernels.plan import plan_problem, splits_p
+    from portattn.options import AttentionOptions
 
     rep = REPRESENTATIVE
     n_tok, dim, dtype = rep["batch"] * rep["seqlen"], entry.head_dim, entry.torch_dtype()
@@ -136,7 +137,8 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
     # The launches a GPU run makes: the planners choose some kernels by whether the CPU
     # interpreter is on (the pytest harness sets it), so it is off while planning.
     with unset_env(["TRITON_INTERPRET"]):
-        problem = describe(q, k, cu, seq, seq, causal, scale, entry.kernel, cfg, head_dim_v=dim_v)
+        options = AttentionOptions(causal=causal, softmax_scale=scale, kernel=entry.kernel)
+        problem = plan_problem(q, k, cu, seq, seq, options, cfg, head_dim_v=dim_v)
         fwd = plan_forward(problem, q, k, v, cu, cu, store_o32=split_p)
         o_for_delta = fwd.out32 if split_p else fwd.out
         dlse = torch.zeros_like(fwd.lse)
@@ -155,7 +157,8 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
 def _plan_paged_decode(entry: Entry, cfg: KernelConfig, q, k, v, scale: float):
     """The decode launch of the representative batch: one row per sequence, paged K/V."""
     from portattn.kernels.forward import plan_forward
-    from portattn.kernels.plan import describe
+    from portattn.kernels.plan import plan_problem
+    from portattn.options import AttentionOptions
 
     rep, page = REPRESENTATIVE, DECODE_PAGE_SIZE
     pages_per_seq = rep["seqlen"] // page
@@ -165,15 +168,14 @@ def _plan_paged_decode(entry: Entry, cfg: KernelConfig, q, k, v, scale: float):
     table = torch.arange(rep["batch"] * pages_per_seq, dtype=torch.int32).view(rep["batch"], -1)
     cu_q = torch.arange(rep["batch"] + 1, dtype=torch.int32)
     cu_k = cu_q * rep["seqlen"]
-    problem = describe(
+    options = AttentionOptions(causal=rep["causal"], softmax_scale=scale, kernel=entry.kernel)
+    problem = plan_problem(
         q1,
         cache,
         cu_q,
         1,
         rep["seqlen"],
-        rep["causal"],
-        scale,
-        entry.kernel,
+        options,
         cfg,
         block_table=table,
         head_dim_v=v.shape[-1],
