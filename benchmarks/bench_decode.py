@@ -4,8 +4,8 @@ Workloads (:func:`default_workloads`): B sequences with ``q_len`` new query rows
 decode; 4, 16: append), whose keys are already in the cache (``cache_seqlens`` counts them),
 attending causally (bottom-right aligned, as flash-attn) to the sequence's ``kv_len`` keys.
 KV lengths uniform in 512...8192 from a seeded ``torch.Generator`` (the same B, the same lengths
-in every run and workload), plus B = 8 x 32768. GQA 32/8 d128 at B = 1, 8, 64, 256 and every
-q_len; GQA 8/1 d128 and 32/8 d64 at B = 64, 256.
+in every run and workload), plus B = 8 and B = 1 of 32768 keys each. GQA 32/8 d128 at B = 1, 8,
+64, 256 and every q_len; GQA 8/1 d128 and 32/8 d64 at B = 64, 256.
 
 Implementations, each built and first called through ``attempt`` (a missing peer or an
 unsupported shape is a reported reason, never a crash):
@@ -34,7 +34,10 @@ and its ratio to the copy bandwidth measured in the same run, (read + write byte
 ``dst.copy_(src)`` on 1 GiB of bf16 ("copy BW (read+write)"). vs FA4 det: FA4 det's time / this
 time. Timing as :mod:`benchmarks.bench`: ``do_bench`` medians with L2 flushed per repeat
 (a B = 1 cache fits in the 50 MiB L2), a GPU warm-up, first calls untimed, two passes in alternating
-order, the better kept; random inputs, never zeros. B = 1 and 8 are launch-bound.
+order, the better kept; random inputs, never zeros. B = 1 and 8 are launch-bound. The
+implementations of ``GRAPHED`` are timed twice: called eagerly, and as the replay of a CUDA graph
+of one call (rows "... graph"), as rollout engines run a decode step; the difference is the
+eager call's host time the GPU waits for.
 """
 
 from __future__ import annotations
@@ -73,8 +76,13 @@ TORCH_VARLEN, TORCH_PAGED = "torch varlen_attn", "torch varlen_attn paged"
 FLEX = "FlexAttention"
 IMPLS = (PA_VARLEN_PAGED, PA_VARLEN_DENSE, PA_FIXED_PAGED, PA_FIXED_DENSE, FA4_DET, FA4_DEFAULT)
 IMPLS += (FA4_PAGED, TORCH_VARLEN, TORCH_PAGED, FLEX)
+# Also timed as the replay of a CUDA graph of one call, as rollout engines run a decode step.
+GRAPHED = (PA_VARLEN_PAGED, PA_FIXED_PAGED, FA4_DET, FA4_PAGED)
+GRAPH = " graph"
+IMPLS += tuple(name + GRAPH for name in GRAPHED)
 SHORT_COLUMNS = (PA_VARLEN_PAGED, PA_FIXED_PAGED, PA_VARLEN_DENSE, FA4_DET, FA4_PAGED)
 SHORT_COLUMNS += (TORCH_VARLEN, FLEX)  # the columns of the short table, where they ran
+SHORT_COLUMNS += (PA_VARLEN_PAGED + GRAPH, FA4_DET + GRAPH, FA4_PAGED + GRAPH)
 
 
 @dataclass(frozen=True)
@@ -115,12 +123,13 @@ def _workload(q_len: int, lens: tuple[int, ...], hq: int, hk: int, d: int, tag: 
 
 
 def default_workloads(seed: int = 0) -> list[DecodeWorkload]:
-    """The 18 workloads of ``--decode`` (names are stable: reports match rows by name)."""
+    """The 19 workloads of ``--decode`` (names are stable: reports match rows by name)."""
     out = [_workload(q, kv_lengths(b, seed), 32, 8, 128) for q in (1, 4, 16) for b in BATCHES]
     for hq, hk, d in ((8, 1, 128), (32, 8, 64)):
         out += [_workload(1, kv_lengths(b, seed), hq, hk, d) for b in (64, 256)]
     out.append(_workload(16, kv_lengths(64, seed), 8, 1, 128))
     out.append(_workload(1, (32768,) * 8, 32, 8, 128, tag=" 32k"))
+    out.append(_workload(1, (32768,), 32, 8, 128, tag=" 32k"))  # one long sequence
     return out
 
 
@@ -325,9 +334,29 @@ def _flex(w: DecodeWorkload, inp: DecodeInputs) -> DecodeImpl:
     return DecodeImpl(call, lambda o: o.transpose(1, 2).reshape(-1, w.n_heads_q, w.head_dim))
 
 
+def graphed(impl: DecodeImpl) -> DecodeImpl:
+    """``impl`` captured in a CUDA graph after two eager calls on a side stream (as
+    ``torch.cuda.graphs`` recommends); ``fn`` replays it and returns the graph's output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            impl.fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = impl.fn()
+
+    def replay():
+        graph.replay()
+        return out
+
+    return DecodeImpl(replay, impl.rows)
+
+
 def build_impls(w: DecodeWorkload, inp: DecodeInputs) -> dict[str, DecodeImpl | str]:
-    """Every implementation, in ``IMPLS`` order; one that cannot be built (or is not timed on
-    this workload) maps to the reason."""
+    """Every implementation, in ``IMPLS`` order, then the graph replays of ``GRAPHED``; one
+    that cannot be built (or is not timed on this workload) maps to the reason."""
     makers: dict[str, Callable[[], DecodeImpl]] = {
         PA_VARLEN_PAGED: lambda: _portattn(w, inp, "varlen", True),
         PA_VARLEN_DENSE: lambda: _portattn(w, inp, "varlen", False),
@@ -347,6 +376,15 @@ def build_impls(w: DecodeWorkload, inp: DecodeInputs) -> dict[str, DecodeImpl | 
             continue
         impl, error = attempt(make)
         out[name] = impl if error is None else error
+    for name in GRAPHED:
+        impl = out[name]
+        if isinstance(impl, str):
+            out[name + GRAPH] = impl
+        elif not inp.q.is_cuda:
+            out[name + GRAPH] = SKIPPED + "CUDA graphs need CUDA tensors"
+        else:
+            graph_impl, error = attempt(graphed, impl)
+            out[name + GRAPH] = graph_impl if error is None else error
     return out
 
 

@@ -28,13 +28,14 @@ def test_default_workloads():
         rows = [w for w in ws if (w.n_heads_q, w.n_heads_k, w.head_dim) == heads]
         assert {w.batch for w in rows if w.q_len == 1} == {64, 256}
     long = [w for w in ws if max(w.kv_lens) > 8192]
-    assert len(long) == 1 and long[0].kv_lens == (32768,) * 8 and long[0].q_len == 1
+    assert [w.kv_lens for w in long] == [(32768,) * 8, (32768,)]
+    assert all(w.q_len == 1 for w in long)
     for w in ws:
         assert w.q_len in (1, 4, 16) and w.head_dim in (64, 128)
         assert w.n_heads_q % w.n_heads_k == 0
         assert w.name.startswith("decode" if w.q_len == 1 else f"append{w.q_len} ")
         assert f"B{w.batch}" in w.name
-        if w is not long[0]:
+        if w not in long:
             assert all(512 <= n <= 8192 for n in w.kv_lens)
             assert w.kv_lens == bd.kv_lengths(w.batch), "same B, same lengths, every workload"
     flex = [w.name for w in ws if w.flex]
@@ -43,9 +44,10 @@ def test_default_workloads():
 
 
 def test_run_size_is_moderate():
-    """About 0.4 s per do_bench: timed implementations x 2 passes must stay near 3 minutes."""
+    """About 0.4 s per do_bench: timed implementations (graph replays included) x 2 passes must
+    stay near 4 minutes, inside one device call with the compiles."""
     timed = sum((len(bd.IMPLS) - (0 if w.flex else 1)) * 2 for w in bd.default_workloads())
-    assert timed * 0.4 < 150
+    assert timed * 0.4 < 240
 
 
 def test_quick_and_filter():
