@@ -192,8 +192,18 @@ ROUNDS: dict[str, list[tuple[str, int, dict]]] = {
         ("fixed_order", 128, {}),
         ("fixed_order", 128, dict(dq_ws=False)),
     ],
+    # FA4's d64 forward runs 128-key tiles warp-specialised (perf-notes, "FlashAttention-4 on
+    # SM90", ranked item 1): the Gluon forward at d64 with 128 keys (forward only).
+    "fa4-d64-forward": [
+        ("varlen", 64, {}),
+        ("varlen", 64, dict(fwd=(128, 128, 8, 2), fwd_ws=True)),
+        ("varlen", 64, dict(fwd=(128, 128, 8, 3), fwd_ws=True)),
+        ("varlen", 64, dict(fwd=(128, 64, 8, 2), fwd_ws=True)),
+        ("varlen", 64, dict(fwd=(128, 128, 8, 3))),
+    ],
 }
 FORWARD_ONLY = {"row35-forward", "row40-forward", "row48-forward", "row51-forward"}
+FORWARD_ONLY |= {"fa4-d64-forward"}
 LATEST = "row54-dq"
 
 TABLE = dict(configs.config_table())  # the committed table, before any override
