@@ -310,6 +310,7 @@ def flash_attn_with_kvcache(
     """
     _check_features(rotary_cos, rotary_sin, cache_leftpad, alibi_slopes, num_splits)
     check_bool("rotary_interleaved", rotary_interleaved)
+    compiling = torch.compiler.is_compiling()  # in this frame: see check_options
     with _named_as_here():
         options = check_options(
             q,
@@ -322,7 +323,7 @@ def flash_attn_with_kvcache(
             window_size=window_size,
             softcap=softcap,
             token_dims=2,
-            compiling=torch.compiler.is_compiling(),  # in this frame: see check_options
+            compiling=compiling,
         )
     return_lse = bool(return_softmax_lse)
     if needs_grad(q, k_cache, v_cache, *(x for x in (k, v) if isinstance(x, torch.Tensor))):
@@ -384,6 +385,7 @@ def flash_attn_with_kvcache(
         capacity,
         options,
         block_table=table,
+        compiling=compiling,
     )
     out = out.view(batch, seqlen_q, n_heads_q, v_cache.shape[-1])  # v's head dim
     if not return_lse:
