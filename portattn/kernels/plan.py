@@ -215,6 +215,12 @@ _PROBLEMS: dict[tuple, VarlenProblem] = {}
 _PROBLEMS_MAX = 1024
 
 
+def forget_problems() -> None:
+    """Drop every problem :func:`plan_problem` keeps (and so their memos): the next call of
+    each signature plans from scratch."""
+    _PROBLEMS.clear()
+
+
 @dataclass(frozen=True)
 class KernelLaunch:
     """One planned launch: ``kernel[grid](*args, **params)``. ``params`` holds the
