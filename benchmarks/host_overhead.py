@@ -15,8 +15,9 @@ Prints the median host µs per call over ``--n`` calls after warm-up, the aten o
 cumulative time per case.
 
 GPU (``--gpu``): the real eager call, timed host-side (``time.perf_counter`` around ``--n``
-calls with no sync, then one sync), the same calls' GPU time (CUDA events around them), and the
-CUDA-graph replay of the same call (CUDA events around ``--n`` replays).
+calls with no sync, then one sync), the same calls' GPU time (CUDA events around them), whether
+a warm call waits for the GPU (``torch.cuda.set_sync_debug_mode("error")``), and the CUDA-graph
+replay of the same call (CUDA events around ``--n`` replays).
 
 Usage: python benchmarks/host_overhead.py [--gpu] [--n 2000] [--profile] [--cases a,b]
 """
@@ -158,6 +159,14 @@ def gpu_times(call, n: int) -> dict[str, float]:
     end.record()
     torch.cuda.synchronize()
     row = {"host_us": host / n * 1e6, "gpu_us": start.elapsed_time(end) / n * 1e3}
+    torch.cuda.set_sync_debug_mode("error")  # a warm call must not wait for the GPU
+    try:
+        call()
+        row["syncs"] = "none"
+    except RuntimeError as err:
+        row["syncs"] = f"yes ({str(err).splitlines()[0][:60]})"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     side = torch.cuda.Stream()  # warm-up on a side stream, as torch.cuda.graph's docs ask
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -200,7 +209,7 @@ def main() -> int:
     n = args.n or (1000 if args.gpu else 2000)
     if not args.gpu:
         stub_triton_launch()
-    header = "host µs | GPU µs | graph µs | aten ops" if args.gpu else "host µs | aten ops"
+    header = "host µs | GPU µs | graph µs | syncs | aten ops" if args.gpu else "host µs | aten ops"
     print(f"| case | {header} |")
     print("| --- |" + " ---: |" * (header.count("|") + 1))
     for name in cases:
@@ -209,9 +218,10 @@ def main() -> int:
         if args.gpu:
             row = gpu_times(call, n)
             cells = [row["host_us"], row["gpu_us"], row.get("graph_us", float("nan"))]
+            cells = [f"{c:.1f}" for c in cells] + [row["syncs"]]
         else:
-            cells = [host_us_cpu(call, n)]
-        print(f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + f" | {ops} |", flush=True)
+            cells = [f"{host_us_cpu(call, n):.1f}"]
+        print(f"| {name} | " + " | ".join(cells) + f" | {ops} |", flush=True)
         if args.profile:
             profile(call, min(n, 500), args.sort)
     return 0
