@@ -172,6 +172,7 @@ def varlen_attention(
         options,
         check_values=check_values,
         block_table=block_table,
+        compiling=compiling,
     )
     return (out, lse) if return_lse else out
 
@@ -246,6 +247,7 @@ def attention(
     host values: under ``torch.compile`` every check runs and nothing is required beyond eager.
     """
     q, k, v = autocast_inputs(q, k, v)  # float32 under autocast -> its dtype, as SDPA
+    compiling = torch.compiler.is_compiling()  # in this frame (see varlen_attention)
     options = check_options(
         q,
         k,
@@ -258,7 +260,7 @@ def attention(
         softcap=softcap,
         sinks=sinks,
         token_dims=2,
-        compiling=torch.compiler.is_compiling(),  # in this frame (see varlen_attention)
+        compiling=compiling,
     )
     return_lse = bool(return_lse)  # checked: a bool or numpy bool
     if k.shape[0] != q.shape[0]:
@@ -276,6 +278,7 @@ def attention(
         layout.seqlen_q,
         layout.seqlen_k,
         options,
+        compiling=compiling,
     )
     out = layout.output(out, q.shape[2])
     if not return_lse:

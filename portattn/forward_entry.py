@@ -4,7 +4,8 @@
 (:mod:`portattn.kvcache`) check their arguments (:func:`portattn.options.check_options` and
 their own shape checks), then call it with packed tensors and the options record; it decides
 what only the forward needs to know (whether a float32 output is stored for a backward) and
-calls the custom op.
+calls the custom op, or, in a plain eager call, the op's implementation itself
+(:func:`direct_call`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,40 @@ from __future__ import annotations
 import torch
 
 from portattn.kernels.plan import splits_p
-from portattn.ops import FwdArgs, varlen_fwd
+from portattn.ops import FwdArgs, fwd_impl, varlen_fwd
 from portattn.options import AttentionOptions, needs_grad
+
+# Off only for tests and measurements: every call then goes through the custom op.
+DIRECT_CALLS = True
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # Parameter: a Tensor with no __torch_function__
+
+
+def direct_call(tensors: tuple, compiling: bool) -> bool:
+    """Whether the op's implementation (``ops.fwd_impl``) may run in place of the op: what
+    the dispatcher would do on top of it is nothing here. No autograd (no tensor requires
+    grad, or grad mode is off: the op would run its no-grad forward), nothing traced
+    (``compiling`` read in the entry's frame, and this frame's own), no autocast to another
+    dtype (the op's autocast kernel casts q/k/v, here already the autocast dtype), no Python
+    dispatch or torch-function mode (FakeTensor, functionalization, ``torch.device(...)``),
+    no functorch transform, and only plain tensors (no subclass to redispatch to). The same
+    Python function then runs on the same arguments: the same bits and the same errors
+    (tests/test_host_caches.py). A CUDA graph's capture records the same launches either way."""
+    if not DIRECT_CALLS or compiling or torch.compiler.is_compiling():
+        return False
+    q = tensors[0]
+    for t in tensors:
+        if t is not None and type(t) not in _PLAIN:
+            return False
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return False
+    device_type = q.device.type
+    if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) != q.dtype:
+        return False
+    return not (
+        torch._C._len_torch_dispatch_stack()
+        or torch._C._is_torch_function_mode_enabled()
+        or torch._C._are_functorch_transforms_active()
+    )
 
 
 def run_forward(
@@ -28,10 +61,12 @@ def run_forward(
     *,
     check_values: bool = False,
     block_table: torch.Tensor | None = None,
+    compiling: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The checked arguments into the forward op; returns (out, lse), both differentiable.
     ``check_values``: the op runs the value checks of ``cu_seqlens`` right before its launch;
-    ``block_table``: k and v are paged caches (inference only)."""
+    ``block_table``: k and v are paged caches (inference only). ``compiling``:
+    ``torch.compiler.is_compiling()`` read in the entry's frame (True: always the op)."""
     sinks = [] if options.sinks is None else [options.sinks]
     # fixed_order's backward reads a float32 copy of out: store it only when a backward can run.
     store_o32 = splits_p(options.kernel) and needs_grad(q, k, v, *sinks)
@@ -48,5 +83,7 @@ def run_forward(
         check_values=check_values,
         block_table=block_table,
     )
-    out, lse, _ = varlen_fwd(*args)
+    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, options.sinks)
+    run = fwd_impl if direct_call(tensors, compiling) else varlen_fwd
+    out, lse, _ = run(*args)
     return out, lse

@@ -135,9 +135,10 @@ def _cu_seqlens_k(seqlens: torch.Tensor | int, new: int, batch: int, device, cap
     """int32 [B + 1]: 0, then the running sum of each sequence's keys (cache plus new)."""
     if isinstance(seqlens, int):  # the step changes from call to call: not a cached ramp
         return _ramp(batch + 1, 1, device, capturing) * (seqlens + new)
-    cu_seqlens_k = torch.zeros(batch + 1, dtype=torch.int32, device=device)
-    cu_seqlens_k[1:] = torch.cumsum(seqlens + new, 0)
-    return cu_seqlens_k
+    counts = seqlens + new if new else seqlens
+    # int32 sums: the same bits as int64 sums stored to int32 (both wrap mod 2**32)
+    total = torch.cumsum(counts, 0, dtype=torch.int32)
+    return torch.cat((_ramp(1, 0, device, capturing), total))  # a leading 0
 
 
 def _check_new_kv(k, v, q, k_cache, v_cache) -> int:
@@ -230,20 +231,52 @@ def _check_writable(caches: dict[str, torch.Tensor]) -> None:
             )
 
 
-def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, page_size, batch_idx) -> None:
+def _append(
+    k_cache, v_cache, k, v, cache_seqlens, block_table, page_size, batch_idx, capturing: bool
+) -> None:
     """Write the new rows in place at positions ``cache_seqlens[b] + i`` (device ops only;
-    ``cache_seqlens`` a [B] tensor or an int for all)."""
+    ``cache_seqlens`` a [B] tensor or an int for all; ``batch_idx``: a dense cache's rows,
+    None for rows 0..B-1). Every element is written by one copy
+    (no two writes to one slot, checked before), so the few index ops here give the bytes of
+    any other way of writing them."""
     batch, new = k.shape[:2]
-    start = cache_seqlens if isinstance(cache_seqlens, int) else cache_seqlens.long()[:, None]
-    pos = (start + torch.arange(new, device=k.device)).expand(batch, new)  # [B, S_new]
+    caches = ((k_cache, k), (v_cache, v))
+    if isinstance(cache_seqlens, int):
+        _append_at(caches, cache_seqlens, new, block_table, page_size, batch_idx, batch)
+        return
+    pos = cache_seqlens.long()[:, None]  # [B, 1]
+    if new > 1:
+        pos = pos + _ramp(new, 1, k.device, capturing)  # [B, S_new]
     if block_table is not None:
-        rows = torch.gather(block_table.long(), 1, torch.div(pos, page_size, rounding_mode="floor"))
+        rows = torch.gather(block_table, 1, pos // page_size)  # int32 pages
         slots = pos % page_size
     else:
-        rows = batch_idx.long()[:, None].expand(batch, new)
-        slots = pos
-    k_cache[rows, slots] = k
-    v_cache[rows, slots] = v
+        if batch_idx is None:
+            batch_idx = _ramp(batch, 1, k.device, capturing)
+        rows, slots = batch_idx[:, None], pos
+    for cache, x in caches:
+        cache.index_put_((rows, slots), x)
+
+
+def _append_at(caches, start: int, new: int, block_table, page_size: int, batch_idx, batch):
+    """The append at one position ``start`` for every sequence (an int ``cache_seqlens``):
+    slices of the caches, one index op per cache and page column written (one per decode
+    step), a plain copy for a dense cache with a row per sequence."""
+    if block_table is None:
+        for cache, x in caches:
+            window = cache[:, start : start + new]
+            if batch_idx is None:  # rows 0..B-1
+                window[:batch].copy_(x)
+            else:
+                window.index_put_((batch_idx,), x)
+        return
+    for col in range(start // page_size, (start + new - 1) // page_size + 1):
+        lo, hi = max(start, col * page_size), min(start + new, (col + 1) * page_size)
+        pages = block_table[:, col]  # [B] int32
+        for cache, x in caches:
+            window = cache[:, lo - col * page_size : hi - col * page_size]
+            part = x if hi - lo == new else x[:, lo - start : hi - start]
+            window.index_put_((pages,), part)
 
 
 def flash_attn_with_kvcache(
@@ -310,6 +343,7 @@ def flash_attn_with_kvcache(
     """
     _check_features(rotary_cos, rotary_sin, cache_leftpad, alibi_slopes, num_splits)
     check_bool("rotary_interleaved", rotary_interleaved)
+    compiling = torch.compiler.is_compiling()  # in this frame: see check_options
     with _named_as_here():
         options = check_options(
             q,
@@ -322,7 +356,7 @@ def flash_attn_with_kvcache(
             window_size=window_size,
             softcap=softcap,
             token_dims=2,
-            compiling=torch.compiler.is_compiling(),  # in this frame: see check_options
+            compiling=compiling,
         )
     return_lse = bool(return_softmax_lse)
     if needs_grad(q, k_cache, v_cache, *(x for x in (k, v) if isinstance(x, torch.Tensor))):
@@ -371,7 +405,8 @@ def flash_attn_with_kvcache(
     _check_launchable(q_rows, k_cache, v_cache, kernel)
     if new:
         _check_writable({"k_cache": k_cache, "v_cache": v_cache})
-        _append(k_cache, v_cache, k, v, seqlens, block_table, page_size, batch_idx)
+        rows = None if cache_batch_idx is None else batch_idx
+        _append(k_cache, v_cache, k, v, seqlens, block_table, page_size, rows, in_graph)
     cu_seqlens_k = _cu_seqlens_k(seqlens, new, batch, q.device, in_graph)
     cu_seqlens_q = _ramp(batch + 1, seqlen_q, q.device, in_graph)
     out, lse = run_forward(
@@ -384,6 +419,7 @@ def flash_attn_with_kvcache(
         capacity,
         options,
         block_table=table,
+        compiling=compiling,
     )
     out = out.view(batch, seqlen_q, n_heads_q, v_cache.shape[-1])  # v's head dim
     if not return_lse:

@@ -57,8 +57,12 @@ def check_append_memory(tensors: dict[str, torch.Tensor]) -> None:
                 "would write several of its elements to one memory location; pass a "
                 "contiguous cache"
             )
+    spans = {name: _byte_range(x) for name, x in tensors.items()}  # once per tensor
     for i, a in enumerate(names[:2]):
         for b in names[i + 1 :]:
+            (a0, a1), (b0, b1) = spans[a], spans[b]
+            if a1 <= b0 or b1 <= a0:  # apart (the common case): no element in common
+                continue
             if shares_memory(tensors[a], tensors[b]):
                 raise ValueError(
                     f"{a} and {b} share memory: the append writes {a} in place, so it may not "
@@ -93,8 +97,11 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _byte_range(x: torch.Tensor) -> tuple[int, int]:
     """[first, last + 1) byte address of ``x``'s elements (strides are never negative)."""
-    last = sum((n - 1) * s for n, s in zip(x.shape, x.stride()))
-    return x.data_ptr(), x.data_ptr() + (last + 1) * x.element_size()
+    last = 0
+    for n, s in zip(x.shape, x.stride()):
+        last += (n - 1) * s
+    start = x.data_ptr()
+    return start, start + (last + 1) * x.element_size()
 
 
 def _offset_reachable(target: int, digits: list[tuple[int, int, int]], budget: list[int]) -> bool:

@@ -42,7 +42,7 @@ from portattn.kernels.plan import plan_problem, splits_p
 from portattn.options import AttentionOptions
 from portattn.validation import check_paged_values, check_varlen_values
 
-__all__ = ["BwdArgs", "FwdArgs", "varlen_bwd", "varlen_fwd"]
+__all__ = ["BwdArgs", "FwdArgs", "fwd_impl", "varlen_bwd", "varlen_fwd"]
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -174,6 +174,13 @@ def varlen_fwd(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     Returns (out [total_q, Hq, D] in q's dtype, lse float32 [total_q, Hq],
     out32 float32 [total_q, Hq, D] when store_o32, else an empty [0, Hq, D]); all contiguous.
     """
+    return fwd_impl(*args)
+
+
+def fwd_impl(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`varlen_fwd`'s implementation, the op's body. An eager call with nothing to
+    trace, differentiate, cast or redispatch gets the same result from it as from the op,
+    without the dispatcher's Python layers (``forward_entry.run_forward`` decides when)."""
     a = FwdArgs(*args)
     cu_q, cu_k, max_q, max_k = a.cu_seqlens_q, a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k
     problem = plan_problem(

@@ -110,7 +110,11 @@ def check_window(window_size, causal: bool) -> tuple[bool, int, int]:
     TypeError. A tensor is read to the host (``int()`` / ``tolist()``): for a GPU tensor that
     is a device-to-host copy, which waits for the GPU, as flash-attn's own conversion does
     (and under ``torch.compile`` a graph break): pass Python ints where it matters."""
-    sides = [_window_int(s, v) for s, v in zip(("left", "right"), _window_sides(window_size))]
+    pair = type(window_size) is tuple and len(window_size) == 2
+    if pair and type(window_size[0]) is int and type(window_size[1]) is int:  # (no bool)
+        sides = list(window_size)  # the usual spelling, taken as it is
+    else:
+        sides = [_window_int(s, v) for s, v in zip(("left", "right"), _window_sides(window_size))]
     for side, value in zip(("left", "right"), sides):
         if not -1 <= value <= WINDOW_MAX:
             raise ValueError(

@@ -148,10 +148,12 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
     [num_pages, page_size, Hkv, D]; block_table: int32 [B, pages_per_seq] (paged) or None;
     sinks: float32 [Hq] or None.
     """
-    p, cfg = problem, problem.cfg
-    tiles = cfg.decode_tiles()
-    heads = heads_per_tile(p)
-    rows = tiles.block_m // heads
+    p = problem
+    key = ("decode", page_size, sinks is None)
+    static = p.memo.get(key)
+    if static is None:  # the grid and compile-time parameters: the problem's alone
+        static = p.memo[key] = _decode_static(p, page_size, sinks is not None)
+    grid, params = static
     if page_size:
         stride_kp, stride_kt, stride_kh = k.stride(0), k.stride(1), k.stride(2)
         stride_vp, stride_vt, stride_vh = v.stride(0), v.stride(1), v.stride(2)
@@ -167,12 +169,22 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
         stride_vh, out.stride(0), out.stride(1), stride_bt,
         p.batch, p.n_heads_q, p.group, p.scale_log2,
     )
+    return KernelLaunch("decode", attn_decode_kernel, grid, args, dict(params, sinks=sinks),
+                        tma=False)
+
+
+def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool) -> tuple[tuple, dict]:
+    """The decode launch's grid and its compile-time parameters but ``sinks`` (a tensor)."""
+    cfg = p.cfg
+    tiles = cfg.decode_tiles()
+    heads = heads_per_tile(p)
+    rows = tiles.block_m // heads
     slices = triton.cdiv(p.group, heads)
     grid = (triton.cdiv(p.grid_rows_q, rows) * p.batch, p.n_heads_k * slices, cfg.fwd_chunks)
     params = dict(
         HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, **p.value_flags(),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
         CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret, D_CHUNKS=cfg.fwd_chunks,
-        **p.feature_flags(), HAS_SINK=sinks is not None, sinks=sinks, **tiles.launch_kwargs(),
+        **p.feature_flags(), HAS_SINK=has_sink, **tiles.launch_kwargs(),
     )
-    return KernelLaunch("decode", attn_decode_kernel, grid, args, params, tma=False)
+    return grid, params

@@ -154,14 +154,16 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     """
     p, cfg = problem, problem.cfg
     check_row_strides(q, k, v)  # the kernels' row_strides
-    tiles = cfg.fwd
     out_shape = (p.total_q, p.n_heads_q, p.value_dim)  # v's head dim
     out = new_buffer(out_shape, q.dtype, q.device)
     lse = new_buffer((p.total_q, p.n_heads_q), torch.float32, q.device)
     out32 = new_buffer(out_shape, torch.float32, q.device) if store_o32 else None
     if p.total_q == 0 or p.batch == 0:
         return ForwardPlan(out, lse, out32, ())
-    if p.page_size or (not store_o32 and decode_fits(p)):
+    fits = p.memo.get("decode_fits")
+    if fits is None:
+        fits = p.memo["decode_fits"] = decode_fits(p)
+    if p.page_size or (not store_o32 and fits):
         launch = plan_decode(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
                              p.page_size, sinks)
         return ForwardPlan(out, lse, out32, (launch,))
@@ -173,22 +175,36 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
         out.stride(0), out.stride(1), o32_arg.stride(0), o32_arg.stride(1),
         p.batch, p.n_heads_q, p.group, p.scale_log2,
     )
-    grid = (triton.cdiv(p.grid_rows_q, tiles.block_m) * p.batch, p.n_heads_q, cfg.fwd_chunks)
     tma = "fwd" in cfg.tma and rows_aligned(q, k, v)
-    flags = dict(HEAD_DIM=p.head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-                 CAUSAL=p.causal, SPLIT_P=p.split_p, STORE_O32=store_o32)
-    features = p.feature_flags()  # window, softcap
+    key = ("fwd", store_o32, tma, sinks is None)
+    static = p.memo.get(key)
+    if static is None:  # the grid and compile-time parameters: the problem's alone
+        static = p.memo[key] = _forward_static(p, store_o32, tma, sinks is not None)
+    grid, ws, params = static
     # The warp-specialised Gluon kernel computes the same bits; it reads through descriptors
     # and has no interpreter.
-    if use_warp_specialized(p, tma):
-        params = dict(flags, STAGES=tiles.num_stages, **ws_launch_options(tiles))
-        launch = KernelLaunch("fwd", attn_fwd_ws_kernel, grid, args, params, tma)
+    if ws:
+        launch = KernelLaunch("fwd", attn_fwd_ws_kernel, grid, args, dict(params), tma)
     else:
-        params = dict(flags, BLOCK_D=p.block_d, **p.value_flags(), INTERPRET=p.interpret,
-                      D_CHUNKS=cfg.fwd_chunks, TMA=tma, **features,
-                      HAS_SINK=sinks is not None, sinks=sinks, **tiles.launch_kwargs())
-        launch = KernelLaunch("fwd", attn_fwd_kernel, grid, args, params, tma)
+        launch = KernelLaunch("fwd", attn_fwd_kernel, grid, args, dict(params, sinks=sinks), tma)
     return ForwardPlan(out, lse, out32, (launch,))
+
+
+def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool,
+                    has_sink: bool) -> tuple[tuple, bool, dict]:
+    """The forward launch's grid, whether the Gluon kernel runs it, and its compile-time
+    parameters but ``sinks`` (a tensor)."""
+    cfg = p.cfg
+    tiles = cfg.fwd
+    grid = (triton.cdiv(p.grid_rows_q, tiles.block_m) * p.batch, p.n_heads_q, cfg.fwd_chunks)
+    flags = dict(HEAD_DIM=p.head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+                 CAUSAL=p.causal, SPLIT_P=p.split_p, STORE_O32=store_o32)
+    if use_warp_specialized(p, tma):
+        return grid, True, dict(flags, STAGES=tiles.num_stages, **ws_launch_options(tiles))
+    params = dict(flags, BLOCK_D=p.block_d, **p.value_flags(), INTERPRET=p.interpret,
+                  D_CHUNKS=cfg.fwd_chunks, TMA=tma, **p.feature_flags(),  # window, softcap
+                  HAS_SINK=has_sink, **tiles.launch_kwargs())
+    return grid, False, params
 
 
 def attn_fwd(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32: bool,

@@ -19,6 +19,8 @@ quiet fallback.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,6 +146,14 @@ class VarlenProblem:
     def scale_log2(self) -> float:
         return self.softmax_scale * LOG2E
 
+    @functools.cached_property
+    def memo(self) -> dict[tuple, Any]:
+        """What the planners derive from this problem alone (grids, compile-time parameters,
+        never a tensor), by their own keys: :func:`plan_problem` hands out one problem per
+        signature, so a decode loop derives them once. A problem made otherwise (a test's,
+        ``dataclasses.replace``) starts with an empty memo."""
+        return {}
+
 
 def plan_problem(
     q: torch.Tensor,
@@ -163,9 +173,18 @@ def plan_problem(
     total_q, n_heads_q, head_dim = q.shape
     value_dim = head_dim if head_dim_v is None else head_dim_v
     paged = block_table is not None
+    key = None
     if cfg is None:
         cfg = resolve_config(q.device, options.kernel, head_dim, q.dtype, head_dim_v=value_dim)
-    return VarlenProblem(
+        # One problem per signature (not with sinks: a tensor, which options carry; not with
+        # symbolic sizes): the same call again finds it with its memo.
+        if options.sinks is None and type(max_seqlen_q) is int and type(max_seqlen_k) is int:
+            key = (q.shape, k.shape, paged, cu_seqlens_q.shape, max_seqlen_q, max_seqlen_k)
+            key += (options, value_dim, q.dtype, q.device, cfg, interpreter_active())
+            problem = _PROBLEMS.get(key)
+            if problem is not None:
+                return problem
+    problem = VarlenProblem(
         total_q=total_q,
         total_k=k.shape[0] * k.shape[1] if paged else k.shape[0],
         n_heads_q=n_heads_q,
@@ -182,6 +201,24 @@ def plan_problem(
         page_size=k.shape[1] if paged else 0,
         head_dim_v=0 if value_dim == head_dim else value_dim,
     )
+    if key is not None:
+        if len(_PROBLEMS) >= _PROBLEMS_MAX:  # a training run's many packs: start again
+            _PROBLEMS.clear()
+        _PROBLEMS[key] = problem
+    return problem
+
+
+# plan_problem's problems by signature: the shapes, sizes, options, dtype, device, the table
+# entry (looked up every call, so a changed table or family override is a new key) and the
+# interpreter setting. Holds no tensor.
+_PROBLEMS: dict[tuple, VarlenProblem] = {}
+_PROBLEMS_MAX = 1024
+
+
+def forget_problems() -> None:
+    """Drop every problem :func:`plan_problem` keeps (and so their memos): the next call of
+    each signature plans from scratch."""
+    _PROBLEMS.clear()
 
 
 @dataclass(frozen=True)
@@ -206,9 +243,11 @@ def run_launches(
     """Launch in order. ``before_launch``: checks that need a host copy (they may raise), run
     right before the first launch, or at the end when nothing is launched."""
     override = _override_arch(device)
-    with checks_at_launch(before_launch):
+    checks = contextlib.nullcontext() if before_launch is None else checks_at_launch(before_launch)
+    with checks:
         for launch in launches:
-            with descriptor_scratch(device, launch.tma):
+            scratch = descriptor_scratch(device, True) if launch.tma else contextlib.nullcontext()
+            with scratch:
                 if override is None:
                     launch.kernel[launch.grid](*launch.args, **launch.params)
                 else:  # an older NVIDIA family's entries, as its PTX (family override)

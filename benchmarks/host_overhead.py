@@ -1,0 +1,231 @@
+"""Host time per eager call of portattn's decode and varlen entry points (issue 37, item 3).
+
+Cases (B=1 decode, Hq 32 / Hkv 8, d128, page 64, bfloat16; varlen: 4 x 256 tokens):
+
+* ``paged_append_t`` / ``paged_append_i``: paged ``flash_attn_with_kvcache`` appending one
+  token, ``cache_seqlens`` an int32 tensor / an int;
+* ``paged``: the same without the append; ``dense``: a dense [1, 4096, 8, 128] cache;
+* ``varlen_nograd``: ``varlen_attention`` forward (both max_seqlen) under ``torch.no_grad()``;
+* ``varlen_grad``: the same forward with q/k/v requiring grad (forward only).
+
+CPU (default): the kernels' launch is stubbed out (Triton's interpreter runs nothing), everything
+else runs: ``run_launches`` with its ``before_launch`` checks, the context managers, the buffers.
+Prints the median host µs per call over ``--n`` calls after warm-up, the aten ops per call
+(``torch.profiler``, top-level ``aten::`` events) and, with ``--profile``, cProfile's top 25 by
+cumulative time per case.
+
+GPU (``--gpu``): the real eager call, timed host-side (``time.perf_counter`` around ``--n``
+calls with no sync, then one sync), the same calls' GPU time (CUDA events around them), whether
+a warm call waits for the GPU (``torch.cuda.set_sync_debug_mode("error")``), and the CUDA-graph
+replay of the same call (CUDA events around ``--n`` replays).
+
+Usage: python benchmarks/host_overhead.py [--gpu] [--n 2000] [--profile] [--cases a,b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if "--gpu" not in sys.argv:  # CPU tensors need Triton's interpreter, set before triton loads
+    os.environ["TRITON_INTERPRET"] = "1"
+if not __package__:  # run as `python benchmarks/host_overhead.py`: the checkout's root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import portattn  # noqa: E402
+
+B, HQ, HKV, D, PAGE, PAGES, CACHED = 1, 32, 8, 128, 64, 64, 1000
+CASES = ("paged_append_t", "paged_append_i", "paged", "dense", "varlen_nograd", "varlen_grad")
+
+
+def stub_triton_launch() -> None:
+    """Make ``launch.kernel[launch.grid](...)`` (``kernels/plan.py::run_launches``) a no-op:
+    under the interpreter ``kernel[grid]`` calls ``InterpretedFunction.run``. Everything around
+    it in ``run_launches`` still runs (the before-launch checks, the descriptor scratch)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    InterpretedFunction.run = lambda self, *args, grid, warmup, **kwargs: None
+
+
+def make_case(name: str, device: str, dtype=torch.bfloat16):
+    """A zero-argument call of the case (its tensors made once, as a decode loop reuses them)."""
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape, grad=False):
+        t = torch.randn(*shape, generator=gen).to(dtype).to(device)
+        return t.requires_grad_() if grad else t
+
+    if name.startswith("varlen"):
+        grad = name == "varlen_grad"
+        total, seqs = 1024, 4
+        q, k, v = (
+            rand(total, HQ, D, grad=grad),
+            rand(total, HKV, D, grad=grad),
+            rand(total, HKV, D, grad=grad),
+        )
+        cu = torch.arange(0, total + 1, total // seqs, dtype=torch.int32, device=device)
+
+        def call():
+            with torch.set_grad_enabled(grad):
+                return portattn.varlen_attention(q, k, v, cu, cu, 256, 256, causal=True)
+
+        return call
+    q = rand(B, 1, HQ, D)
+    new_k, new_v = rand(B, 1, HKV, D), rand(B, 1, HKV, D)
+    lens_t = torch.full((B,), CACHED, dtype=torch.int32, device=device)
+    if name == "dense":
+        k_cache, v_cache = rand(B, PAGES * PAGE, HKV, D), rand(B, PAGES * PAGE, HKV, D)
+        table = None
+    else:
+        k_cache, v_cache = rand(PAGES, PAGE, HKV, D), rand(PAGES, PAGE, HKV, D)
+        table = torch.arange(PAGES, dtype=torch.int32, device=device).view(B, PAGES)
+    append = name.startswith("paged_append")
+    lens = CACHED if name == "paged_append_i" else lens_t
+
+    def call():
+        with torch.no_grad():
+            return portattn.flash_attn_with_kvcache(
+                q,
+                k_cache,
+                v_cache,
+                new_k if append else None,
+                new_v if append else None,
+                cache_seqlens=lens,
+                block_table=table,
+                causal=True,
+            )
+
+    return call
+
+
+def host_us_cpu(call, n: int) -> float:
+    """Median µs of one call over ``n`` (after 20 warm-up calls)."""
+    for _ in range(20):
+        call()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def aten_ops(call) -> int:
+    """Top-level ``aten::`` ops of one call (those not inside another aten op)."""
+    call()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities) as prof:
+        call()
+    count = 0
+    for event in prof.events():
+        if not event.name.startswith("aten::"):
+            continue
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        count += parent is None
+    return count
+
+
+def profile(call, n: int, sort: str) -> None:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        call()
+    prof.disable()
+    pstats.Stats(prof).sort_stats(sort).print_stats(25)
+
+
+def gpu_times(call, n: int) -> dict[str, float]:
+    """µs per call: host (perf_counter around ``n`` calls, no sync inside), GPU (CUDA events
+    around the same calls) and CUDA-graph replay (events around ``n`` replays)."""
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    host = time.perf_counter() - t0
+    end.record()
+    torch.cuda.synchronize()
+    row = {"host_us": host / n * 1e6, "gpu_us": start.elapsed_time(end) / n * 1e3}
+    torch.cuda.set_sync_debug_mode("error")  # a warm call must not wait for the GPU
+    try:
+        call()
+        row["syncs"] = "none"
+    except RuntimeError as err:
+        row["syncs"] = f"yes ({str(err).splitlines()[0][:60]})"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    side = torch.cuda.Stream()  # warm-up on a side stream, as torch.cuda.graph's docs ask
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            call()
+    except Exception as err:  # report and go on: the eager numbers stand on their own
+        print(f"  graph capture failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return row
+    graph.replay()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(n):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    row["graph_us"] = start.elapsed_time(end) / n * 1e3
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu", action="store_true", help="time the real calls on cuda:0")
+    parser.add_argument("--n", type=int, default=None, help="calls per case (CPU 2000, GPU 1000)")
+    parser.add_argument("--profile", action="store_true", help="cProfile top 25 per case")
+    parser.add_argument("--sort", default="cumulative", help="cProfile order (e.g. tottime)")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
+    args = parser.parse_args()
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        parser.error(f"unknown cases {unknown}; choose from {CASES}")
+    if args.gpu and not torch.cuda.is_available():
+        parser.error("--gpu needs a CUDA/ROCm device")
+    device = "cuda" if args.gpu else "cpu"
+    n = args.n or (1000 if args.gpu else 2000)
+    if not args.gpu:
+        stub_triton_launch()
+    header = "host µs | GPU µs | graph µs | syncs | aten ops" if args.gpu else "host µs | aten ops"
+    print(f"| case | {header} |")
+    print("| --- |" + " ---: |" * (header.count("|") + 1))
+    for name in cases:
+        call = make_case(name, device)
+        ops = aten_ops(call)
+        if args.gpu:
+            row = gpu_times(call, n)
+            cells = [row["host_us"], row["gpu_us"], row.get("graph_us", float("nan"))]
+            cells = [f"{c:.1f}" for c in cells] + [row["syncs"]]
+        else:
+            cells = [f"{host_us_cpu(call, n):.1f}"]
+        print(f"| {name} | " + " | ".join(cells) + f" | {ops} |", flush=True)
+        if args.profile:
+            profile(call, min(n, 500), args.sort)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""The eager calls' host shortcuts give what the long way gives.
+
+* ``forward_entry.direct_call``: a plain eager call runs the op's implementation without the
+  dispatcher: the same bits and the same errors as through ``torch.ops.portattn.varlen_fwd``,
+  and the op still runs wherever something (autograd, a dispatch mode, autocast to another
+  dtype) would act on it.
+* ``plan.plan_problem``'s problems and their memos: a changed shape, stride, dtype, option or
+  size is never planned from a stale entry.
+* ``flash_attn_with_kvcache``'s append (fewer index ops) and its checks once per tensor
+  version: an in-place write to ``cache_seqlens`` moves the append and the checks with it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import DEVICE, cu_seqlens
+
+import portattn
+from portattn import forward_entry
+from portattn.kernels import plan
+
+HQ, HKV, D, PAGE = 4, 2, 32, 16
+
+
+def _rand(*shape, dtype=torch.bfloat16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)
+
+
+def _both_ways(monkeypatch, call):
+    """``call()`` with the direct call on and off (caches dropped before each): its results,
+    or the (type, message) of what it raised."""
+    results = []
+    for direct in (True, False):
+        monkeypatch.setattr(forward_entry, "DIRECT_CALLS", direct)
+        plan.forget_problems()
+        try:
+            results.append(call())
+        except (TypeError, ValueError, RuntimeError) as err:
+            results.append((type(err), str(err)))
+    return results
+
+
+def _assert_same(a, b) -> None:
+    if isinstance(a, tuple) and a and isinstance(a[0], type):
+        assert a == b
+        return
+    a = a if isinstance(a, (tuple, list)) else (a,)
+    b = b if isinstance(b, (tuple, list)) else (b,)
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+def _varlen(lens, max_q=None, max_k=None, bad_cu=False, **kw):
+    q, k, v = _rand(sum(lens), HQ, D), _rand(sum(lens), HKV, D, seed=1), _rand(sum(lens), HKV, D)
+    cu = cu_seqlens(lens)
+    if bad_cu:
+        cu = cu.flip(0).contiguous()
+    return lambda: portattn.varlen_attention(q, k, v, cu, cu, max_q, max_k, return_lse=True, **kw)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(lens=[5, 17], max_q=17, max_k=17, causal=True),
+        dict(lens=[5, 17], causal=False, kernel="fixed_order"),
+        dict(lens=[1, 1, 1], max_q=1, max_k=40, window_size=(3, 0), softcap=5.0),
+        dict(lens=[5, 17], max_q=17, max_k=17, bad_cu=True),  # raised in the op, before launch
+        dict(lens=[5, 17], max_q=3, max_k=17),  # max_seqlen_q too small: checked in the op
+    ],
+)
+def test_direct_call_same_bits_and_errors(monkeypatch, case):
+    with torch.no_grad():
+        direct, op = _both_ways(monkeypatch, _varlen(**case))
+    _assert_same(direct, op)
+
+
+def test_direct_call_kvcache_same_bits_and_cache(monkeypatch):
+    def run():
+        k_cache, v_cache = _rand(8, PAGE, HKV, D), _rand(8, PAGE, HKV, D, seed=2)
+        table = torch.tensor([[3, 1, 0], [2, 5, 7]], dtype=torch.int32, device=DEVICE)
+        lens = torch.tensor([16, 3], dtype=torch.int32, device=DEVICE)
+        out = portattn.flash_attn_with_kvcache(
+            _rand(2, 1, HQ, D),
+            k_cache,
+            v_cache,
+            _rand(2, 1, HKV, D, seed=3),
+            _rand(2, 1, HKV, D, seed=4),
+            cache_seqlens=lens,
+            block_table=table,
+            causal=True,
+            return_softmax_lse=True,
+        )
+        return (*out, k_cache, v_cache)
+
+    direct, op = _both_ways(monkeypatch, run)
+    _assert_same(direct, op)
+
+
+class _Counting(torch.utils._python_dispatch.TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _record_paths(monkeypatch) -> list[str]:
+    used: list[str] = []
+    real_op, real_impl = forward_entry.varlen_fwd, forward_entry.fwd_impl
+    monkeypatch.setattr(forward_entry, "varlen_fwd", lambda *a: used.append("op") or real_op(*a))
+    monkeypatch.setattr(forward_entry, "fwd_impl", lambda *a: used.append("impl") or real_impl(*a))
+    return used
+
+
+@pytest.mark.parametrize(
+    ("context", "path"),
+    [("plain", "impl"), ("grad", "op"), ("dispatch_mode", "op"), ("autocast_fp16", "impl")],
+)
+def test_direct_call_only_when_nothing_acts_on_the_op(monkeypatch, context, path):
+    """The op runs wherever autograd or a dispatch mode would act on it; the implementation
+    alone otherwise (under autocast varlen_attention casts q/k/v itself, so the op's autocast
+    kernel would cast nothing)."""
+    used = _record_paths(monkeypatch)
+    lens = [3, 4]
+    q, k, v = _rand(7, HQ, D), _rand(7, HKV, D), _rand(7, HKV, D)
+    cu = cu_seqlens(lens)
+    if context == "grad":
+        q.requires_grad_()
+    ctx = {
+        "plain": torch.no_grad(),
+        "grad": torch.enable_grad(),
+        "dispatch_mode": _Counting(),
+        "autocast_fp16": torch.autocast(DEVICE, dtype=torch.float16),
+    }[context]
+    with ctx:
+        portattn.varlen_attention(q, k, v, cu, cu, 4, 4)
+    assert used == [path]
+
+
+def test_kvcache_under_autocast_to_another_dtype_runs_the_op(monkeypatch):
+    """flash_attn_with_kvcache does not cast: under an autocast to another dtype the op's
+    autocast kernel casts q and the caches, so the op runs, as before."""
+    used = _record_paths(monkeypatch)
+    q, cache = _rand(1, 1, HQ, D), _rand(1, PAGE, HKV, D)
+    with torch.no_grad(), torch.autocast(DEVICE, dtype=torch.float16):
+        out = portattn.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=5)
+    assert used == ["op"] and out.dtype == torch.float16
+
+
+def test_plan_problem_follows_every_key_field():
+    """A cached problem is handed out only for the same signature: each changed field gives a
+    problem of its own, equal to one planned with no cache."""
+    from portattn.options import AttentionOptions
+
+    opts = AttentionOptions(causal=False, softmax_scale=0.125)
+    base = dict(q=_rand(10, HQ, D), k=_rand(12, HKV, D), cu=cu_seqlens([4, 6]), mq=6, mk=7)
+    changes = {
+        "shape": dict(q=_rand(11, HQ, D)),
+        "kv shape": dict(k=_rand(13, HKV, D)),
+        "dtype": dict(q=_rand(10, HQ, D, dtype=torch.float16)),
+        "batch": dict(cu=cu_seqlens([4, 3, 3])),
+        "max_seqlen": dict(mq=7),
+        "option": dict(opts=AttentionOptions(causal=True, softmax_scale=0.125)),
+        "window": dict(opts=AttentionOptions(False, 0.125, window_left=3)),
+        "kernel": dict(opts=AttentionOptions(False, 0.125, kernel="fixed_order")),
+    }
+    plan.forget_problems()
+
+    def problem(a):
+        return plan.plan_problem(a["q"], a["k"], a["cu"], a["mq"], a["mk"], a.get("opts", opts))
+
+    first = problem(base)
+    assert problem(base) is first  # the same signature: the same problem, memo included
+    for name, change in changes.items():
+        cached = problem({**base, **change})
+        plan.forget_problems()
+        fresh = problem({**base, **change})
+        assert cached == fresh and cached != first, name
+        assert cached.options == fresh.options, name
+
+
+def test_plan_problem_with_sinks_is_not_cached():
+    """Options with sinks (a tensor) are planned per call: the problem holds this call's."""
+    from portattn.options import AttentionOptions
+
+    q, k, cu = _rand(10, HQ, D), _rand(12, HKV, D), cu_seqlens([4, 6])
+    sinks = [torch.zeros(HQ), torch.ones(HQ)]
+    problems = [
+        plan.plan_problem(q, k, cu, 6, 7, AttentionOptions(False, 0.125, sinks=s)) for s in sinks
+    ]
+    assert [p.options.sinks for p in problems] == sinks
+
+
+def test_decode_follows_strides_and_options():
+    """The same shapes with another layout (a strided cache), another option (causal,
+    softcap) or dtype: each call gives the bits of the same call after the caches are
+    dropped."""
+    k_cache, v_cache = _rand(6, PAGE, HKV, D), _rand(6, PAGE, HKV, D, seed=2)
+    wide_k = _rand(6, PAGE, HKV + 1, D)[:, :, :HKV]  # another head stride, same shape
+    wide_k.copy_(k_cache)
+    table = torch.tensor([[4, 0, 2]], dtype=torch.int32, device=DEVICE)
+    q = _rand(1, 2, HQ, D, seed=5)
+    variants = [
+        dict(k_cache=k_cache, causal=True),
+        dict(k_cache=wide_k, causal=True),
+        dict(k_cache=k_cache, causal=False),
+        dict(k_cache=k_cache, causal=True, softcap=3.0),
+    ]
+
+    def call(k_cache, **kw):
+        return portattn.flash_attn_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=30, block_table=table, **kw
+        )
+
+    with torch.no_grad():
+        for kw in variants:
+            warm = call(**kw)
+            plan.forget_problems()
+            assert torch.equal(warm, call(**kw)), kw
+        half = [call(**variants[0]), call(**variants[2])]
+        assert not torch.equal(*half)  # the option reached the kernel
+
+
+@pytest.mark.parametrize("seqlens_kind", ["tensor", "int"])
+@pytest.mark.parametrize("layout", ["paged", "dense", "dense_idx"])
+def test_append_follows_cache_seqlens(seqlens_kind, layout):
+    """Decode steps that advance ``cache_seqlens`` (in place, as engines do, or as an int):
+    each step appends at its new position and attends to it, as a fresh cache built with the
+    same keys does; the checks move with the tensor's version (a step past the cache raises)."""
+    steps, start, batch = 3, 14, 2  # crosses a page boundary at 16
+    if layout == "paged":
+        k_cache, v_cache = _rand(6, PAGE, HKV, D), _rand(6, PAGE, HKV, D, seed=2)
+        extra = dict(block_table=torch.tensor([[0, 2], [1, 4]], dtype=torch.int32, device=DEVICE))
+        capacity = 2 * PAGE
+    else:
+        k_cache, v_cache = _rand(3, 2 * PAGE, HKV, D), _rand(3, 2 * PAGE, HKV, D, seed=2)
+        idx = torch.tensor([2, 0], dtype=torch.int32, device=DEVICE)
+        extra = dict(cache_batch_idx=idx) if layout == "dense_idx" else {}
+        capacity = 2 * PAGE
+    expect_k, expect_v = k_cache.clone(), v_cache.clone()
+    lens = torch.full((batch,), start, dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        for step in range(steps):
+            new_k, new_v = _rand(batch, 1, HKV, D, seed=10 + step), _rand(batch, 1, HKV, D)
+            q = _rand(batch, 1, HQ, D, seed=20 + step)
+            seqlens = lens if seqlens_kind == "tensor" else start + step
+            out = portattn.flash_attn_with_kvcache(
+                q, k_cache, v_cache, new_k, new_v, cache_seqlens=seqlens, causal=True, **extra
+            )
+            pos = start + step
+            for b in range(batch):
+                if layout == "paged":
+                    row, slot = extra["block_table"][b, pos // PAGE], pos % PAGE
+                else:
+                    row, slot = (idx[b] if layout == "dense_idx" else b), pos
+                expect_k[row, slot], expect_v[row, slot] = new_k[b, 0], new_v[b, 0]
+            assert torch.equal(k_cache, expect_k) and torch.equal(v_cache, expect_v), step
+            plan.forget_problems()
+            fresh = portattn.flash_attn_with_kvcache(
+                q, expect_k.clone(), expect_v.clone(), cache_seqlens=pos + 1, causal=True, **extra
+            )
+            assert torch.equal(out, fresh), step
+            lens += 1  # in place: a new version of cache_seqlens
+        lens.fill_(capacity)
+        if seqlens_kind == "tensor":
+            with pytest.raises(ValueError, match="more than its cache holds"):
+                portattn.flash_attn_with_kvcache(
+                    q, k_cache, v_cache, new_k, new_v, cache_seqlens=lens, **extra
+                )
