@@ -19,7 +19,7 @@ if [ "$rc_probe" = 0 ]; then
   # The golden chain and the suite run side by side (the bits do not depend on timing), so the
   # whole session fits one 10-minute device call.
   (
-    step refresh "${REFRESH_LIMIT:-300}" python3 -m portattn golden refresh --family "$FAMILY" \
+    step refresh "${REFRESH_LIMIT:-300}" python3 -m ci.golden_dev refresh --family "$FAMILY" \
       && cp "golden/$FAMILY.json" "$OUT/"
     step verify 120 python3 -m portattn golden verify --family "$FAMILY"
     step accuracy 120 python3 ci/accuracy_table.py && cp "$OUT/accuracy.log" "$OUT/accuracy.md"
