@@ -191,7 +191,7 @@ def test_repository_files_without_outputs_verify_to_exit_2():
 
 
 def test_fingerprints_from_compile_results(tmp_path):
-    """``golden fingerprints --results PATH`` compares the fingerprints of a compile check's
+    """``ci.golden_dev fingerprints --results PATH`` compares the fingerprints of a compile check's
     JSON (what CI compiles once for both the checks and the fingerprints) as if compiled: equal
     ones match, a changed one differs, a family or kernel the results lack differs too."""
     fps = {"varlen/d32/fp16": {"fwd": "f1", "bwd_dq": "g1"}}

@@ -32,12 +32,18 @@ from portattn.tools.golden.inputs import (
     _mul_const,
     generate,
     mix64,
-    splitmix64_scalar,
     splitmix64_words,
+    stream_base,
 )
 from portattn.tools.golden.run import CaseResult, make_inputs
 
 # ----------------------------------------------------------------------------- generator
+
+
+def splitmix64_scalar(seed: int, tensor_id: int, index: int) -> int:
+    """Raw 64-bit word of element ``index``: the slow, obviously correct definition
+    (portattn.tools.golden.inputs' docstring) that the limb arithmetic must equal."""
+    return mix64(stream_base(seed, tensor_id) + (index + 1) * GAMMA)
 
 
 def test_splitmix64_known_values():

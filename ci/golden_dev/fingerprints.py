@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from ci.golden_dev.merging import case_definition, empty_doc
 from ci.golden_dev.write import check_writable, write_record
@@ -18,11 +19,26 @@ from portattn.tools.golden.fingerprints import (
     compile_records,
     config_differences,
     listed,
-    split_records,
 )
 from portattn.tools.golden.layout import GoldenError, golden_path, load
 from portattn.tools.golden.records import stale_outputs
 from portattn.tools.golden.verify import Printer, family_config_hash, say, toolchain_key
+
+
+def split_records(made: dict[str, dict[str, Any]]) -> tuple[dict, dict]:
+    """(fingerprints, keys) of ``made``: label -> stage -> value. A kernel that failed a check
+    has no key: an entry without a recorded key is compiled again by the key check."""
+    fingerprints: dict[str, dict[str, str | None]] = {}
+    keys: dict[str, dict[str, str]] = {}
+    for label, stages in made.items():
+        for stage, value in stages.items():
+            record = value if isinstance(value, dict) else {"fingerprint": value}
+            fingerprints.setdefault(label, {})[stage] = record.get("fingerprint")
+            if record.get("key") and record.get("ok", True):
+                keys.setdefault(label, {})[stage] = record["key"]
+    # An entry is keyed whole or not at all: its stages compile together.
+    keys = {label: k for label, k in keys.items() if set(k) == set(fingerprints[label])}
+    return fingerprints, keys
 
 
 def update_fingerprints(

@@ -54,20 +54,12 @@ def compile_keys(family: str) -> dict[str, dict[str, str]]:
     return family_keys(family)
 
 
-def split_records(made: dict[str, dict[str, Any]]) -> tuple[dict, dict]:
-    """(fingerprints, keys) of ``made``: label -> stage -> value. A kernel that failed a check
-    has no key: an entry without a recorded key is compiled again by the key check."""
-    fingerprints: dict[str, dict[str, str | None]] = {}
-    keys: dict[str, dict[str, str]] = {}
-    for label, stages in made.items():
-        for stage, value in stages.items():
-            record = value if isinstance(value, dict) else {"fingerprint": value}
-            fingerprints.setdefault(label, {})[stage] = record.get("fingerprint")
-            if record.get("key") and record.get("ok", True):
-                keys.setdefault(label, {})[stage] = record["key"]
-    # An entry is keyed whole or not at all: its stages compile together.
-    keys = {label: k for label, k in keys.items() if set(k) == set(fingerprints[label])}
-    return fingerprints, keys
+def fingerprints_of(made: dict[str, dict[str, Any]]) -> dict[str, dict[str, str | None]]:
+    """label -> stage -> fingerprint of ``made`` (fingerprints, or compile records)."""
+    return {
+        label: {s: r.get("fingerprint") if isinstance(r, dict) else r for s, r in stages.items()}
+        for label, stages in made.items()
+    }
 
 
 def config_differences(
@@ -226,7 +218,7 @@ def run_fingerprints(
             continue
         _, config_diffs = config_differences(doc, family, toolchain, config_hash_fn)
         start = time.perf_counter()
-        current, _ = split_records(fingerprint_fn(family))
+        current = fingerprints_of(fingerprint_fn(family))
         took = f"{time.perf_counter() - start:.0f} s"
         stored = (doc or {}).get("toolchains", {}).get(toolchain, {}).get("fingerprints")
         if not stored:
