@@ -17,12 +17,13 @@
 - ``lint``: ruff check and ruff format --check.
 - ``compile``: the full ahead-of-time compile of every guarded entry, checked; CPU only.
 - ``fingerprints``: that compile under both Tritons, recorded into ``golden/`` with the compile
-  keys (run it after any change under ``portattn/kernels/`` or to ``portattn/configs/``).
+  keys (``python -m ci.golden_dev fingerprints --update``; run it after any change under
+  ``portattn/kernels/`` or to ``portattn/configs/``).
 - ``gpu(family=...)``: the test suite on a GPU of that family, then ``python -m portattn golden
   verify`` (the stored golden hashes, bitwise), in the *current* Python environment (see the
   session's docstring).
 - ``golden_refresh(family=...)``: record that family's golden hashes on its GPU (current
-  environment too); see docs/golden.md.
+  environment too; ``python -m ci.golden_dev refresh``); see docs/golden.md.
 - ``bench``: the benchmark on the GPU in front of it (current environment too), written to
   ``docs/bench-h200.{json,md}``, then the chart ``docs/bench-h200.png`` if matplotlib is there;
   see docs/performance.md.
@@ -50,7 +51,7 @@ FAMILIES = ("sm80", "sm90", "sm100", "sm120", "cdna2", "cdna3", "cdna4")
 # pytest-xdist workers for the CPU suite: one per core (the CI machine has two). Each test seeds
 # its own generators, so a test's inputs do not depend on the worker that runs it.
 CPU_WORKERS = "auto"
-LINT_PATHS = ("portattn", "tests", "benchmarks", "noxfile.py")
+LINT_PATHS = ("portattn", "tests", "benchmarks", "ci", "noxfile.py")
 
 nox.options.sessions = ["lint", "tests"]
 # A failed session ends the run: `tests` failing on a changed compile key has already compiled
@@ -111,7 +112,7 @@ def _cpu_suite(session: nox.Session, triton: str, selection: list[str]) -> None:
         _pytest(session, *args, env=scope)
     # Every guarded entry's compile key against golden/: unchanged keys are the recorded
     # machine code, checked when it was recorded, and are not compiled; entries whose key
-    # changed are compiled and checked, and fail until `golden fingerprints --update`.
+    # changed are compiled and checked, and fail until `ci.golden_dev fingerprints --update`.
     with phases("key check + compiles"):
         session.run("python", "-m", "portattn", "golden", "fingerprints")
     phases.report()
@@ -199,11 +200,11 @@ def compile(session: nox.Session) -> None:
 @nox.parametrize("triton", [TRITON, TRITON_NEWEST])
 def fingerprints(session: nox.Session, triton: str) -> None:
     """Record golden/'s fingerprints and compile keys under each checked Triton: the full
-    compile, ``python -m portattn golden fingerprints --update``. Run it after any change under
+    compile, ``python -m ci.golden_dev fingerprints --update``. Run it after any change under
     ``portattn/kernels/`` or to ``portattn/configs/`` (docs/golden.md); 13 minutes under
     Triton 3.6 and about 20 under 3.9 on two cores."""
     _install_cpu_stack(session, triton=triton)
-    session.run("python", "-m", "portattn", "golden", "fingerprints", "--update", *session.posargs)
+    session.run("python", "-m", "ci.golden_dev", "fingerprints", "--update", *session.posargs)
 
 
 _PROBE = (  # the family the GPU runs: its own, or the one $PORTATTN_FAMILY_OVERRIDE names
@@ -253,10 +254,10 @@ def golden_refresh(session: nox.Session, family: str) -> None:
     Same environment rule as ``gpu``: the current Python environment (``venv_backend="none"``),
     nothing installed. Runs every canonical case (twice, to check run-to-run determinism) and
     merges the hashes into the file under a lock; extra arguments go to
-    ``python -m portattn golden refresh`` (e.g. ``-- --force`` to overwrite differing hashes).
+    ``python -m ci.golden_dev refresh`` (e.g. ``-- --force`` to overwrite differing hashes).
     """
     _require_family(session, "golden_refresh", family)
-    refresh = ("python", "-m", "portattn", "golden", "refresh", "--family", family)
+    refresh = ("python", "-m", "ci.golden_dev", "refresh", "--family", family)
     session.run(*refresh, *session.posargs, external=True)
 
 

@@ -2,7 +2,7 @@
 # One GPU session that runs an older NVIDIA family's configuration on a newer GPU through the
 # family override (docs/families.md): e.g. sm80's entries as compute_80 PTX on an H200.
 #   1. ci/family_override_probe.py: what was loaded (PTX target, matrix instruction, spills),
-#   2. golden refresh --family <family>: provisional hashes into golden/<family>.json,
+#   2. ci.golden_dev refresh --family <family>: provisional hashes into golden/<family>.json,
 #   3. golden verify --family <family> in a second process,
 #   4. the accuracy table; beside 2-4, 5. the whole GPU test suite under the override.
 # Logs go under ${OUT:-/tmp/portattn-out}; a short summary prints last.
@@ -19,7 +19,7 @@ if [ "$rc_probe" = 0 ]; then
   # The golden chain and the suite run side by side (the bits do not depend on timing), so the
   # whole session fits one 10-minute device call.
   (
-    step refresh "${REFRESH_LIMIT:-300}" python3 -m portattn golden refresh --family "$FAMILY" \
+    step refresh "${REFRESH_LIMIT:-300}" python3 -m ci.golden_dev refresh --family "$FAMILY" \
       && cp "golden/$FAMILY.json" "$OUT/"
     step verify 120 python3 -m portattn golden verify --family "$FAMILY"
     step accuracy 120 python3 ci/accuracy_table.py && cp "$OUT/accuracy.log" "$OUT/accuracy.md"

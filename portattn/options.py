@@ -12,7 +12,7 @@ parameter").
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -27,7 +27,7 @@ class AttentionOptions:
     ``window_size`` as :func:`portattn.validation.check_window` normalizes it (-1: unbounded on
     that side; with ``causal`` the right side is -1, the causal mask bounds it). ``softcap``:
     0.0 (off) or the cap ``c`` of the scores ``c * tanh(s / c)``. ``sinks``: None, or float32
-    [Hq] contiguous (a tensor: left out of equality and hashing)."""
+    [Hq] contiguous (a tensor: equality and hashing see whether it is there, not its values)."""
 
     causal: bool
     softmax_scale: float
@@ -36,6 +36,19 @@ class AttentionOptions:
     window_right: int = -1
     softcap: float = 0.0
     sinks: torch.Tensor | None = field(default=None, compare=False, repr=False)
+
+    def _identity(self) -> tuple:
+        # Two records that differ only in having sinks run different kernels: a cache keyed on
+        # the record must tell them apart, without comparing tensors.
+        return (*(getattr(self, f.name) for f in fields(self) if f.compare), self.has_sinks)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
 
     @property
     def windowed(self) -> bool:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from portattn.tools.golden import Case, run_refresh, run_verify
+from ci.golden_dev.merging import build_record
+from ci.golden_dev.refresh import run_refresh
+from portattn.tools.golden import Case, run_verify, toolchain_key
 from portattn.tools.golden.hashing import tensor_bytes
-from portattn.tools.golden.provenance import toolchain_key
-from portattn.tools.golden.records import build_record
 from portattn.tools.golden.run import CaseResult
 
 REPO = Path(__file__).resolve().parents[1]

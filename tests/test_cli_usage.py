@@ -48,3 +48,32 @@ def test_compile_help_says_what_it_does(capsys):
     assert "see portattn.tools.compilecheck" not in text
     for needed in ("no GPU needed", "forward", "spills", "fingerprint", "Exit 0", "--guarded"):
         assert needed in text
+
+
+@pytest.mark.parametrize(
+    "argv, command",
+    [
+        (["golden", "refresh"], "python -m ci.golden_dev refresh"),
+        (["golden", "refresh", "--family", "sm90", "--force"], "python -m ci.golden_dev refresh"),
+        (["golden", "fingerprints", "--update"], "python -m ci.golden_dev fingerprints --update"),
+        (
+            ["golden", "fingerprints", "--results", "r.json"],
+            "python -m ci.golden_dev fingerprints --results",
+        ),
+    ],
+)
+def test_moved_golden_actions_name_their_command(capsys, argv, command):
+    """Recording the golden files moved to the checkout's ci/golden_dev (issue 38): the former
+    spelling exits 2 with one line naming the new command, having run nothing."""
+    from portattn.tools.cli import main
+
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and command in err, err
+    assert err.startswith("error: golden ") and "moved out of the package" in err
+
+
+def test_golden_dev_runs_from_the_checkout():
+    """``python -m ci.golden_dev --help`` from the checkout's root: the documented spelling."""
+    assert "refresh" in _help(["-m", "ci.golden_dev"], ROOT)
+    assert "--update" in _help(["-m", "ci.golden_dev", "fingerprints"], ROOT)

@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 from golden_helpers import FAKE, TC, capture
 
+from ci.golden_dev.fingerprints import update_fingerprints
+from ci.golden_dev.merging import merge
 from portattn.tools.compile_keys import GUARDED_PAIRS, guarded_entries
 from portattn.tools.compile_launches import STAGES
-from portattn.tools.golden import merge, run_fingerprints, run_key_check
-from portattn.tools.golden.store import load
+from portattn.tools.golden import load, run_key_check
 
 pytestmark = pytest.mark.triton_version  # keys hash the installed Triton
 
@@ -180,7 +181,7 @@ def _check(tmp_path, keys: dict, compiled: dict) -> tuple[int, list[str], list]:
 
 def test_key_check_compiles_only_changed_entries(tmp_path):
     made = lambda family: ENTRIES  # noqa: E731
-    assert run_fingerprints([FAKE], tmp_path, update=True, fingerprint_fn=made, toolchain=TC) == 0
+    assert update_fingerprints([FAKE], tmp_path, fingerprint_fn=made, toolchain=TC) == 0
     assert load(tmp_path / f"{FAKE}.json")["toolchains"][TC]["keys"] == _keys_of(ENTRIES)
 
     # Nothing changed: nothing compiled, exit 0.
@@ -209,7 +210,7 @@ def test_key_check_compiles_only_changed_entries(tmp_path):
     code, lines, _ = _check(tmp_path, keys, failing)
     assert code == 1 and any("check failed: varlen/d32/fp16/bwd_dq: spills" in ln for ln in lines)
     made = lambda family: failing  # noqa: E731
-    assert run_fingerprints([FAKE], tmp_path, update=True, fingerprint_fn=made, toolchain=TC) == 1
+    assert update_fingerprints([FAKE], tmp_path, fingerprint_fn=made, toolchain=TC) == 1
     stored = load(tmp_path / f"{FAKE}.json")["toolchains"][TC]
     assert "varlen/d32/fp16" not in stored["keys"] and "fixed_order/d32/fp16" in stored["keys"]
 
@@ -221,13 +222,11 @@ def test_key_check_without_keys_or_with_a_new_entry(tmp_path):
     def fps_only(family):
         return {e: {s: r["fingerprint"] for s, r in st.items()} for e, st in ENTRIES.items()}
 
-    assert (
-        run_fingerprints([FAKE], tmp_path, update=True, fingerprint_fn=fps_only, toolchain=TC) == 0
-    )
+    assert update_fingerprints([FAKE], tmp_path, fingerprint_fn=fps_only, toolchain=TC) == 0
     code, lines, _ = _check(tmp_path, _keys_of(ENTRIES), ENTRIES)
     assert code == 2 and lines == [lines[0]] and "no compile keys" in lines[0]
     made = lambda family: ENTRIES  # noqa: E731
-    assert run_fingerprints([FAKE], tmp_path, update=True, fingerprint_fn=made, toolchain=TC) == 0
+    assert update_fingerprints([FAKE], tmp_path, fingerprint_fn=made, toolchain=TC) == 0
     new = {"varlen/d40/bf16": {"fwd": _record("n1", "kn"), "bwd_dq": _record("n2", "kn2")}}
     code, lines, calls = _check(tmp_path, _keys_of(ENTRIES | new), ENTRIES | new)
     assert (code, calls) == (1, [{"varlen/d40/bf16": ["bwd_dq", "fwd"]}])

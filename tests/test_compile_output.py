@@ -1,7 +1,7 @@
 """``python -m portattn compile`` prints its progress and table, nothing else (issue 39, item
 6): under Triton 3.9 each worker process used to end with about 50 lines of nanobind's
-"leaked ... instances" report (portattn.tools.compile_workers). Runs one small entry with the
-installed Triton; the report is 3.9's, so `nox -s tests_newest` runs this too."""
+"leaked ... instances" report (portattn.tools.compilecheck.quiet_exit). Runs one small entry
+with the installed Triton; the report is 3.9's, so `nox -s tests_newest` runs this too."""
 
 from __future__ import annotations
 

@@ -20,6 +20,8 @@ import pytest
 from portattn.configs import HEAD_DIMS, KERNELS, Tiles
 from portattn.families import FAMILIES
 from portattn.tools import compilecheck as cc
+from portattn.tools.compile_artifacts import resource_usage
+from portattn.tools.compile_launches import WS_KERNELS
 
 # Compiles, Triton APIs or the installed Triton's table: nox -s tests_newest runs it too.
 pytestmark = pytest.mark.triton_version
@@ -58,6 +60,7 @@ def twice() -> dict:
         from triton.compiler.compiler import make_backend
         from triton.runtime.jit import create_function_from_signature
         from portattn.tools import compilecheck as cc
+        from portattn.tools.compile_keys import specialize
         from portattn.families import FAMILIES
 
         out = {}
@@ -71,7 +74,7 @@ def twice() -> dict:
             jit_sig = {p.name: s[0] for p, s in zip(launch.fn.params, spec)}
             jit_attrs = {str((i,)): backend.parse_attr(s[1]) for i, s in enumerate(spec)
                          if isinstance(s[1], str)}
-            sig, _, attrs = cc.specialize(launch, backend)
+            sig, _, attrs = specialize(launch, backend)
             out[fam] = {"runs": runs, "same_signature": sig == jit_sig,
                         "same_attrs": {str(k): v for k, v in attrs.items()} == jit_attrs,
                         "divisibility": sum(["tt.divisibility", 16] in v for v in attrs.values())}
@@ -254,8 +257,8 @@ def test_error_summary_keeps_the_first_lines():
 
 
 def test_cli_json_and_fingerprints_api(tmp_path):
-    """``python -m portattn compile`` for one entry, and ``fingerprints()`` (from this process,
-    which may be interpreted: it then compiles in a child) agree bit for bit."""
+    """``python -m portattn compile`` for one entry, and ``compile_records()`` (from this
+    process, which may be interpreted: it then compiles in a child) agree bit for bit."""
     path = tmp_path / "cc.json"
     argv = ["--family", "cdna2", "--kernel", "varlen", "--head-dim", "32", "--dtype", "bf16"]
     proc = run_python(["-m", "portattn", "compile", *argv, "--json", str(path), "-j", "1"])
@@ -266,7 +269,8 @@ def test_cli_json_and_fingerprints_api(tmp_path):
     for rec in records.values():
         assert rec["ok"] and len(rec["fingerprint"]) == 64
         assert rec["config_hash"] == records["fwd"]["config_hash"]
-    prints = cc.fingerprints("cdna2", kernels=["varlen"], head_dims=[32], dtypes=["bf16"])
+    made = cc.compile_records("cdna2", kernels=["varlen"], head_dims=[32], dtypes=["bf16"])
+    prints = {label: {s: r["fingerprint"] for s, r in st.items()} for label, st in made.items()}
     assert prints == {"varlen/d32/bf16": {s: r["fingerprint"] for s, r in records.items()}}
 
 
@@ -334,7 +338,7 @@ def test_value_head_dim_entries():
         }
         for dv in (0, 64)
     }
-    assert set(cc.WS_KERNELS) & names[0] and not set(cc.WS_KERNELS) & names[64]
+    assert set(WS_KERNELS) & names[0] and not set(WS_KERNELS) & names[64]
     with pytest.raises(ValueError, match=r"v head dim must equal q's \(192\)"):
         cc.select_entries(["sm90"], ["varlen"], [192], ["bf16"], head_dim_v=64)
     with pytest.raises(ValueError, match="--head-dim-v needs --head-dim"):
@@ -359,9 +363,9 @@ AMDGCN_META = """\
 
 def test_resource_usage_parsing():
     cuda = cc.Artifacts(49152, b"", "", PTXAS_LOG)
-    assert cc.resource_usage(cuda, FAMILIES["sm80"]) == {"regs": 255, "spills": 24, "scratch": 24}
+    assert resource_usage(cuda, FAMILIES["sm80"]) == {"regs": 255, "spills": 24, "scratch": 24}
     hip = cc.Artifacts(16384, b"", AMDGCN_META)
-    assert cc.resource_usage(hip, FAMILIES["cdna3"]) == {
+    assert resource_usage(hip, FAMILIES["cdna3"]) == {
         "regs": 512,
         "spills": 44,
         "sgpr_spills": 3,

@@ -16,6 +16,7 @@ from portattn import configs, families
 from portattn.configs import DTYPES, HEAD_DIMS, INTERPRETER, KERNELS, KernelConfig, Tiles
 from portattn.families import FAMILIES, family_from_properties, nearest_family
 from portattn.tools import compilecheck
+from portattn.tools.compile_artifacts import MMA_PATTERNS
 
 # Compiles, Triton APIs or the installed Triton's table: nox -s tests_newest runs it too.
 pytestmark = pytest.mark.triton_version
@@ -168,7 +169,7 @@ def test_family_descriptions():
     assert FAMILIES["sm90"].shared_mem_bytes == FAMILIES["sm100"].shared_mem_bytes == 227 * 1024
     assert FAMILIES["sm120"].shared_mem_bytes == 99 * 1024
     for name in CUDA_FAMILIES:  # every instruction has its pattern in the compile check
-        assert FAMILIES[name].matrix_instruction in compilecheck.MMA_PATTERNS
+        assert FAMILIES[name].matrix_instruction in MMA_PATTERNS
     assert FAMILIES["cdna2"].shared_mem_bytes == FAMILIES["cdna3"].shared_mem_bytes == 64 * 1024
     assert FAMILIES["cdna4"].shared_mem_bytes == 160 * 1024
 

@@ -14,11 +14,10 @@ import pytest
 import torch
 from golden_helpers import DEV, FAKE, TC, TINY, capture, refresh
 
-import portattn.tools.golden.commands as commands
 import portattn.tools.golden.run as golden_run
+import portattn.tools.golden.verify as golden_verify
 from portattn import families
-from portattn.tools.golden import run_verify
-from portattn.tools.golden.store import load
+from portattn.tools.golden import load, run_verify
 
 # Compiles, Triton APIs or the installed Triton's table: nox -s tests_newest runs it too.
 pytestmark = pytest.mark.triton_version
@@ -122,7 +121,7 @@ def test_override_that_names_no_nvidia_family_raises_on_cpu_too(monkeypatch):
 
 
 def _emulating(monkeypatch, family: str | None) -> None:
-    monkeypatch.setattr(commands, "emulated_family", lambda device: family)
+    monkeypatch.setattr(golden_verify, "emulated_family", lambda device: family)
 
 
 def _flip_out(monkeypatch) -> None:
@@ -195,7 +194,7 @@ from triton.compiler.compiler import make_backend
 from portattn.families import FAMILIES
 from portattn.kernels.ptx_jit import family_ptx
 from portattn.tools.compile_launches import Entry, record_launches
-from portattn.tools.compilecheck import PINNED_OPTIONS, pinned_knobs, specialize
+from portattn.tools.compile_keys import PINNED_OPTIONS, pinned_knobs, specialize
 
 launch = record_launches(Entry("sm80", "varlen", 64, "bf16"))[sys.argv[1]][0]
 

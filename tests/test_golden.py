@@ -26,20 +26,16 @@ from golden_helpers import (
 
 import portattn.tools.cli
 import portattn.tools.golden.run as golden_run
-from portattn.tools.golden import (
-    CASES,
-    GoldenError,
-    build_record,
-    merge,
-    run_fingerprints,
-    run_refresh,
-    run_verify,
-)
-from portattn.tools.golden.cli import Hardware, cmd_refresh, cmd_verify
-from portattn.tools.golden.commands import results_fingerprints
+from ci.golden_dev.__main__ import cmd_refresh
+from ci.golden_dev.__main__ import main as golden_dev_main
+from ci.golden_dev.fingerprints import results_fingerprints, update_fingerprints
+from ci.golden_dev.merging import build_record, merge
+from ci.golden_dev.refresh import run_refresh
+from ci.golden_dev.write import atomic_write, update_file
+from portattn.tools.golden import CASES, GoldenError, load, run_fingerprints, run_verify
+from portattn.tools.golden.cli import Hardware, cmd_verify
 from portattn.tools.golden.records import config_hashes_of, stale_outputs
 from portattn.tools.golden.run import make_inputs
-from portattn.tools.golden.store import atomic_write, load, update_file
 
 # ----------------------------------------------------------------------------- verify / refresh
 
@@ -123,9 +119,7 @@ def test_verify_exit_codes(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().out
     fps = {"varlen/d32/fp16": {"fwd": "f1"}}
     assert (
-        run_fingerprints(
-            [FAKE], tmp_path, update=True, out=lambda s: None, fingerprint_fn=lambda fam: fps
-        )
+        update_fingerprints([FAKE], tmp_path, out=lambda s: None, fingerprint_fn=lambda fam: fps)
         == 0
     )
     assert cmd_verify(_args(golden_dir=tmp_path), here) == 2
@@ -150,7 +144,7 @@ def test_verify_fingerprints_only_file_says_so(tmp_path, capsys):
     """A family whose file holds compile fingerprints and no output hashes (every family
     but sm90 today): verify exits 2 with one plain line, and runs nothing."""
     fps = {"varlen/d32/fp16": {"fwd": "f1"}}
-    code = run_fingerprints([FAKE], tmp_path, update=True, out=print, fingerprint_fn=lambda f: fps)
+    code = update_fingerprints([FAKE], tmp_path, out=print, fingerprint_fn=lambda f: fps)
     assert code == 0
     section = load(tmp_path / "fake.json")["toolchains"][TC]
     assert section["fingerprints"] == fps and not section.get("outputs")
@@ -197,12 +191,12 @@ def test_repository_files_without_outputs_verify_to_exit_2():
 
 
 def test_fingerprints_from_compile_results(tmp_path):
-    """``golden fingerprints --results PATH`` compares the fingerprints of a compile check's
+    """``ci.golden_dev fingerprints --results PATH`` compares the fingerprints of a compile check's
     JSON (what CI compiles once for both the checks and the fingerprints) as if compiled: equal
     ones match, a changed one differs, a family or kernel the results lack differs too."""
     fps = {"varlen/d32/fp16": {"fwd": "f1", "bwd_dq": "g1"}}
     made = lambda family: fps  # noqa: E731
-    assert run_fingerprints([FAKE], tmp_path, update=True, out=print, fingerprint_fn=made) == 0
+    assert update_fingerprints([FAKE], tmp_path, out=print, fingerprint_fn=made) == 0
     record = {"fingerprint": "f1", "ok": True, "shared": 0}
     for fwd, dq, code in (("f1", "g1", 0), ("f2", "g1", 1), ("f1", None, 1)):
         stages = {"fwd": dict(record, fingerprint=fwd)}
@@ -233,13 +227,14 @@ def test_fingerprints_from_compile_results(tmp_path):
     ids=["missing", "truncated", "array", "no-fingerprint", "entry-array"],
 )
 def test_fingerprints_results_file_unusable(tmp_path, capsys, text, match):
-    """``golden fingerprints --results FILE`` with a file that is missing, truncated or not a
-    compile check's results: one error line, exit 2 (it printed a traceback)."""
+    """``python -m ci.golden_dev fingerprints --results FILE`` with a file that is missing,
+    truncated or not a compile check's results: one error line, exit 2 (it printed a
+    traceback)."""
     path = tmp_path / "results.json"
     if text is not None:
         path.write_text(text)
-    argv = ["golden", "fingerprints", "--results", str(path), "--golden-dir", str(tmp_path)]
-    assert portattn.tools.cli.main(argv) == 2
+    argv = ["fingerprints", "--results", str(path), "--golden-dir", str(tmp_path)]
+    assert golden_dev_main(argv) == 2
     said = capsys.readouterr().out
     assert said.startswith("error: ") and str(path) in said and match in said, said
 
@@ -255,10 +250,7 @@ def test_fingerprint_change_marks_outputs_stale(tmp_path):
     assert run_fingerprints([FAKE], tmp_path, out=out, fingerprint_fn=lambda fam: changed) == 1
     assert "varlen/d32/fp16/fwd" in lines[-1]
     lines, out = capture()
-    assert (
-        run_fingerprints([FAKE], tmp_path, update=True, out=out, fingerprint_fn=lambda fam: changed)
-        == 0
-    )
+    assert update_fingerprints([FAKE], tmp_path, out=out, fingerprint_fn=lambda fam: changed) == 0
     assert any("stale: re-record on fake hardware" in ln for ln in lines)
     doc = load(tmp_path / "fake.json")
     assert set(stale_outputs(doc, TC, lambda e: None)) == {"tiny-varlen"}
@@ -285,12 +277,12 @@ def test_update_file_rereads_inside_lock(tmp_path):
 @pytest.fixture
 def no_compute(monkeypatch):
     """run_refresh must refuse before computing anything: any case computed fails the test."""
-    import portattn.tools.golden.commands as commands
+    import ci.golden_dev.refresh as refresh_module
 
     def computed(case, device):
         raise AssertionError(f"computed {case.name} before refusing")
 
-    monkeypatch.setattr(commands, "compute_case", computed)
+    monkeypatch.setattr(refresh_module, "compute_case", computed)
 
 
 def test_refresh_refuses_a_device_outside_the_family(tmp_path, monkeypatch):
@@ -298,17 +290,20 @@ def test_refresh_refuses_a_device_outside_the_family(tmp_path, monkeypatch):
     recorded hashes as "stale" (recorded with another configuration) without --force; the CLI
     refuses it, and so does the library function: exit 2, one line, nothing computed, the file
     unchanged, --force or not."""
-    import portattn.tools.golden.commands as commands
+    import ci.golden_dev.refresh as refresh_module
     from portattn.families import FAMILIES
     from portattn.families import family as family_of
+    from portattn.tools.golden.verify import emulated_family
 
     computed: list[str] = []
-    real = commands.compute_case
+    real = refresh_module.compute_case
     monkeypatch.setattr(
-        commands, "compute_case", lambda case, dev: computed.append(case.name) or real(case, dev)
+        refresh_module,
+        "compute_case",
+        lambda case, dev: computed.append(case.name) or real(case, dev),
     )
     # not this device's family, nor the one it runs under $PORTATTN_FAMILY_OVERRIDE
-    other = next(f for f in FAMILIES if f not in (family_of(DEV), commands.emulated_family(DEV)))
+    other = next(f for f in FAMILIES if f not in (family_of(DEV), emulated_family(DEV)))
     recorded = fake_result("tiny-varlen", salt="recorded")
     recorded.case = TINY[0]  # the same definition and inputs, hashes of other hardware
     recorded.inputs_sha256 = make_inputs(TINY[0]).sha256()
@@ -368,9 +363,7 @@ def test_malformed_golden_file_is_a_one_line_error(tmp_path, capsys, content, no
     for run in (
         lambda out: run_verify(FAKE, DEV, tmp_path, out=out),
         lambda out: run_fingerprints([FAKE], tmp_path, out=out, fingerprint_fn=lambda f: {}),
-        lambda out: run_fingerprints(
-            [FAKE], tmp_path, update=True, out=out, fingerprint_fn=lambda f: {}
-        ),
+        lambda out: update_fingerprints([FAKE], tmp_path, out=out, fingerprint_fn=lambda f: {}),
         lambda out: refresh(tmp_path, cases=TINY[:1], out=out),
     ):
         lines, out = capture()
@@ -435,19 +428,19 @@ def test_refresh_into_read_only_directory(read_only_dir, capsys, no_compute):
     assert capsys.readouterr().out.splitlines()[-1].startswith("error: cannot write ")
     lines, out = capture()
     fps = lambda f: pytest.fail("compiled before refusing")  # noqa: E731
-    assert run_fingerprints([FAKE], read_only_dir, update=True, out=out, fingerprint_fn=fps) == 2
+    assert update_fingerprints([FAKE], read_only_dir, out=out, fingerprint_fn=fps) == 2
     assert len(lines) == 1 and "is not writable" in lines[0]
     assert list(read_only_dir.iterdir()) == []
 
 
 def test_refresh_write_failure_is_an_error_line(tmp_path, monkeypatch):
     """A write that fails after the checks passed (a full disk, a race): exit 2, one line."""
-    import portattn.tools.golden.store as store
+    import ci.golden_dev.write as write
 
     def no_space(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(store.tempfile, "mkstemp", no_space)
+    monkeypatch.setattr(write.tempfile, "mkstemp", no_space)
     lines, out = capture()
     assert refresh(tmp_path, cases=TINY[:1], out=out) == 2
     assert lines[-1] == (
@@ -475,7 +468,7 @@ def test_read_only_golden_file_is_not_replaced(tmp_path, no_compute):
         "record into it"
     ]
     fps = lambda f: pytest.fail("compiled before refusing")  # noqa: E731
-    assert run_fingerprints([FAKE], tmp_path, update=True, out=out, fingerprint_fn=fps) == 2
+    assert update_fingerprints([FAKE], tmp_path, out=out, fingerprint_fn=fps) == 2
     assert path.read_text() == before and (path.stat().st_mode & 0o777) == 0o444
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fake.json"]
 
@@ -487,12 +480,12 @@ def test_read_only_golden_file_is_not_replaced(tmp_path, no_compute):
 
 
 def _fingerprints(tmp_path, toolchain: str, config_hash: str, update: bool = False) -> int:
-    """``run_fingerprints`` of FAKE under ``toolchain``, every entry's configuration hashing to
-    ``config_hash``; returns the exit code (its last line is on stdout)."""
-    return run_fingerprints(
+    """``update_fingerprints`` (or ``run_fingerprints``) of FAKE under ``toolchain``, every
+    entry's configuration hashing to ``config_hash``; returns the exit code (its last line is
+    on stdout)."""
+    return (update_fingerprints if update else run_fingerprints)(
         [FAKE],
         tmp_path,
-        update=update,
         out=print,
         toolchain=toolchain,
         fingerprint_fn=lambda fam: {"varlen/d32/fp16": {"fwd": "f1"}},

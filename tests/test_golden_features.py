@@ -15,14 +15,14 @@ from golden_helpers import DEV, FAKE, REPO, TC, refresh, verify_reports_differen
 
 import portattn.kernels.buffers as buffers
 import portattn.tools.golden.run as golden_run
+from ci.golden_dev.merging import case_definition
 from portattn.accuracy import rel_err
 from portattn.configs import BORROWED_HEAD_DIMS
 from portattn.families import FAMILIES
 from portattn.reference import reference_varlen_attention
-from portattn.tools.golden import CASES, Case, CaseResult, accuracy, compute_case, run_verify
+from portattn.tools.golden import CASES, Case, CaseResult, accuracy, compute_case, load, run_verify
 from portattn.tools.golden.cases import FEATURE_CASES, FEATURE_DEFAULTS, OUTPUTS
-from portattn.tools.golden.commands import case_definition, device_config_hash, family_config_hash
-from portattn.tools.golden.store import load
+from portattn.tools.golden.verify import device_config_hash, family_config_hash
 
 FEATURES = ("window_left", "window_right", "softcap", "sinks")  # the fields a feature turns on
 SHAPE_FIELDS = ("head_dim_v",)  # fields of a definition that change a shape, not the scores
@@ -100,7 +100,7 @@ def test_value_head_dim_entry_has_its_pair_configuration_hash():
     pair entry it runs (the d256 row with the pair's own tiles where it has them, e.g. sm80's
     fixed_order under Triton 3.9), from a family's table and from a device alike."""
     from portattn.configs import entry_config
-    from portattn.tools.golden.commands import parse_entry
+    from portattn.tools.golden.verify import parse_entry
 
     case = next(c for c in CASES if c.head_dim_v)
     assert case.entry == f"{case.kernel}/d192v128/{case.dtype}"

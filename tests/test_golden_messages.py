@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from portattn.tools.golden.commands import run_verify
+from portattn.tools.golden.verify import run_verify
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,7 +26,7 @@ def test_other_triton_than_the_recorded_one():
     assert "sm90's hashes exist for Triton 3.6.0 only" in line
     assert "triton==3.6.0" in line
     assert "golden_refresh(family='sm90')" in line
-    assert "python -m portattn golden refresh --family sm90" in line
+    assert "python -m ci.golden_dev refresh --family sm90" in line
 
 
 def test_family_without_any_hashes():

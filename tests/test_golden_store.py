@@ -23,32 +23,27 @@ from golden_helpers import (
     words,
 )
 
-from portattn.tools.golden import (
-    CASES,
-    Case,
-    GoldenConflict,
-    GoldenError,
-    compute_case,
-    merge,
-    verify_against,
-)
+from ci.golden_dev.merging import GoldenConflict, merge
+from ci.golden_dev.write import atomic_write, dumps
+from portattn.tools.golden import CASES, Case, GoldenError, compute_case, load, output_differences
 from portattn.tools.golden.inputs import (
     GAMMA,
     MASK64,
     _mul_const,
     generate,
     mix64,
-    splitmix64_scalar,
     splitmix64_words,
+    stream_base,
 )
 from portattn.tools.golden.run import CaseResult, make_inputs
-from portattn.tools.golden.store import (
-    atomic_write,
-    dumps,
-    load,
-)
 
 # ----------------------------------------------------------------------------- generator
+
+
+def splitmix64_scalar(seed: int, tensor_id: int, index: int) -> int:
+    """Raw 64-bit word of element ``index``: the slow, obviously correct definition
+    (portattn.tools.golden.inputs' docstring) that the limb arithmetic must equal."""
+    return mix64(stream_base(seed, tensor_id) + (index + 1) * GAMMA)
 
 
 def test_splitmix64_known_values():
@@ -151,8 +146,7 @@ def test_hashes_run_to_run_identical(tiny_results):
         assert again.tensors == first.tensors
         assert again.inputs_sha256 == first.inputs_sha256
         assert (
-            verify_against({"inputs_sha256": first.inputs_sha256, "tensors": first.tensors}, again)
-            == []
+            output_differences(first.case.name, first.output_record(), again.output_record()) == []
         )
 
 
@@ -242,9 +236,8 @@ def _python(script: str, *args: str) -> subprocess.Popen:
 
 _WRITER = """
 import sys, hashlib
-from portattn.tools.golden.merging import merge
-from portattn.tools.golden.records import build_record
-from portattn.tools.golden.store import update_file
+from ci.golden_dev.merging import build_record, merge
+from ci.golden_dev.write import update_file
 from portattn.tools.golden.cases import Case
 from portattn.tools.golden.run import CaseResult
 path, prefix = sys.argv[1], sys.argv[2]
@@ -270,7 +263,7 @@ def test_concurrent_refreshes_lose_nothing(tmp_path):
 
 _SLOW_WRITER = """
 import sys, time
-import portattn.tools.golden.store as store
+import ci.golden_dev.write as store
 def half_then_hang(f, text):
     f.write(text[: len(text) // 2]); f.flush(); time.sleep(120)
 store._write_text = half_then_hang
@@ -299,7 +292,7 @@ def test_process_killed_mid_write_leaves_old_file(tmp_path):
 def test_write_through_a_symlinked_golden_file(tmp_path):
     """A golden file that is a symlink (a checkout sharing golden/ elsewhere) is written
     through, not replaced by a regular file."""
-    from portattn.tools.golden.store import load, write_record
+    from ci.golden_dev.write import write_record
 
     real = tmp_path / "elsewhere" / "fake.json"
     real.parent.mkdir()
@@ -320,7 +313,8 @@ def test_golden_family_names_stay_in_the_golden_folder(tmp_path, family):
     building a path: refresh wrote outside the golden folder."""
     from golden_helpers import capture
 
-    from portattn.tools.golden import run_refresh, run_verify
+    from ci.golden_dev.refresh import run_refresh
+    from portattn.tools.golden import run_verify
 
     golden = tmp_path / "golden"
     golden.mkdir()
@@ -337,7 +331,6 @@ def test_golden_file_of_another_family_is_named(tmp_path):
     from golden_helpers import capture
 
     from portattn.tools.golden import run_fingerprints, run_verify
-    from portattn.tools.golden.store import atomic_write, load
 
     record = fake_record([fake_result("a")])
     record["family"] = "sm80"

@@ -68,7 +68,8 @@ def test_wheel_holds_the_golden_files(wheel: Path):
         for name in GOLDEN:  # byte for byte the checkout's
             data = zf.read(f"portattn/golden_data/{name}")
             assert data == (ROOT / "golden" / name).read_bytes()
-        assert "portattn/tools/golden/commands.py" in names
+        assert "portattn/tools/golden/verify.py" in names
+        assert not any(n.startswith("ci/") for n in names)  # the recording stays in a checkout
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         assert "portattn = portattn.tools.cli:main" in zf.read(entry_points).decode()
 
@@ -82,7 +83,7 @@ def test_installed_package_verifies_from_its_own_golden_files(wheel: Path, tmp_p
         zf.extractall(site)
     script = (
         "import json, sys\n"
-        "from portattn.tools.golden.commands import default_golden_dir, run_verify\n"
+        "from portattn.tools.golden.verify import default_golden_dir, run_verify\n"
         "d = default_golden_dir()\n"
         "lines = []\n"
         "code = run_verify('cdna3', 'cpu', d, out=lines.append)\n"
@@ -106,7 +107,7 @@ def test_installed_package_verifies_from_its_own_golden_files(wheel: Path, tmp_p
 
 
 def test_missing_golden_dir_names_the_option(tmp_path: Path):
-    from portattn.tools.golden.commands import run_verify
+    from portattn.tools.golden.verify import run_verify
 
     lines: list[str] = []
     assert run_verify("sm90", "cpu", tmp_path / "none", out=lines.append) == 2

@@ -140,9 +140,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         sub,
         "golden",
         _cmd_golden,
-        help="verify / refresh the golden output hashes of this GPU's family (docs/golden.md)",
+        help="verify the golden output hashes of this GPU's family (docs/golden.md)",
         description="Golden output hashes per GPU family: verify them bitwise on this GPU, "
-        "refresh them, or check the compile fingerprints beside them (CPU).",
+        "or check the compile fingerprints beside them (CPU). Recording them is the "
+        "checkout's python -m ci.golden_dev.",
     )
     from portattn.tools.golden.cli import add_arguments as add_golden_arguments
 
@@ -165,7 +166,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "takes_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")  # as parse_args says it
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -1,22 +1,12 @@
 """Compile keys: one content key per compiled kernel of every guarded entry, computed without
-compiling, so that CI compiles only what changed (docs/golden.md, "Compile keys").
+compiling, so that CI compiles only what changed (docs/golden.md, "Fingerprints guard the
+goldens": what a key hashes, and why no path or process history enters it).
 
-A kernel's machine code is a function of its compile inputs, and the key hashes exactly those:
-
-* the Triton installation (``triton_key()``: its version, the compiler's and the language's
-  sources and ``libtriton``), and the backend's own identity (the bundled ptxas' version and
-  the arch on CUDA, the target on ROCm);
-* the kernel's source as Triton's JIT sees it (``ASTSource.hash()``: the ``@triton.jit`` /
-  Gluon function with every jit function it reaches and the constexpr globals they read, its
-  specialised signature, constexprs and alignment attributes);
-* the launch options (warps, stages, ...) with the compile check's pinned options and knobs;
-* what the check does with the result: the family's target and limits, and the source of
-  :mod:`portattn.tools.compile_artifacts` (the checks and the fingerprint's definition), so that
-  an unchanged key also means "passed the checks it passes today".
-
-A stage of several launches (dK/dV in two passes) hashes its launches in order. Nothing here
-compiles, and no file path or memory address enters a key: two clones of the same commit at
-different paths, with the same Triton wheel, compute the same keys.
+A key hashes the Triton installation and backend, the kernel's source as Triton's JIT hashes it
+(with its specialised signature and constexprs), the launch options with the pinned options and
+knobs, the family's target and limits, and the source of :mod:`portattn.tools.compile_artifacts`
+(the checks and the fingerprint's definition): an unchanged key also means "passed the checks it
+passes today". A stage of several launches hashes its launches in order.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The launches the compile check compiles: the configuration-table entries, and per entry the
 kernel launches the real planners make for a representative call on CPU tensors (nothing is
-launched). Kept apart from the compiling and checking (:mod:`portattn.tools.compilecheck`), which
-re-exports these names.
+launched), for the compiling and checking of :mod:`portattn.tools.compilecheck`.
 """
 
 from __future__ import annotations

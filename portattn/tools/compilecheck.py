@@ -1,34 +1,18 @@
-"""Ahead-of-time compile check: every kernel of every configuration entry, for its family's
-target, on a machine without a GPU (``python -m portattn compile``).
+"""Ahead-of-time compile check (``python -m portattn compile``): every kernel of every
+configuration entry compiled for its family's target without a GPU, and checked (compiles with
+the table's tiles, fits shared memory, no spills, the family's matrix instruction; docs/families.md,
+"The ahead-of-time compile check"); each kernel's fingerprint is the SHA-256 of its machine code
+(:mod:`.compile_artifacts`).
 
-For each (family, kernel, head_dim, dtype) entry of :func:`portattn.configs.config_table` the four
-Triton kernels (forward, backward preprocess, dK/dV, dQ) are compiled with ``triton.compile`` for
-the family's ``GPUTarget`` and checked:
-
-* it compiles (and its launcher passes exactly the table's tiles and launch options);
-* shared memory / LDS fits the family's limit;
-* no register spills: the ptxas ``-v`` report on CUDA (spill stores/loads, stack frame); on
-  ROCm the AMDGCN metadata's ``.vgpr_spill_count`` and private segment (scratch) size. SGPRs
-  spilled into VGPR lanes (``.sgpr_spill_count`` with no scratch) never reach memory: they are
-  reported, not failed; an SGPR spill to memory shows as scratch and fails;
-* the family's matrix instruction is in the code (``mma.sync`` / ``wgmma.mma_async`` /
-  ``tcgen05.mma`` in the PTX, ``v_mfma`` in the AMDGCN assembly), and on sm90 / sm100 no older
-  one beside it (:data:`FALLBACK_MMA`); the preprocess kernel has no product and is exempt;
-* a fingerprint: SHA-256 of the machine code (cubin / hsaco), debug and line info off; for
-  Blackwell targets of the PTX instead (:func:`fingerprint_of` says why).
-
-Signatures are not written by hand: the real planners (``plan_forward`` / ``plan_backward``,
-kernels/plan.py) plan the launches of a representative call (:data:`REPRESENTATIVE`) on CPU
-tensors, without launching, and each planned launch is specialised the way Triton's JIT does
-it (16-byte aligned pointers and multiples of 16 get ``tt.divisibility``, integers equal to 1
-become constexprs, on ROCm pointers under 2 GiB get ``tt.pointer_range``). Causal is compiled
-(a superset of the non-causal code), with GQA and a ``dlse`` input. Fingerprints describe
-that specialisation.
+The launches compiled are the real planners' for a representative call on CPU tensors
+(:mod:`.compile_launches`), specialised as Triton's JIT does it (:func:`.compile_keys.specialize`):
+causal, with GQA and a ``dlse`` input. Fingerprints describe that specialisation.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import json
@@ -49,47 +33,32 @@ from portattn.configs import (
     SUPPORTED_HEAD_DIMS,
     VALUE_HEAD_DIM_PAIRS,
     KernelConfig,
+    interpreter_active,
 )
 from portattn.families import FAMILIES, Family
-from portattn.tools.compile_artifacts import (  # noqa: F401  (re-exported: the check's API)
-    FALLBACK_MMA,
+from portattn.tools.compile_artifacts import (
     HAS_PRODUCT,
-    MMA_EXCEPTIONS,
-    MMA_PATTERNS,
-    PTX_FINGERPRINT_FROM_ARCH,
     Artifacts,
     check_artifacts,
-    fingerprint_of,
     matrix_instruction,
     merge_artifacts,
-    resource_usage,
 )
-from portattn.tools.compile_keys import (  # noqa: F401  (re-exported: the check's API)
-    PINNED_KNOBS,
-    PINNED_OPTIONS,
-    code_env_vars,
+from portattn.tools.compile_keys import (
     compile_source,
     guarded_entries,
     pinned_knobs,
-    specialize,
     stage_key,
 )
-from portattn.tools.compile_launches import (  # noqa: F401  (re-exported: the check's API)
-    DECODE_PAGE_SIZE,
+from portattn.tools.compile_launches import (
     DTYPE_ALIASES,
-    DTYPE_NAMES,
-    REPRESENTATIVE,
     STAGES,
-    WS_KERNELS,
     Entry,
     Launch,
     compiler_env,
     record_launches,
     select_entries,
     table_mismatches,
-    unset_env,
 )
-from portattn.tools.compile_workers import quiet_exit
 
 CI_HEAD_DIMS = (128, 64, 80)  # 80: a borrowed head dim (the d96 row), Phi-2's
 # --head-dim's choices: the supported head dims and the q/k ones of VALUE_HEAD_DIM_PAIRS (192)
@@ -247,8 +216,21 @@ def _source_location(exc: Any) -> str:
 # ----------------------------------------------------------------------------- running
 
 
-def interpreter_active() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+def _leave_now() -> None:
+    """A worker's exit: flush what it printed, then leave without the interpreter's teardown,
+    where Triton 3.9's bindings (nanobind) print ~50 lines of "leaked instances" (module-level
+    caches the exit frees anyway) that read like a crash between the progress lines. Status 0:
+    the pool reads results from the worker's pipe, already written by then, not its status."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # closed or replaced
+            stream.flush()
+    os._exit(0)
+
+
+def quiet_exit() -> None:
+    """A ``ProcessPoolExecutor`` initializer: registered last, :func:`_leave_now` runs first
+    among the worker's ``atexit`` handlers, after its loop has returned."""
+    atexit.register(_leave_now)
 
 
 def run_entries(entries: list[Entry], jobs: int, progress=None) -> list[KernelResult]:
@@ -265,7 +247,7 @@ def run_entries(entries: list[Entry], jobs: int, progress=None) -> list[KernelRe
     results: list[KernelResult] = []
     ctx = multiprocessing.get_context("spawn")
     workers = max(1, min(jobs, len(entries)))
-    # quiet_exit: no nanobind leak report from Triton 3.9 as each worker ends (compile_workers)
+    # quiet_exit: no nanobind leak report from Triton 3.9 as each worker ends
     with ProcessPoolExecutor(workers, ctx, quiet_exit, max_tasks_per_child=1) as pool:
         futures = [pool.submit(check_entry, entry) for entry in entries]
         for i, future in enumerate(as_completed(futures)):
@@ -282,22 +264,6 @@ def results_json(results: list[KernelResult]) -> dict[str, dict[str, dict[str, d
     for r in results:
         out.setdefault(r.entry.family, {}).setdefault(r.entry.label, {})[r.stage] = r.record()
     return out
-
-
-def fingerprints(
-    family: str,
-    kernels: Iterable[str] | None = None,
-    head_dims: Iterable[int] | None = None,
-    dtypes: Iterable[str] | None = None,
-) -> dict[str, dict[str, str | None]]:
-    """Machine-code fingerprints of the entries of ``family`` (every guarded entry, or the
-    table's entries filtered): entry label (e.g. ``"varlen/d128/bf16"``) -> kernel stage ->
-    SHA-256 hex (None where it did not compile)."""
-    records = compile_records(family, kernels, head_dims, dtypes)
-    return {
-        label: {stage: rec["fingerprint"] for stage, rec in stages.items()}
-        for label, stages in records.items()
-    }
 
 
 def compile_records(

@@ -1,24 +1,10 @@
-"""The one harness that runs attention forward + backward, through the kernels or through the
-float64 reference, and measures the result against the accuracy rule.
+"""The one harness that runs attention forward + backward, through the kernels
+(:func:`run_kernel`) or through the float64 reference (:func:`run_reference`), and measures the
+result against the accuracy rule (:func:`measure`, ``portattn.accuracy``).
 
-Used by the test suite (``tests/helpers.py``), ``python -m portattn check``, the golden runner
-(``portattn/tools/golden/run.py``) and the distributed demo (``benchmarks/distributed_demo.py``,
-in a checkout). Each of them makes its own inputs (the golden files from a counter-based
-generator, the others from a seeded ``torch.Generator``) and keeps its own report; what they
-share is here:
-
-- :func:`cu_seqlens`: int32 sequence boundaries from lengths;
-- :class:`PackShape`: a packed batch's shape (lengths, heads, head dim), as the distributed
-  demo's cases and the tests' drawn examples hold it;
-- :func:`seeded_inputs`: q, k, v, dout, dlse from a seeded ``torch.Generator`` (``check``, the
-  demo and the tests' contiguous packs draw the same way);
-- :func:`forward_backward`: ``out, lse = fn(q, k, v)`` and the gradients of q, k, v for upstream
-  gradients ``dout`` (on out) and ``dlse`` (on lse, zeroed on rows that see no key), as a dict
-  ``out, lse, dq, dk, dv`` (and ``dsinks`` when the call has attention sinks, a leaf too);
-- :class:`Pack`: the tensors of one packed call (q, k, v, cu_seqlens, the upstream gradients);
-- :func:`run_kernel` / :func:`run_reference`: that runner on ``portattn.varlen_attention`` /
-  ``portattn.reference.reference_varlen_attention`` (float64, or eagerly in another dtype);
-- :func:`measure`: an output's error, the eager error and the limit of ``portattn.accuracy``.
+Shared by the test suite (``tests/helpers.py``), ``python -m portattn check``, the golden runner
+(:mod:`portattn.tools.golden.run`) and the checkout's distributed demo
+(``benchmarks/distributed_demo.py``); each makes its own inputs and keeps its own report.
 """
 
 from __future__ import annotations

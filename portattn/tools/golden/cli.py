@@ -1,23 +1,19 @@
-"""Command line of ``python -m portattn golden``: hardware detection, arguments, dispatch."""
+"""Command line of ``python -m portattn golden``: hardware detection, arguments, dispatch.
+
+Recording (``refresh``, ``fingerprints --update``) and ``fingerprints --results`` are the
+checkout's ``python -m ci.golden_dev``; here they exit 2 with a line that names it."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from portattn.tools.golden.commands import (
-    compile_fingerprints,
-    default_golden_dir,
-    results_fingerprints,
-    run_refresh,
-    run_verify,
-    say,
-)
 from portattn.tools.golden.fingerprints import compile_records, run_fingerprints, run_key_check
-from portattn.tools.golden.layout import GoldenError
+from portattn.tools.golden.verify import default_golden_dir, run_verify, say
 
 NOT_A_FAMILY = (
     "no GPU here: golden hashes are recorded and verified on a GPU of a family (sm80, sm90, "
@@ -60,7 +56,7 @@ def hardware_problem(hw: Hardware, requested: str | None) -> str | None:
     return None
 
 
-def _usable_hardware(action: str, args: argparse.Namespace, hw: Hardware | None) -> Hardware | None:
+def usable_hardware(action: str, args: argparse.Namespace, hw: Hardware | None) -> Hardware | None:
     """``hw`` (default: the detected hardware) when ``golden <action>`` can run on it, else
     None, once the reason is said."""
     hw = hw or detect_hardware()
@@ -73,47 +69,42 @@ def _usable_hardware(action: str, args: argparse.Namespace, hw: Hardware | None)
 
 def cmd_verify(args: argparse.Namespace, hw: Hardware | None = None) -> int:
     """``golden verify``; ``hw`` replaces the detected hardware (tests inject it)."""
-    hw = _usable_hardware("verify", args, hw)
+    hw = usable_hardware("verify", args, hw)
     if hw is None:
         return 2
     return run_verify(hw.family, hw.device, args.golden_dir or default_golden_dir(), args.case)
 
 
-def cmd_refresh(args: argparse.Namespace, hw: Hardware | None = None) -> int:
-    """``golden refresh``; ``hw`` replaces the detected hardware (tests inject it)."""
-    hw = _usable_hardware("refresh", args, hw)
-    if hw is None:
-        return 2
-    return run_refresh(
-        hw.family,
-        hw.device,
-        args.golden_dir or default_golden_dir(write=True),
-        force=args.force,
-        case_names=args.case,
-        repeat=args.repeat,
-        fingerprint_fn=None if args.skip_fingerprints else compile_fingerprints,
+# The actions that record golden files (maintainers', from a checkout) live in ci/golden_dev.
+MOVED = {
+    "refresh": "python -m ci.golden_dev refresh [--family F] [--force] [--case NAME] [--repeat N]",
+    "fingerprints --update": "python -m ci.golden_dev fingerprints --update [--family F]",
+    "fingerprints --results": "python -m ci.golden_dev fingerprints --results PATH [--family F]",
+}
+
+
+def moved(what: str) -> int:
+    """Exit 2 with one line naming the checkout's command that ``what`` became."""
+    print(
+        f"error: golden {what} moved out of the package: from a checkout of "
+        f"portattn, run {MOVED[what]}",
+        file=sys.stderr,
     )
+    return 2
 
 
 def cmd_fingerprints(args: argparse.Namespace) -> int:
-    """``golden fingerprints [--update | --full | --results PATH]`` (CPU: needs Triton's
-    compiler, not a GPU). Without options: the compile-key check (compiles only what changed)."""
+    """``golden fingerprints [--full]`` (CPU: needs Triton's compiler, not a GPU). Without
+    options: the compile-key check (compiles only what changed)."""
     from portattn.families import FAMILIES
 
+    for option in ("update", "results"):
+        if getattr(args, option):
+            return moved(f"fingerprints --{option}")
     families = args.family or list(FAMILIES)
-    golden_dir = args.golden_dir or default_golden_dir(write=args.update)
-    if args.update and args.results:
-        say("error: --update compiles every entry itself; it takes no --results")
-        return 2
-    if args.update or args.full:
-        return run_fingerprints(families, golden_dir, args.update)
-    if args.results:
-        try:
-            made = results_fingerprints(args.results)
-        except GoldenError as exc:
-            say(f"error: {exc}")
-            return 2
-        return run_fingerprints(families, golden_dir, fingerprint_fn=made)
+    golden_dir = args.golden_dir or default_golden_dir()
+    if args.full:
+        return run_fingerprints(families, golden_dir)
     return run_key_check(
         families, golden_dir, compile_fn=None if args.no_compile else compile_records
     )
@@ -166,51 +157,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "compare (no GPU, wrong family, no golden for this toolchain, stale).",
     )
 
-    p = _add_action(
-        sub,
-        "refresh",
-        cmd_refresh,
-        on_gpu,
-        help="record the canonical cases' hashes on this GPU into golden/",
-        description="Runs every canonical case on this GPU and merges the hashes "
-        "into golden/<family>.json under a file lock (temp file + os.replace). "
-        "Never drops other toolchains or cases; refuses to change a stored hash "
-        "without --force (exit 1, listing the differences).",
-    )
-    p.add_argument("--force", action="store_true", help="overwrite differing stored hashes")
-    p.add_argument(
-        "--repeat",
-        type=int,
-        default=2,
-        help="runs per case that must agree bitwise before recording (default 2)",
-    )
-    p.add_argument(
-        "--skip-fingerprints",
-        action="store_true",
-        help="do not compile the family's fingerprints (outputs recorded without)",
-    )
+    p = sub.add_parser("refresh", add_help=False, help=f"moved: {MOVED['refresh']}")
+    # Any arguments: the action says where it went, whatever followed it.
+    p.set_defaults(golden_func=lambda args: moved("refresh"), takes_any_arguments=True)
 
     p = _add_action(
         sub,
         "fingerprints",
         cmd_fingerprints,
         common,
-        help="check (or --update) the compile keys and fingerprints in golden/ (CPU)",
+        help="check the compile keys and fingerprints in golden/ (CPU)",
         description="Computes every guarded entry's compile key (a hash of everything its "
         "machine code is a function of) without compiling, compiles and checks only the "
         "entries whose key differs from golden/<family>.json, and fails (exit 1) on any "
-        "difference. --update compiles every entry and records fingerprints and keys; output "
-        "hashes recorded with other machine code become stale until re-recorded on hardware. "
-        "--full compiles every entry and compares its fingerprints.",
+        "difference. --full compiles every entry and compares its fingerprints. Recording "
+        "them is the checkout's python -m ci.golden_dev fingerprints --update.",
     )
     p.add_argument(
         "--family",
         action="append",
         choices=list(FAMILIES),
         help="family (repeatable; default: all)",
-    )
-    p.add_argument(
-        "--update", action="store_true", help="compile every entry, store fingerprints and keys"
     )
     p.add_argument(
         "--full", action="store_true", help="compile every entry and compare its fingerprints"
@@ -220,12 +187,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the key check names the entries whose key changed without compiling them",
     )
-    p.add_argument(
-        "--results",
-        metavar="PATH",
-        help="compare the fingerprints of `python -m portattn compile --guarded --json PATH` "
-        "(same Triton) instead of compiling",
-    )
+    for moved_option, kind in (("--update", "store_true"), ("--results", "store")):
+        p.add_argument(moved_option, action=kind, help=argparse.SUPPRESS)  # moved: ci/golden_dev
 
 
 def main(args: argparse.Namespace) -> int:

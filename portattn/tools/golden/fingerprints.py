@@ -1,20 +1,9 @@
 """``python -m portattn golden fingerprints``: the machine code of every guarded entry against
-``golden/<family>.json`` (CPU only: Triton's compiler, no GPU).
-
-golden/ keeps, per Triton version, each kernel's fingerprint (SHA-256 of its machine code) and
-its compile key (``portattn.tools.compile_keys``: a hash of everything that machine code is a
-function of, computed without compiling). Three ways to check:
-
-* :func:`run_key_check` (the default, CI's): every entry's key is computed; an entry whose key
-  equals the recorded one has the recorded machine code and passed the checks when it was
-  recorded, so it is not compiled. Entries whose key changed are compiled and checked, and the
-  result says whether their machine code changed; any changed key fails (exit 1) until
-  ``--update`` records it.
-* :func:`run_fingerprints` with ``update``: compile every entry, check it, and record
-  fingerprints and keys (what a developer runs after touching ``portattn/kernels/`` or
-  ``configs/``).
-* :func:`run_fingerprints` without ``update``: compile every entry (or read a compile's
-  results) and compare the fingerprints.
+``golden/<family>.json`` (CPU only: Triton's compiler, no GPU; docs/golden.md, "Fingerprints
+guard the goldens"). :func:`run_key_check` is the default (CI's): it compiles only the entries
+whose compile key (``portattn.tools.compile_keys``) changed; :func:`run_fingerprints`
+(``--full``) compiles every entry and compares the fingerprints. Recording them
+(``--update``) is the checkout's ``python -m ci.golden_dev fingerprints --update``.
 """
 
 from __future__ import annotations
@@ -24,17 +13,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from portattn.tools.golden.cases import CASES, CASES_VERSION, Case
-from portattn.tools.golden.commands import (
-    Printer,
-    case_definition,
-    family_config_hash,
-    say,
-)
-from portattn.tools.golden.layout import GoldenError, empty_doc
-from portattn.tools.golden.provenance import toolchain_key
+from portattn.tools.golden.cases import CASES, Case
+from portattn.tools.golden.layout import GoldenError, golden_path, load
 from portattn.tools.golden.records import config_hashes_of, stale_outputs
-from portattn.tools.golden.store import check_writable, golden_path, load, write_record
+from portattn.tools.golden.verify import Printer, family_config_hash, say, toolchain_key
 
 # family -> entry label -> stage -> a fingerprint (str / None), or a compile record (a dict with
 # "fingerprint", "key", "ok", "failures": compilecheck.KernelResult.record)
@@ -45,7 +27,7 @@ CompileFn = Callable[[str, dict[str, list[str]]], dict[str, dict[str, dict[str, 
 KeyFn = Callable[[str], dict[str, dict[str, str]]]
 ConfigHashFn = Callable[[str], Callable[[str], str | None]]
 
-UPDATE_HINT = "python -m portattn golden fingerprints --update"
+UPDATE_HINT = "python -m ci.golden_dev fingerprints --update"
 
 
 def compile_records(family: str, stages_of: dict[str, list[str]] | None = None) -> dict:
@@ -72,23 +54,15 @@ def compile_keys(family: str) -> dict[str, dict[str, str]]:
     return family_keys(family)
 
 
-def split_records(made: dict[str, dict[str, Any]]) -> tuple[dict, dict]:
-    """(fingerprints, keys) of ``made``: label -> stage -> value. A kernel that failed a check
-    has no key: an entry without a recorded key is compiled again by the key check."""
-    fingerprints: dict[str, dict[str, str | None]] = {}
-    keys: dict[str, dict[str, str]] = {}
-    for label, stages in made.items():
-        for stage, value in stages.items():
-            record = value if isinstance(value, dict) else {"fingerprint": value}
-            fingerprints.setdefault(label, {})[stage] = record.get("fingerprint")
-            if record.get("key") and record.get("ok", True):
-                keys.setdefault(label, {})[stage] = record["key"]
-    # An entry is keyed whole or not at all: its stages compile together.
-    keys = {label: k for label, k in keys.items() if set(k) == set(fingerprints[label])}
-    return fingerprints, keys
+def fingerprints_of(made: dict[str, dict[str, Any]]) -> dict[str, dict[str, str | None]]:
+    """label -> stage -> fingerprint of ``made`` (fingerprints, or compile records)."""
+    return {
+        label: {s: r.get("fingerprint") if isinstance(r, dict) else r for s, r in stages.items()}
+        for label, stages in made.items()
+    }
 
 
-def _config_differences(
+def config_differences(
     doc: dict | None, family: str, toolchain: str, config_hash_fn: ConfigHashFn
 ) -> tuple[dict[str, str], list[str]]:
     """(configuration hashes of the entries the cases use, the entries whose hash differs from
@@ -104,12 +78,12 @@ def _config_differences(
     return hashes, diffs
 
 
-def _stale_note(doc: dict, family: str, toolchain: str, config_hash_fn: ConfigHashFn) -> str:
+def stale_note(doc: dict, family: str, toolchain: str, config_hash_fn: ConfigHashFn) -> str:
     stale = stale_outputs(doc, toolchain, config_hash_fn(family))
     return f"; stale outputs: re-record on {family} hardware" if stale else ""
 
 
-def _listed(items: list[str], most: int = 8) -> str:
+def listed(items: list[str], most: int = 8) -> str:
     return ", ".join(items[:most]) + (f" (+{len(items) - most} more)" if len(items) > most else "")
 
 
@@ -151,7 +125,7 @@ def run_key_check(
         keyed += 1
         start = time.perf_counter()
         current = key_fn(family)
-        _, config_diffs = _config_differences(doc, family, toolchain, config_hash_fn)
+        _, config_diffs = config_differences(doc, family, toolchain, config_hash_fn)
         # entry label -> the stages whose key differs from the recorded one
         changed = {
             label: [s for s in sorted(keys) if stored_keys.get(label, {}).get(s) != keys[s]]
@@ -160,14 +134,14 @@ def run_key_check(
         }
         gone = sorted(set(stored_fps) - set(current))
         if not (changed or gone or config_diffs):
-            note = _stale_note(doc, family, toolchain, config_hash_fn)
+            note = stale_note(doc, family, toolchain, config_hash_fn)
             took = f"{time.perf_counter() - start:.0f} s"
             out(f"{family}: {len(current)} entries, compile keys match {path} ({took}){note}")
             continue
         worst = max(worst, 1)
         head = f"{family}: the compile inputs of {len(changed)} of {len(current)} entries differ "
         if compile_fn is None:
-            out(head + f"from {path} (not compiled): {_listed(_kernels(changed))}")
+            out(head + f"from {path} (not compiled): {listed(_kernels(changed))}")
         else:
             compiling = time.perf_counter()
             compiled = compile_fn(family, changed) if changed else {}
@@ -178,9 +152,9 @@ def run_key_check(
             out(head + f"from {path} ({kernels} kernels); compiled those entries ({took}):")
             _report_changed(out, family, changed, compiled, stored_fps)
         if gone:
-            out(f"  recorded, no longer guarded: {_listed(gone)}")
+            out(f"  recorded, no longer guarded: {listed(gone)}")
         if config_diffs:
-            out(f"  configuration hash differs from the recorded one: {_listed(config_diffs)}")
+            out(f"  configuration hash differs from the recorded one: {listed(config_diffs)}")
         out(f"  if the change is intended run {UPDATE_HINT} (docs/golden.md)")
     if keyed:  # CI's phase table reads the compile time from this line
         total = time.perf_counter() - began
@@ -211,11 +185,11 @@ def _report_changed(
         out(f"  check failed: {line}")
     if differ:
         out(
-            f"  machine code differs ({len(differ)} kernels): {_listed(differ)}; the output "
+            f"  machine code differs ({len(differ)} kernels): {listed(differ)}; the output "
             f"hashes recorded with it become stale: re-record them on {family} hardware"
         )
     if same:
-        out(f"  machine code unchanged, recorded keys stale ({len(same)} kernels): {_listed(same)}")
+        out(f"  machine code unchanged, recorded keys stale ({len(same)} kernels): {listed(same)}")
 
 
 # ----------------------------------------------------------------------------- full compile
@@ -224,45 +198,28 @@ def _report_changed(
 def run_fingerprints(
     families: list[str],
     golden_dir: str | os.PathLike,
-    update: bool = False,
     out: Printer = say,
     toolchain: str | None = None,
     fingerprint_fn: RecordsFn = compile_records,
     config_hash_fn: ConfigHashFn = family_config_hash,
 ) -> int:
-    """Compare (or with ``update`` store) the compile fingerprints and configuration hashes of
-    each family with ``golden/<family>.json``; with ``update`` also the compile keys of what was
-    compiled. ``fingerprint_fn(family)`` compiles every guarded entry (or reads a compile's
-    results). CPU only, no GPU needed."""
+    """Compare the compile fingerprints and configuration hashes of each family with
+    ``golden/<family>.json``. ``fingerprint_fn(family)`` compiles every guarded entry (or
+    reads a compile's results). CPU only, no GPU needed."""
     toolchain = toolchain or toolchain_key()
     worst = 0
     for family in families:
         try:
             path = golden_path(golden_dir, family)
             doc = load(path, family)
-            if update:
-                check_writable(path)  # before the compile, which takes minutes
         except GoldenError as exc:
             out(f"{family}: error: {exc}")
             worst = max(worst, 2)
             continue
-        hashes, config_diffs = _config_differences(doc, family, toolchain, config_hash_fn)
+        _, config_diffs = config_differences(doc, family, toolchain, config_hash_fn)
         start = time.perf_counter()
-        made = fingerprint_fn(family)
-        current, keys = split_records(made)
+        current = fingerprints_of(fingerprint_fn(family))
         took = f"{time.perf_counter() - start:.0f} s"
-        if update:
-            failed = sorted(
-                label
-                for label, stages in made.items()
-                if any(isinstance(r, dict) and not r.get("ok", True) for r in stages.values())
-            )
-            section = {"config_hashes": hashes, "fingerprints": current, "keys": keys}
-            code = _update(path, family, toolchain, section, config_hash_fn(family), out)
-            if failed:
-                out(f"{family}: not keyed, a kernel failed a check: {_listed(failed)}")
-            worst = max(worst, code, 1 if failed else 0)
-            continue
         stored = (doc or {}).get("toolchains", {}).get(toolchain, {}).get("fingerprints")
         if not stored:
             out(f"{family}: no fingerprints for {toolchain} in {path} ({took}); run {UPDATE_HINT}")
@@ -283,24 +240,6 @@ def run_fingerprints(
             )
             worst = max(worst, 1)
             continue
-        note = _stale_note(doc, family, toolchain, config_hash_fn)
+        note = stale_note(doc, family, toolchain, config_hash_fn)
         out(f"{family}: {len(current)} entries match {path} ({took}){note}")
     return worst
-
-
-def _update(path, family: str, toolchain: str, section: dict, config_hash, out: Printer) -> int:
-    record = empty_doc(family)
-    # The canonical case list and input hashes are the same on every machine.
-    record["cases_version"] = CASES_VERSION
-    record["cases"] = {c.name: case_definition(c) for c in CASES}
-    record["toolchains"][toolchain] = section
-    code = write_record(path, record, False, lambda line: out(f"{family}: {line.strip()}"))
-    if code:
-        return code
-    stale = stale_outputs(load(path) or {}, toolchain, config_hash)
-    if stale:
-        out(
-            f"{family}: stale: re-record on {family} hardware ({len(stale)} case(s) now "
-            "hold output hashes of older code)"
-        )
-    return 0

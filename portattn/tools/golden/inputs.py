@@ -31,7 +31,7 @@ VALUE_STEP = 2.0**-7  # ... spaced 2**-7 apart, centred on zero: [-2, 2)
 Limbs = tuple[torch.Tensor, torch.Tensor]  # (high 32 bits, low 32 bits), int64 each
 
 
-# ----------------------------------------------------------------------------- scalar reference
+# ----------------------------------------------------------------------------- scalar definition
 
 
 def mix64(z: int) -> int:
@@ -45,16 +45,6 @@ def mix64(z: int) -> int:
 def stream_base(seed: int, tensor_id: int) -> int:
     """The SplitMix64 state that tensor ``tensor_id`` of seed ``seed`` starts from."""
     return mix64((mix64(seed + GAMMA) + tensor_id * GAMMA) & MASK64)
-
-
-def splitmix64_scalar(seed: int, tensor_id: int, index: int) -> int:
-    """Raw 64-bit word of element ``index`` (the slow, obviously correct definition)."""
-    return mix64(stream_base(seed, tensor_id) + (index + 1) * GAMMA)
-
-
-def value_of(word: int) -> float:
-    """The bounded float a raw word maps to."""
-    return ((word >> (64 - VALUE_BITS)) - 2 ** (VALUE_BITS - 1)) * VALUE_STEP
 
 
 # ----------------------------------------------------------------------------- limb arithmetic

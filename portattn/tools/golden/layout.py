@@ -1,4 +1,5 @@
-"""The golden document: its layout, its schema, its check, and the errors of golden files.
+"""The golden document: its layout, its check, reading it, and the errors of golden files
+(docs/golden.md, "What is stored"; design §5).
 
 ``golden/<family>.json`` (sorted keys, indent 1, one case per block)::
 
@@ -20,36 +21,20 @@
       }
      }
     }
-
-Output hashes live under the toolchain (Triton version) that produced them: a new Triton adds a
-section, it never replaces one. ``fingerprint`` of an output is the digest of its entry's
-compile fingerprints when it was recorded; when the stored fingerprints (or the configuration)
-of that entry change later, the output is *stale* until re-recorded on hardware.
-
-Configuration hashes are per toolchain too (the table may have per-Triton-version rows,
-``portattn.configs``): a section's own ``config_hashes``, else (a section recorded before
-sections had them) the top-level map, which writers no longer change.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from portattn.tools.golden.cases import Case
 
 SCHEMA = 1
-
-
-class GoldenConflict(Exception):
-    """A merge would replace differing hashes (or case definitions) and ``force`` is off."""
-
-    def __init__(self, conflicts: list[str]) -> None:
-        super().__init__(
-            f"{len(conflicts)} conflicting entr{'y' if len(conflicts) == 1 else 'ies'}"
-        )
-        self.conflicts = conflicts
 
 
 class GoldenError(Exception):
@@ -217,12 +202,44 @@ def check_document(doc: Any) -> None:
             raise _Malformed(f"cases[{json.dumps(name)}]: {exc}") from exc
 
 
-def empty_doc(family: str) -> dict[str, Any]:
-    return {
-        "schema": SCHEMA,
-        "family": family,
-        "cases_version": 0,
-        "cases": {},
-        "config_hashes": {},
-        "toolchains": {},
-    }
+# A family name as a file name: the table's (sm90, cdna3) and the tests' made-up ones; no path
+# separators, no leading dot (``../x`` made refresh write outside the golden folder).
+_FAMILY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def golden_path(golden_dir: str | os.PathLike, family: str) -> Path:
+    """``<golden_dir>/<family>.json``; GoldenError for a family that is no plain name."""
+    if not isinstance(family, str) or not _FAMILY_NAME.fullmatch(family):
+        raise GoldenError(
+            f"{family!r} is not a family name (letters, digits, '_' and '-', e.g. sm90): no "
+            "golden file outside the golden folder"
+        )
+    return Path(golden_dir) / f"{family}.json"
+
+
+def load(path: str | os.PathLike, family: str | None = None) -> dict[str, Any] | None:
+    """The golden document at ``path``, or None when there is no file. A file that is not
+    UTF-8 JSON of the golden layout (:func:`check_document`) raises :class:`GoldenError`
+    naming the file, as does one that cannot be read, and, with ``family``, one whose own
+    ``family`` field names another family (sm80's file saved as sm90.json)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError as exc:
+        raise GoldenError(f"{path} is not UTF-8 text: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise GoldenError(f"{path} is not valid JSON: {exc}") from exc
+    except OSError as exc:
+        raise GoldenError(f"{path} cannot be read: {exc.strerror or exc}") from exc
+    try:
+        check_document(doc)
+    except _Malformed as exc:
+        raise GoldenError(f"{path} is malformed: {exc}") from None
+    if family is not None and doc["family"] != family:
+        raise GoldenError(
+            f"{path} holds the golden records of {doc['family']} (its 'family' field), not "
+            f"{family}: a copy of {doc['family']}'s file? Nothing of it is compared or replaced"
+        )
+    return doc

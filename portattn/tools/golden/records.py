@@ -1,16 +1,13 @@
-"""The records of a golden document: one built from a run's results, the differences of two
-output records (by sequence and head), and the recorded outputs that are stale.
+"""The records of a golden document: the differences of two output records (by sequence and
+head), and the recorded outputs that are stale.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from collections.abc import Callable
 from typing import Any
-
-from portattn.tools.golden.layout import empty_doc
 
 
 def fingerprint_digest(stages: dict[str, str | None] | None) -> str | None:
@@ -19,42 +16,6 @@ def fingerprint_digest(stages: dict[str, str | None] | None) -> str | None:
         return None
     blob = json.dumps(stages, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def build_record(
-    family: str,
-    toolchain: str,
-    results: list,
-    provenance: dict[str, Any] | None,
-    fingerprints: dict[str, dict[str, str | None]] | None,
-    config_hashes: dict[str, str],
-    cases_version: int,
-) -> dict[str, Any]:
-    """A golden document holding just ``results`` (``CaseResult`` objects) and the run's
-    metadata; :func:`merge` folds it into the file. ``config_hashes``: entry -> hash of the
-    configuration the results ran with; ``fingerprints``: entry -> kernel -> fingerprint."""
-    doc = empty_doc(family)
-    doc["cases_version"] = cases_version
-    section: dict[str, Any] = {
-        "config_hashes": {},
-        "fingerprints": copy.deepcopy(fingerprints or {}),
-        "outputs": {},
-    }
-    if provenance:
-        section["provenance"] = provenance
-    for r in results:
-        entry = r.case.entry
-        doc["cases"][r.case.name] = r.case.to_json() | {"inputs_sha256": r.inputs_sha256}
-        section["config_hashes"][entry] = config_hashes[entry]
-        section["outputs"][r.case.name] = {
-            "entry": entry,
-            "config_hash": config_hashes[entry],
-            "fingerprint": fingerprint_digest((fingerprints or {}).get(entry)),
-            "inputs_sha256": r.inputs_sha256,
-            "tensors": copy.deepcopy(r.tensors),
-        }
-    doc["toolchains"][toolchain] = section
-    return doc
 
 
 # ----------------------------------------------------------------------------- differences
@@ -100,15 +61,6 @@ def output_differences(case: str, want: dict, got: dict) -> list[str]:
             tensor_differences(case, tensor, want["tensors"][tensor], got["tensors"][tensor])
         )
     return lines
-
-
-def recorded_with_other_kernel(old: dict, new: dict) -> bool:
-    """True when ``old`` was recorded with another configuration or machine code than ``new``
-    (so differing hashes are expected: ``old`` is stale)."""
-    if old.get("config_hash") != new.get("config_hash"):
-        return True
-    a, b = old.get("fingerprint"), new.get("fingerprint")
-    return a is not None and b is not None and a != b
 
 
 # ----------------------------------------------------------------------------- staleness

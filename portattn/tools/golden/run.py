@@ -63,6 +63,10 @@ class CaseResult:
     tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds: float = 0.0
 
+    def output_record(self) -> dict[str, Any]:
+        """What the golden file stores of it and compares: the inputs' hash, the tensors'."""
+        return {"inputs_sha256": self.inputs_sha256, "tensors": self.tensors}
+
 
 def make_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
     """The case's inputs from the counter-based generator, made on ``device`` (the same values

@@ -1,110 +1,20 @@
-"""Golden files on disk: reading one (checked against the layout of
-:mod:`portattn.tools.golden.layout`), its canonical text, and safe concurrent writes (a lock, a
-temp file, ``os.replace``).
-
-Building, comparing and merging the records inside a document are :mod:`.records` and
-:mod:`.merging`; the names they took from this module are imported here too, so that older
-imports of them keep working.
-"""
+"""Writing golden files: their canonical text, and safe concurrent writes (a lock, a temp file,
+``os.replace``; docs/golden.md, "Refresh")."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from portattn.tools.golden.layout import (
-    SCHEMA,
-    GoldenConflict,
-    GoldenError,
-    _Malformed,
-    check_document,
-    empty_doc,
-)
-from portattn.tools.golden.merging import merge
-from portattn.tools.golden.records import (
-    build_record,
-    config_hashes_of,
-    fingerprint_digest,
-    output_differences,
-    recorded_with_other_kernel,
-    stale_outputs,
-    tensor_differences,
-)
-
-__all__ = [
-    "LOCK_TIMEOUT_S",
-    "SCHEMA",
-    "GoldenConflict",
-    "GoldenError",
-    "atomic_write",
-    "build_record",
-    "check_document",
-    "check_writable",
-    "config_hashes_of",
-    "dumps",
-    "empty_doc",
-    "fingerprint_digest",
-    "golden_path",
-    "load",
-    "merge",
-    "output_differences",
-    "recorded_with_other_kernel",
-    "stale_outputs",
-    "tensor_differences",
-    "update_file",
-    "write_record",
-]
+from ci.golden_dev.merging import GoldenConflict, merge
+from portattn.tools.golden.layout import GoldenError, load
 
 LOCK_TIMEOUT_S = 300.0
-
-
-# A family name as a file name: the table's (sm90, cdna3) and the tests' made-up ones; no path
-# separators, no leading dot (``../x`` made refresh write outside the golden folder).
-_FAMILY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
-
-
-def golden_path(golden_dir: str | os.PathLike, family: str) -> Path:
-    """``<golden_dir>/<family>.json``; GoldenError for a family that is no plain name."""
-    if not isinstance(family, str) or not _FAMILY_NAME.fullmatch(family):
-        raise GoldenError(
-            f"{family!r} is not a family name (letters, digits, '_' and '-', e.g. sm90): no "
-            "golden file outside the golden folder"
-        )
-    return Path(golden_dir) / f"{family}.json"
-
-
-def load(path: str | os.PathLike, family: str | None = None) -> dict[str, Any] | None:
-    """The golden document at ``path``, or None when there is no file. A file that is not
-    UTF-8 JSON of the golden layout (:func:`check_document`) raises :class:`GoldenError`
-    naming the file, as does one that cannot be read, and, with ``family``, one whose own
-    ``family`` field names another family (sm80's file saved as sm90.json)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        return None
-    except UnicodeDecodeError as exc:
-        raise GoldenError(f"{path} is not UTF-8 text: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise GoldenError(f"{path} is not valid JSON: {exc}") from exc
-    except OSError as exc:
-        raise GoldenError(f"{path} cannot be read: {exc.strerror or exc}") from exc
-    try:
-        check_document(doc)
-    except _Malformed as exc:
-        raise GoldenError(f"{path} is malformed: {exc}") from None
-    if family is not None and doc["family"] != family:
-        raise GoldenError(
-            f"{path} holds the golden records of {doc['family']} (its 'family' field), not "
-            f"{family}: a copy of {doc['family']}'s file? Nothing of it is compared or replaced"
-        )
-    return doc
 
 
 def _encode(value: Any, level: int) -> str:

@@ -1,15 +1,100 @@
-"""Folding a run's record into a golden document: what it adds, what it replaces (outputs
-recorded with another configuration or machine code, or anything with ``force``), and what
-conflicts.
-"""
+"""Building a golden record from a run and folding it into a golden document: what it adds,
+what it replaces (outputs recorded with another configuration or machine code, or anything
+with ``force``), what conflicts; and where a record came from (its provenance)."""
 
 from __future__ import annotations
 
 import copy
+import datetime
+import functools
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
-from portattn.tools.golden.layout import SCHEMA, GoldenConflict, GoldenError, empty_doc
-from portattn.tools.golden.records import output_differences, recorded_with_other_kernel
+import torch
+
+from portattn.tools.golden.cases import Case
+from portattn.tools.golden.layout import SCHEMA, GoldenError
+from portattn.tools.golden.records import fingerprint_digest, output_differences
+from portattn.tools.golden.run import make_inputs
+from portattn.tools.golden.verify import REPO_ROOT, device_name
+
+
+class GoldenConflict(Exception):
+    """A merge would replace differing hashes (or case definitions) and ``force`` is off."""
+
+    def __init__(self, conflicts: list[str]) -> None:
+        super().__init__(
+            f"{len(conflicts)} conflicting entr{'y' if len(conflicts) == 1 else 'ies'}"
+        )
+        self.conflicts = conflicts
+
+
+def empty_doc(family: str) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "family": family,
+        "cases_version": 0,
+        "cases": {},
+        "config_hashes": {},
+        "toolchains": {},
+    }
+
+
+def case_definition(case: Case) -> dict:
+    """A case's stored definition: its fields and the SHA-256 of its generated inputs."""
+    return case.to_json() | {"inputs_sha256": _inputs_sha256(case)}
+
+
+@functools.cache
+def _inputs_sha256(case: Case) -> str:
+    return make_inputs(case).sha256()
+
+
+def build_record(
+    family: str,
+    toolchain: str,
+    results: list,
+    provenance: dict[str, Any] | None,
+    fingerprints: dict[str, dict[str, str | None]] | None,
+    config_hashes: dict[str, str],
+    cases_version: int,
+) -> dict[str, Any]:
+    """A golden document holding just ``results`` (``CaseResult`` objects) and the run's
+    metadata; :func:`merge` folds it into the file. ``config_hashes``: entry -> hash of the
+    configuration the results ran with; ``fingerprints``: entry -> kernel -> fingerprint."""
+    doc = empty_doc(family)
+    doc["cases_version"] = cases_version
+    section: dict[str, Any] = {
+        "config_hashes": {},
+        "fingerprints": copy.deepcopy(fingerprints or {}),
+        "outputs": {},
+    }
+    if provenance:
+        section["provenance"] = provenance
+    for r in results:
+        entry = r.case.entry
+        doc["cases"][r.case.name] = r.case.to_json() | {"inputs_sha256": r.inputs_sha256}
+        section["config_hashes"][entry] = config_hashes[entry]
+        section["outputs"][r.case.name] = {
+            "entry": entry,
+            "config_hash": config_hashes[entry],
+            "fingerprint": fingerprint_digest((fingerprints or {}).get(entry)),
+            "inputs_sha256": r.inputs_sha256,
+            "tensors": copy.deepcopy(r.tensors),
+        }
+    doc["toolchains"][toolchain] = section
+    return doc
+
+
+def recorded_with_other_kernel(old: dict, new: dict) -> bool:
+    """True when ``old`` was recorded with another configuration or machine code than ``new``
+    (so differing hashes are expected: ``old`` is stale)."""
+    if old.get("config_hash") != new.get("config_hash"):
+        return True
+    a, b = old.get("fingerprint"), new.get("fingerprint")
+    return a is not None and b is not None and a != b
 
 
 def _merge_provenance(old: dict | None, new: dict) -> dict:
@@ -139,3 +224,63 @@ def merge(
     if conflicts:
         raise GoldenConflict(conflicts)
     return doc, changes
+
+
+# ----------------------------------------------------------------------------- provenance
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_commit() -> str | None:
+    """``git rev-parse HEAD`` of the checkout portattn runs from (``+dirty`` with local
+    changes), or None outside a git checkout."""
+    commit = _run(["git", "rev-parse", "HEAD"], REPO_ROOT)
+    if not commit:
+        return None
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], REPO_ROOT)
+    return commit + ("+dirty" if status else "")
+
+
+def drivers(device: torch.device) -> list[str]:
+    """CUDA runtime and NVIDIA driver, or the ROCm version (what is known here)."""
+    if device.type != "cuda":
+        return []
+    found = []
+    if torch.version.hip is not None:
+        found.append(f"rocm {torch.version.hip}")
+        return found
+    if torch.version.cuda:
+        found.append(f"cuda {torch.version.cuda}")
+    smi = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    if smi:
+        found.append(f"nvidia driver {smi.splitlines()[0].strip()}")
+    return found
+
+
+def today() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+
+
+def provenance(device: torch.device) -> dict[str, Any]:
+    """The provenance block of a refresh on ``device``."""
+    import portattn
+
+    record: dict[str, Any] = {
+        "devices": [device_name(device)],
+        "drivers": drivers(device),
+        "torch": [torch.__version__],
+        "portattn": portattn.__version__,
+        "date": today(),
+    }
+    commit = git_commit()
+    if commit:
+        record["commit"] = commit
+    return record
