@@ -420,6 +420,7 @@ def flash_attn_with_kvcache(
         options,
         block_table=table,
         compiling=compiling,
+        lse_needed=return_lse,
     )
     out = out.view(batch, seqlen_q, n_heads_q, v_cache.shape[-1])  # v's head dim
     if not return_lse:

@@ -108,7 +108,9 @@ def _record_paths(monkeypatch) -> list[str]:
     used: list[str] = []
     real_op, real_impl = forward_entry.varlen_fwd, forward_entry.fwd_impl
     monkeypatch.setattr(forward_entry, "varlen_fwd", lambda *a: used.append("op") or real_op(*a))
-    monkeypatch.setattr(forward_entry, "fwd_impl", lambda *a: used.append("impl") or real_impl(*a))
+    monkeypatch.setattr(
+        forward_entry, "fwd_impl", lambda *a, **kw: used.append("impl") or real_impl(*a, **kw)
+    )
     return used
 
 
@@ -267,3 +269,59 @@ def test_append_follows_cache_seqlens(seqlens_kind, layout):
                 portattn.flash_attn_with_kvcache(
                     q, k_cache, v_cache, new_k, new_v, cache_seqlens=lens, **extra
                 )
+
+
+def test_op_returns_a_fresh_empty_out32_the_direct_call_none():
+    """The op's third output, out32 when not stored, is a new empty [0, Hq, Dv] tensor per
+    call; the direct call's implementation makes none."""
+    from portattn.ops import FwdArgs, fwd_impl
+    from portattn.options import AttentionOptions
+
+    q, k, v = _rand(7, HQ, D), _rand(7, HKV, D, seed=1), _rand(7, HKV, D, seed=2)
+    cu = cu_seqlens([3, 4])
+    args = FwdArgs.bind(q, k, v, cu, cu, 4, 4, AttentionOptions(True, 0.125), store_o32=False)
+    with torch.no_grad():
+        first = torch.ops.portattn.varlen_fwd(*args)
+        second = torch.ops.portattn.varlen_fwd(*args)
+        out, lse, out32 = fwd_impl(*args)
+    assert first[2].shape == (0, HQ, D) and first[2].dtype == torch.float32
+    assert first[2] is not second[2]
+    assert out32 is None and torch.equal(out, first[0]) and torch.equal(lse, first[1])
+
+
+def test_lse_scratch_never_reaches_a_caller():
+    """Calls that drop the lse write it to a shared scratch buffer; an lse that is returned,
+    or saved for a backward, is a buffer of its own: a later call that drops its lse leaves
+    it (and the gradient computed from it) as it was."""
+    from portattn.kernels import buffers
+
+    lens = [5, 9]
+    q, k, v = _rand(14, HQ, D), _rand(14, HKV, D, seed=1), _rand(14, HKV, D, seed=2)
+    q2 = _rand(14, HQ, D, seed=3)
+    cu = cu_seqlens(lens)
+
+    def call(query, **kw):
+        return portattn.varlen_attention(query, k, v, cu, cu, 9, 9, causal=True, **kw)
+
+    with torch.no_grad():
+        out_only = call(q)
+        out, lse = call(q, return_lse=True)
+        kept = lse.clone()
+        assert torch.equal(out_only, out)
+        assert (torch.device(DEVICE), 14, HQ) in buffers._LSE_SCRATCH
+        scratch = buffers._LSE_SCRATCH[(torch.device(DEVICE), 14, HQ)]
+        assert lse.data_ptr() != scratch.data_ptr()
+        call(q2)  # writes the scratch
+        assert torch.equal(lse, kept)
+        dense_q = q.view(1, 14, HQ, D)
+        dense_kv = k.view(1, 14, HKV, D), v.view(1, 14, HKV, D)
+        dense_out = portattn.attention(dense_q, *dense_kv, causal=True)
+        dense_out2, _ = portattn.attention(dense_q, *dense_kv, causal=True, return_lse=True)
+        assert torch.equal(dense_out, dense_out2)
+    qg = q.clone().requires_grad_()
+    out_g = call(qg)
+    expected = torch.autograd.grad(out_g.float().sum(), qg)[0]
+    out_g = call(qg)
+    with torch.no_grad():
+        call(q2)  # same shape, lse dropped: must not write the lse saved for the backward
+    assert torch.equal(torch.autograd.grad(out_g.float().sum(), qg)[0], expected)
