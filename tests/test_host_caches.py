@@ -325,3 +325,117 @@ def test_lse_scratch_never_reaches_a_caller():
     with torch.no_grad():
         call(q2)  # same shape, lse dropped: must not write the lse saved for the backward
     assert torch.equal(torch.autograd.grad(out_g.float().sum(), qg)[0], expected)
+
+
+def _paged_call(lens, table, new_kv=True, seed=0):
+    """A paged decode call on fresh caches (the same for the same seed); returns the output,
+    the lse and both caches."""
+    k_cache, v_cache = _rand(8, PAGE, HKV, D, seed=seed), _rand(8, PAGE, HKV, D, seed=seed + 1)
+    new = (_rand(2, 1, HKV, D, seed=seed + 2), _rand(2, 1, HKV, D, seed=seed + 3))
+    out, lse = portattn.flash_attn_with_kvcache(
+        _rand(2, 1, HQ, D, seed=seed + 4),
+        k_cache,
+        v_cache,
+        *(new if new_kv else (None, None)),
+        cache_seqlens=lens,
+        block_table=table,
+        causal=True,
+        return_softmax_lse=True,
+    )
+    return out, lse, k_cache, v_cache
+
+
+def _fresh(lens, table, **kw):
+    """The same call with index tensors no call has seen, after every memo is dropped."""
+    from portattn import validation
+
+    validation.forget_host_values()
+    plan.forget_problems()
+    fresh_lens = lens if isinstance(lens, int) else lens.clone()
+    return _paged_call(fresh_lens, table.clone(), **kw)
+
+
+@pytest.mark.parametrize("new_kv", [True, False])
+@pytest.mark.parametrize(
+    "change", ["lens_in_place", "table_in_place", "new_lens_tensor", "int_value", "view_write"]
+)
+def test_derived_index_tensors_follow_their_sources(change, new_kv):
+    """cu_seqlens_k and the append's slots, kept per version of cache_seqlens / block_table
+    (or per int value): every write to them through PyTorch, and every other tensor, gives the
+    bits of a call that derives everything anew."""
+    from portattn import tensor_memo
+
+    table = torch.tensor([[3, 1, 0], [2, 5, 7]], dtype=torch.int32, device=DEVICE)
+    lens = 14 if change == "int_value" else torch.tensor([15, 3], dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        first = _paged_call(lens, table, new_kv)
+        tag = "cu_seqlens_k_int" if change == "int_value" else "cu_seqlens_k"
+        assert any(key[0] == tag for key in tensor_memo._DERIVED)
+        again = _paged_call(lens, table, new_kv)  # the kept tensors: the same bits
+        _assert_same(first, again)
+        if change == "lens_in_place":
+            lens += 2  # crosses a page for sequence 0
+        elif change == "table_in_place":
+            table[0, 1] = 6  # sequence 0's page of position 16
+            lens += 1
+        elif change == "new_lens_tensor":
+            lens = torch.tensor([16, 4], dtype=torch.int32, device=DEVICE)
+        elif change == "int_value":
+            lens = 17
+        else:  # a write through a view bumps the shared version counter
+            lens[1:].add_(5)
+        got = _paged_call(lens, table, new_kv)
+        want = _fresh(lens, table, new_kv=new_kv)
+    _assert_same(got, want)
+    assert not torch.equal(got[0], first[0])  # the change reached the kernel
+
+
+def test_derived_index_tensors_other_new_counts_and_inference_tensors():
+    """One cache_seqlens version with another number of new keys derives anew; an inference
+    tensor (no version counter) is derived from every call, so its in-place writes count."""
+    table = torch.tensor([[3, 1, 0], [2, 5, 7]], dtype=torch.int32, device=DEVICE)
+    with torch.inference_mode():
+        lens = torch.tensor([15, 3], dtype=torch.int32, device=DEVICE)
+        _paged_call(lens, table)
+        lens += 1
+        got = _paged_call(lens, table)
+        want = _fresh(lens, table)
+    _assert_same(got, want)
+    lens = torch.tensor([15, 3], dtype=torch.int32, device=DEVICE)
+    k_cache, v_cache = _rand(8, PAGE, HKV, D), _rand(8, PAGE, HKV, D, seed=1)
+    with torch.no_grad():
+        for new in (1, 3, 1):
+            kv = (_rand(2, new, HKV, D, seed=new), _rand(2, new, HKV, D, seed=new + 1))
+            expect_k, expect_v = k_cache.clone(), v_cache.clone()
+            q = _rand(2, 1, HQ, D)
+            out = portattn.flash_attn_with_kvcache(
+                q, k_cache, v_cache, *kv, cache_seqlens=lens, block_table=table
+            )
+            plan.forget_problems()
+            from portattn import validation
+
+            validation.forget_host_values()
+            fresh = portattn.flash_attn_with_kvcache(
+                q, expect_k, expect_v, *kv, cache_seqlens=lens.clone(), block_table=table.clone()
+            )
+            assert torch.equal(out, fresh) and torch.equal(k_cache, expect_k), new
+            assert torch.equal(v_cache, expect_v), new
+
+
+def test_forget_host_values_drops_derived_index_tensors():
+    """A write behind PyTorch's back (``.data``) leaves the version counter as it was: the
+    kept tensors are stale until ``validation.forget_host_values()``, which drops them."""
+    from portattn import tensor_memo, validation
+
+    table = torch.tensor([[3, 1, 0], [2, 5, 7]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([15, 3], dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        _paged_call(lens, table, new_kv=False)
+        version = lens._version
+        lens.data.add_(1)
+        assert lens._version == version  # unseen by the version counter
+        validation.forget_host_values()
+        assert not tensor_memo._DERIVED
+        got = _paged_call(lens, table, new_kv=False)
+        want = _fresh(lens, table, new_kv=False)
+    _assert_same(got, want)
