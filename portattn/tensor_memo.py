@@ -31,9 +31,9 @@ import torch
 
 T = TypeVar("T")
 
-# (tag, ids of the tensors, extra) -> (weak references, (version, data pointer) per tensor,
+# (tag, *ids of the tensors, *extra) -> (weak references, (version, data pointer) per tensor,
 # value). The key has no version: a step's new version replaces its previous entry.
-_DERIVED: dict[tuple, tuple[tuple, tuple, object]] = {}
+_DERIVED: dict[tuple, tuple[list, list, object]] = {}
 _DERIVED_MAX = 256
 
 
@@ -55,32 +55,29 @@ def derived(
     capture) or while tracing: always ``make()``, nothing kept."""
     if not use or torch.compiler.is_compiling():
         return make()
-    stamps = []
-    for t in tensors:
-        if t is None:
-            stamps.append(None)
-            continue
-        try:
-            stamps.append((t._version, t.data_ptr()))
-        except RuntimeError:  # an inference tensor: no version counter, no reuse
-            return make()
-    stamps = tuple(stamps)
-    key = (tag, tuple(id(t) for t in tensors), extra)
+    try:
+        stamps = [None if t is None else (t._version, t.data_ptr()) for t in tensors]
+    except RuntimeError:  # an inference tensor: no version counter, no reuse
+        return make()
+    key = (tag, *map(id, tensors), *extra)
     hit = _DERIVED.get(key)
-    if hit is not None and hit[1] == stamps and _same(hit[0], tensors):
+    if hit is not None and hit[1] == stamps and _alive(hit[0], tensors):
         return hit[2]
     value = make()
     if len(_DERIVED) >= _DERIVED_MAX:
         _DERIVED.clear()
-    refs = tuple(None if t is None else weakref.ref(t) for t in tensors)
+    refs = [None if t is None else weakref.ref(t) for t in tensors]
     _DERIVED[key] = (refs, stamps, value)
     return value
 
 
-def _same(refs: tuple, tensors: tuple) -> bool:
-    return all(
-        (t is None) if ref is None else ref() is t for ref, t in zip(refs, tensors, strict=True)
-    )
+def _alive(refs: list, tensors: tuple) -> bool:
+    """Whether the references still point at ``tensors`` (not at none, or a tensor since
+    made at a recycled id)."""
+    for ref, t in zip(refs, tensors):
+        if (t is not None) if ref is None else ref() is not t:
+            return False
+    return True
 
 
 def forget_derived() -> None:
