@@ -8,6 +8,11 @@
   size is never planned from a stale entry.
 * ``flash_attn_with_kvcache``'s append (fewer index ops) and its checks once per tensor
   version: an in-place write to ``cache_seqlens`` moves the append and the checks with it.
+* ``tensor_memo.derived`` (``cu_seqlens_k``, the append's slots, kept per version of
+  ``cache_seqlens`` / ``block_table``): every write through PyTorch, another tensor or int,
+  another new-key count derives anew; ``forget_host_values`` drops them.
+* The op's placeholder out32 and the lse scratch of calls that drop their lse: a returned or
+  saved lse is never the scratch.
 """
 
 from __future__ import annotations
