@@ -6,7 +6,11 @@ Cases (B=1 decode, Hq 32 / Hkv 8, d128, page 64, bfloat16; varlen: 4 x 256 token
   token, ``cache_seqlens`` an int32 tensor / an int;
 * ``paged``: the same without the append; ``dense``: a dense [1, 4096, 8, 128] cache;
 * ``varlen_nograd``: ``varlen_attention`` forward (both max_seqlen) under ``torch.no_grad()``;
-* ``varlen_grad``: the same forward with q/k/v requiring grad (forward only).
+* ``varlen_grad``: the same forward with q/k/v requiring grad (forward only);
+* ``paged_append_step`` / ``paged_append_step_i``: a decode step of ``LAYERS`` (32)
+  ``paged_append_t`` / ``paged_append_i`` calls sharing one ``cache_seqlens``, which grows by
+  one after the step (in place for the tensor, as engines do): the calls after a step's first
+  reuse what it derived from it. Its times and aten ops are per call, over the whole step.
 
 CPU (default): the kernels' launch is stubbed out (Triton's interpreter runs nothing), everything
 else runs: ``run_launches`` with its ``before_launch`` checks, the context managers, the buffers.
@@ -43,7 +47,23 @@ import torch  # noqa: E402
 import portattn  # noqa: E402
 
 B, HQ, HKV, D, PAGE, PAGES, CACHED = 1, 32, 8, 128, 64, 64, 1000
-CASES = ("paged_append_t", "paged_append_i", "paged", "dense", "varlen_nograd", "varlen_grad")
+LAYERS = 32  # calls per step of the *_step cases
+MAX_STEPS = (PAGES * PAGE - CACHED - 30) // 2  # timed steps of a step case (see main)
+CASES = (
+    "paged_append_t",
+    "paged_append_i",
+    "paged",
+    "dense",
+    "varlen_nograd",
+    "varlen_grad",
+    "paged_append_step",
+    "paged_append_step_i",
+)
+
+
+def calls_per_run(name: str) -> int:
+    """The calls one run of a case makes (its times and ops are reported per call)."""
+    return LAYERS if name.endswith(("_step", "_step_i")) else 1
 
 
 def stub_triton_launch() -> None:
@@ -90,7 +110,7 @@ def make_case(name: str, device: str, dtype=torch.bfloat16):
     append = name.startswith("paged_append")
     lens = CACHED if name == "paged_append_i" else lens_t
 
-    def call():
+    def call(seqlens=lens):
         with torch.no_grad():
             return portattn.flash_attn_with_kvcache(
                 q,
@@ -98,12 +118,28 @@ def make_case(name: str, device: str, dtype=torch.bfloat16):
                 v_cache,
                 new_k if append else None,
                 new_v if append else None,
-                cache_seqlens=lens,
+                cache_seqlens=seqlens,
                 block_table=table,
                 causal=True,
             )
 
-    return call
+    if not name.endswith(("_step", "_step_i")):
+        return call
+    state = {"len": CACHED}  # the host's count of the cached keys: no read of lens_t
+
+    def step():
+        as_int = name.endswith("_i")
+        for _ in range(LAYERS):
+            out = call(state["len"] if as_int else lens_t)
+        if state["len"] < PAGES * PAGE - 1:
+            state["len"] += 1
+            lens_t.add_(1)  # in place: a new version, as engines step their lengths
+        else:  # the cache is full: start over
+            state["len"] = CACHED
+            lens_t.fill_(CACHED)
+        return out
+
+    return step
 
 
 def host_us_cpu(call, n: int) -> float:
@@ -214,14 +250,18 @@ def main() -> int:
     print("| --- |" + " ---: |" * (header.count("|") + 1))
     for name in cases:
         call = make_case(name, device)
-        ops = aten_ops(call)
+        per = calls_per_run(name)
+        ops = aten_ops(call) / per
+        # A step case's replays grow cache_seqlens on the GPU with no wrap: keep them within
+        # the cache (eager steps wrap on the host; warm-up, timed steps, replays: 2n + 30).
+        runs = n if per == 1 else min(n, MAX_STEPS)
         if args.gpu:
-            row = gpu_times(call, n)
+            row = gpu_times(call, runs)
             cells = [row["host_us"], row["gpu_us"], row.get("graph_us", float("nan"))]
-            cells = [f"{c:.1f}" for c in cells] + [row["syncs"]]
+            cells = [f"{c / per:.1f}" for c in cells] + [row["syncs"]]
         else:
-            cells = [f"{host_us_cpu(call, n):.1f}"]
-        print(f"| {name} | " + " | ".join(cells) + f" | {ops} |", flush=True)
+            cells = [f"{host_us_cpu(call, runs) / per:.1f}"]
+        print(f"| {name} | " + " | ".join(cells) + f" | {ops:g} |", flush=True)
         if args.profile:
             profile(call, min(n, 500), args.sort)
     return 0

@@ -173,6 +173,7 @@ def varlen_attention(
         check_values=check_values,
         block_table=block_table,
         compiling=compiling,
+        lse_needed=return_lse,
     )
     return (out, lse) if return_lse else out
 
@@ -279,6 +280,7 @@ def attention(
         layout.seqlen_k,
         options,
         compiling=compiling,
+        lse_needed=return_lse,
     )
     out = layout.output(out, q.shape[2])
     if not return_lse:

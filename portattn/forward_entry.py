@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from portattn.kernels.buffers import lse_scratch
 from portattn.kernels.plan import splits_p
 from portattn.ops import FwdArgs, fwd_impl, varlen_fwd
-from portattn.options import AttentionOptions, needs_grad
+from portattn.options import AttentionOptions, capturing, needs_grad
 
 # Off only for tests and measurements: every call then goes through the custom op.
 DIRECT_CALLS = True
@@ -62,11 +63,14 @@ def run_forward(
     check_values: bool = False,
     block_table: torch.Tensor | None = None,
     compiling: bool = True,
+    lse_needed: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The checked arguments into the forward op; returns (out, lse), both differentiable.
     ``check_values``: the op runs the value checks of ``cu_seqlens`` right before its launch;
     ``block_table``: k and v are paged caches (inference only). ``compiling``:
-    ``torch.compiler.is_compiling()`` read in the entry's frame (True: always the op)."""
+    ``torch.compiler.is_compiling()`` read in the entry's frame (True: always the op).
+    ``lse_needed`` False: the caller drops the lse; a direct call outside CUDA-graph capture
+    then writes it to a scratch buffer shared by such calls (its values are garbage after)."""
     sinks = [] if options.sinks is None else [options.sinks]
     # fixed_order's backward reads a float32 copy of out: store it only when a backward can run.
     store_o32 = splits_p(options.kernel) and needs_grad(q, k, v, *sinks)
@@ -84,6 +88,10 @@ def run_forward(
         block_table=block_table,
     )
     tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, options.sinks)
-    run = fwd_impl if direct_call(tensors, compiling) else varlen_fwd
-    out, lse, _ = run(*args)
+    if not direct_call(tensors, compiling):
+        out, lse, _ = varlen_fwd(*args)
+        return out, lse
+    # With no autograd here, nothing but the caller could read the lse.
+    scratch = None if lse_needed or capturing(q) else lse_scratch(q.shape[0], q.shape[1], q.device)
+    out, lse, _ = fwd_impl(*args, lse=scratch)
     return out, lse

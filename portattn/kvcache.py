@@ -27,6 +27,7 @@ from portattn.forward_entry import run_forward
 from portattn.kernels.buffers import check_row_strides
 from portattn.kvcache_checks import check_append_memory, check_written_slots
 from portattn.options import capturing, check_options, needs_grad
+from portattn.tensor_memo import derived, stream_key
 from portattn.validation import (
     INT32_MAX,
     DTypeError,
@@ -132,13 +133,26 @@ def _ramp(length: int, step: int, device: torch.device, capturing: bool) -> torc
 
 
 def _cu_seqlens_k(seqlens: torch.Tensor | int, new: int, batch: int, device, capturing: bool):
-    """int32 [B + 1]: 0, then the running sum of each sequence's keys (cache plus new)."""
-    if isinstance(seqlens, int):  # the step changes from call to call: not a cached ramp
-        return _ramp(batch + 1, 1, device, capturing) * (seqlens + new)
-    counts = seqlens + new if new else seqlens
-    # int32 sums: the same bits as int64 sums stored to int32 (both wrap mod 2**32)
-    total = torch.cumsum(counts, 0, dtype=torch.int32)
-    return torch.cat((_ramp(1, 0, device, capturing), total))  # a leading 0
+    """int32 [B + 1]: 0, then the running sum of each sequence's keys (cache plus new). The
+    same for every layer of a decode step: made once per ``cache_seqlens`` version (or int
+    value), see :mod:`portattn.tensor_memo`."""
+    extra = (new, batch, device, stream_key(device))
+    if isinstance(seqlens, int):  # the step changes from step to step: not a kept ramp
+        return derived(
+            "cu_seqlens_k_int",
+            (),
+            (seqlens, *extra),
+            lambda: _ramp(batch + 1, 1, device, capturing) * (seqlens + new),
+            use=not capturing,
+        )
+
+    def make() -> torch.Tensor:
+        counts = seqlens + new if new else seqlens
+        # int32 sums: the same bits as int64 sums stored to int32 (both wrap mod 2**32)
+        total = torch.cumsum(counts, 0, dtype=torch.int32)
+        return torch.cat((_ramp(1, 0, device, capturing), total))  # a leading 0
+
+    return derived("cu_seqlens_k", (seqlens,), extra, make, use=not capturing)
 
 
 def _check_new_kv(k, v, q, k_cache, v_cache) -> int:
@@ -241,27 +255,41 @@ def _append(
     any other way of writing them."""
     batch, new = k.shape[:2]
     caches = ((k_cache, k), (v_cache, v))
-    if isinstance(cache_seqlens, int):
+    memo = not (capturing or torch.compiler.is_compiling())
+    if isinstance(cache_seqlens, int) and not memo:  # slices: no index tensors to make
         _append_at(caches, cache_seqlens, new, block_table, page_size, batch_idx, batch)
         return
-    pos = cache_seqlens.long()[:, None]  # [B, 1]
-    if new > 1:
-        pos = pos + _ramp(new, 1, k.device, capturing)  # [B, S_new]
-    if block_table is not None:
-        rows = torch.gather(block_table, 1, pos // page_size)  # int32 pages
-        slots = pos % page_size
+    device = k.device
+
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(cache_seqlens, int):
+            pos = torch.full((batch, 1), cache_seqlens, dtype=torch.int64, device=device)
+        else:
+            pos = cache_seqlens.long()[:, None]  # [B, 1]
+        if new > 1:
+            pos = pos + _ramp(new, 1, device, capturing)  # [B, S_new]
+        if block_table is not None:
+            return torch.gather(block_table, 1, pos // page_size), pos % page_size  # int32 pages
+        rows = _ramp(batch, 1, device, capturing) if batch_idx is None else batch_idx
+        return rows[:, None], pos
+
+    # The slots are the same for every layer of a decode step: made once per version of the
+    # index tensors (an int cache_seqlens: once per value), see portattn.tensor_memo.
+    if isinstance(cache_seqlens, int):
+        tensors, extra = (block_table, batch_idx), (cache_seqlens,)
     else:
-        if batch_idx is None:
-            batch_idx = _ramp(batch, 1, k.device, capturing)
-        rows, slots = batch_idx[:, None], pos
+        tensors, extra = (cache_seqlens, block_table, batch_idx), ()
+    extra = (*extra, new, page_size, batch, device, stream_key(device))
+    rows, slots = derived("append_slots", tensors, extra, make, use=memo)
     for cache, x in caches:
         cache.index_put_((rows, slots), x)
 
 
 def _append_at(caches, start: int, new: int, block_table, page_size: int, batch_idx, batch):
-    """The append at one position ``start`` for every sequence (an int ``cache_seqlens``):
-    slices of the caches, one index op per cache and page column written (one per decode
-    step), a plain copy for a dense cache with a row per sequence."""
+    """The append at one position ``start`` for every sequence (an int ``cache_seqlens``)
+    while a CUDA graph is captured or torch.compile traces: slices of the caches, one index op
+    per cache and page column written (one per decode step), a plain copy for a dense cache
+    with a row per sequence."""
     if block_table is None:
         for cache, x in caches:
             window = cache[:, start : start + new]
@@ -387,7 +415,8 @@ def flash_attn_with_kvcache(
             batch_idx = _ramp(batch, 1, q.device, in_graph)
         else:
             batch_idx = _index_tensor("cache_batch_idx", cache_batch_idx, batch, q.device)
-        table = batch_idx[:, None]  # a dense cache: one page of S_cache rows per sequence
+        # A dense cache: one page of S_cache rows per sequence (a view, kept per tensor).
+        table = derived("column", (batch_idx,), (), lambda: batch_idx[:, None], use=not in_graph)
     seqlens = _cache_seqlens(cache_seqlens, batch, capacity, q.device)
     if not in_graph:
         _check_values(
@@ -420,6 +449,7 @@ def flash_attn_with_kvcache(
         options,
         block_table=table,
         compiling=compiling,
+        lse_needed=return_lse,
     )
     out = out.view(batch, seqlen_q, n_heads_q, v_cache.shape[-1])  # v's head dim
     if not return_lse:

@@ -174,13 +174,21 @@ def varlen_fwd(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     Returns (out [total_q, Hq, D] in q's dtype, lse float32 [total_q, Hq],
     out32 float32 [total_q, Hq, D] when store_o32, else an empty [0, Hq, D]); all contiguous.
     """
-    return fwd_impl(*args)
+    out, lse, out32 = fwd_impl(*args)
+    if out32 is None:  # an op returns fresh tensors, never None: a new empty one
+        bound = FwdArgs(*args)
+        out32 = _empty_o32(bound.q, bound.v)
+    return out, lse, out32
 
 
-def fwd_impl(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`varlen_fwd`'s implementation, the op's body. An eager call with nothing to
-    trace, differentiate, cast or redispatch gets the same result from it as from the op,
-    without the dispatcher's Python layers (``forward_entry.run_forward`` decides when)."""
+def fwd_impl(
+    *args, lse: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`varlen_fwd`'s implementation, the op's body but for its placeholder out32: returns
+    (out, lse, out32 or None). An eager call with nothing to trace, differentiate, cast or
+    redispatch gets the same result from it as from the op, without the dispatcher's Python
+    layers (``forward_entry.run_forward`` decides when). ``lse``: a float32 [total_q, Hq]
+    buffer to write the lse to in place of a new one (a scratch the caller never reads)."""
     a = FwdArgs(*args)
     cu_q, cu_k, max_q, max_k = a.cu_seqlens_q, a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k
     problem = plan_problem(
@@ -215,8 +223,9 @@ def fwd_impl(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         before_launch=before_launch,
         block_table=a.block_table,
         sinks=a.sinks,
+        lse=lse,
     )
-    return out, lse, _empty_o32(a.q, a.v) if out32 is None else out32
+    return out, lse, out32
 
 
 # The ops' functions, fakes and autograd formula get every argument by position (the schemas

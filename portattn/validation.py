@@ -17,6 +17,7 @@ from portattn.configs import (
     VALUE_HEAD_DIM_PAIRS,
     interpreter_active,
 )
+from portattn.tensor_memo import forget_derived
 from portattn.validation_params import (  # noqa: F401 (re-exported: validation's checks)
     FLOAT32_TINY,
     LOG2E,
@@ -159,8 +160,13 @@ def host_values(t: torch.Tensor) -> list:
 
 
 def forget_host_values() -> None:
-    """Drop every cached host copy (:func:`host_values`): the next checks copy again."""
+    """Drop every cached host copy (:func:`host_values`) and every device tensor derived from
+    an index tensor (``tensor_memo.derived``: ``flash_attn_with_kvcache``'s ``cu_seqlens_k``
+    and append slots): the next calls copy and derive again. Call it after writing an index
+    tensor behind PyTorch's back (a custom kernel, ``.data``, a CUDA-graph replay), which
+    leaves its version counter as it was."""
     _HOST_VALUES.clear()
+    forget_derived()
 
 
 def _check_cu_seqlens_values(name: str, cu: torch.Tensor, total: int | None) -> list[int]:

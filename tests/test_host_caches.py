@@ -8,6 +8,11 @@
   size is never planned from a stale entry.
 * ``flash_attn_with_kvcache``'s append (fewer index ops) and its checks once per tensor
   version: an in-place write to ``cache_seqlens`` moves the append and the checks with it.
+* ``tensor_memo.derived`` (``cu_seqlens_k``, the append's slots, kept per version of
+  ``cache_seqlens`` / ``block_table``): every write through PyTorch, another tensor or int,
+  another new-key count derives anew; ``forget_host_values`` drops them.
+* The op's placeholder out32 and the lse scratch of calls that drop their lse: a returned or
+  saved lse is never the scratch.
 """
 
 from __future__ import annotations
@@ -108,7 +113,9 @@ def _record_paths(monkeypatch) -> list[str]:
     used: list[str] = []
     real_op, real_impl = forward_entry.varlen_fwd, forward_entry.fwd_impl
     monkeypatch.setattr(forward_entry, "varlen_fwd", lambda *a: used.append("op") or real_op(*a))
-    monkeypatch.setattr(forward_entry, "fwd_impl", lambda *a: used.append("impl") or real_impl(*a))
+    monkeypatch.setattr(
+        forward_entry, "fwd_impl", lambda *a, **kw: used.append("impl") or real_impl(*a, **kw)
+    )
     return used
 
 
@@ -267,3 +274,173 @@ def test_append_follows_cache_seqlens(seqlens_kind, layout):
                 portattn.flash_attn_with_kvcache(
                     q, k_cache, v_cache, new_k, new_v, cache_seqlens=lens, **extra
                 )
+
+
+def test_op_returns_a_fresh_empty_out32_the_direct_call_none():
+    """The op's third output, out32 when not stored, is a new empty [0, Hq, Dv] tensor per
+    call; the direct call's implementation makes none."""
+    from portattn.ops import FwdArgs, fwd_impl
+    from portattn.options import AttentionOptions
+
+    q, k, v = _rand(7, HQ, D), _rand(7, HKV, D, seed=1), _rand(7, HKV, D, seed=2)
+    cu = cu_seqlens([3, 4])
+    args = FwdArgs.bind(q, k, v, cu, cu, 4, 4, AttentionOptions(True, 0.125), store_o32=False)
+    with torch.no_grad():
+        first = torch.ops.portattn.varlen_fwd(*args)
+        second = torch.ops.portattn.varlen_fwd(*args)
+        out, lse, out32 = fwd_impl(*args)
+    assert first[2].shape == (0, HQ, D) and first[2].dtype == torch.float32
+    assert first[2] is not second[2]
+    assert out32 is None and torch.equal(out, first[0]) and torch.equal(lse, first[1])
+
+
+def test_lse_scratch_never_reaches_a_caller():
+    """Calls that drop the lse write it to a shared scratch buffer; an lse that is returned,
+    or saved for a backward, is a buffer of its own: a later call that drops its lse leaves
+    it (and the gradient computed from it) as it was."""
+    from portattn.kernels import buffers
+
+    lens = [5, 9]
+    q, k, v = _rand(14, HQ, D), _rand(14, HKV, D, seed=1), _rand(14, HKV, D, seed=2)
+    q2 = _rand(14, HQ, D, seed=3)
+    cu = cu_seqlens(lens)
+
+    def call(query, **kw):
+        return portattn.varlen_attention(query, k, v, cu, cu, 9, 9, causal=True, **kw)
+
+    with torch.no_grad():
+        out_only = call(q)
+        out, lse = call(q, return_lse=True)
+        kept = lse.clone()
+        assert torch.equal(out_only, out)
+        assert (torch.device(DEVICE), 14, HQ) in buffers._LSE_SCRATCH
+        scratch = buffers._LSE_SCRATCH[(torch.device(DEVICE), 14, HQ)]
+        assert lse.data_ptr() != scratch.data_ptr()
+        call(q2)  # writes the scratch
+        assert torch.equal(lse, kept)
+        dense_q = q.view(1, 14, HQ, D)
+        dense_kv = k.view(1, 14, HKV, D), v.view(1, 14, HKV, D)
+        dense_out = portattn.attention(dense_q, *dense_kv, causal=True)
+        dense_out2, _ = portattn.attention(dense_q, *dense_kv, causal=True, return_lse=True)
+        assert torch.equal(dense_out, dense_out2)
+    qg = q.clone().requires_grad_()
+    out_g = call(qg)
+    expected = torch.autograd.grad(out_g.float().sum(), qg)[0]
+    out_g = call(qg)
+    with torch.no_grad():
+        call(q2)  # same shape, lse dropped: must not write the lse saved for the backward
+    assert torch.equal(torch.autograd.grad(out_g.float().sum(), qg)[0], expected)
+
+
+def _paged_call(lens, table, new_kv=True, seed=0):
+    """A paged decode call on fresh caches (the same for the same seed); returns the output,
+    the lse and both caches."""
+    k_cache, v_cache = _rand(8, PAGE, HKV, D, seed=seed), _rand(8, PAGE, HKV, D, seed=seed + 1)
+    new = (_rand(2, 1, HKV, D, seed=seed + 2), _rand(2, 1, HKV, D, seed=seed + 3))
+    out, lse = portattn.flash_attn_with_kvcache(
+        _rand(2, 1, HQ, D, seed=seed + 4),
+        k_cache,
+        v_cache,
+        *(new if new_kv else (None, None)),
+        cache_seqlens=lens,
+        block_table=table,
+        causal=True,
+        return_softmax_lse=True,
+    )
+    return out, lse, k_cache, v_cache
+
+
+def _fresh(lens, table, **kw):
+    """The same call with index tensors no call has seen, after every memo is dropped."""
+    from portattn import validation
+
+    validation.forget_host_values()
+    plan.forget_problems()
+    fresh_lens = lens if isinstance(lens, int) else lens.clone()
+    return _paged_call(fresh_lens, table.clone(), **kw)
+
+
+@pytest.mark.parametrize("new_kv", [True, False])
+@pytest.mark.parametrize(
+    "change", ["lens_in_place", "table_in_place", "new_lens_tensor", "int_value", "view_write"]
+)
+def test_derived_index_tensors_follow_their_sources(change, new_kv):
+    """cu_seqlens_k and the append's slots, kept per version of cache_seqlens / block_table
+    (or per int value): every write to them through PyTorch, and every other tensor, gives the
+    bits of a call that derives everything anew."""
+    from portattn import tensor_memo
+
+    table = torch.tensor([[3, 1, 0], [2, 5, 7]], dtype=torch.int32, device=DEVICE)
+    lens = 14 if change == "int_value" else torch.tensor([15, 3], dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        first = _paged_call(lens, table, new_kv)
+        tag = "cu_seqlens_k_int" if change == "int_value" else "cu_seqlens_k"
+        assert any(key[0] == tag for key in tensor_memo._DERIVED)
+        again = _paged_call(lens, table, new_kv)  # the kept tensors: the same bits
+        _assert_same(first, again)
+        if change == "lens_in_place":
+            lens += 2  # crosses a page for sequence 0
+        elif change == "table_in_place":
+            table[0, 1] = 6  # sequence 0's page of position 16
+            lens += 1
+        elif change == "new_lens_tensor":
+            lens = torch.tensor([16, 4], dtype=torch.int32, device=DEVICE)
+        elif change == "int_value":
+            lens = 17
+        else:  # a write through a view bumps the shared version counter
+            lens[1:].add_(5)
+        got = _paged_call(lens, table, new_kv)
+        want = _fresh(lens, table, new_kv=new_kv)
+    _assert_same(got, want)
+    assert not torch.equal(got[0], first[0])  # the change reached the kernel
+
+
+def test_derived_index_tensors_other_new_counts_and_inference_tensors():
+    """One cache_seqlens version with another number of new keys derives anew; an inference
+    tensor (no version counter) is derived from every call, so its in-place writes count."""
+    table = torch.tensor([[3, 1, 0], [2, 5, 7]], dtype=torch.int32, device=DEVICE)
+    with torch.inference_mode():
+        lens = torch.tensor([15, 3], dtype=torch.int32, device=DEVICE)
+        _paged_call(lens, table)
+        lens += 1
+        got = _paged_call(lens, table)
+        want = _fresh(lens, table)
+    _assert_same(got, want)
+    lens = torch.tensor([15, 3], dtype=torch.int32, device=DEVICE)
+    k_cache, v_cache = _rand(8, PAGE, HKV, D), _rand(8, PAGE, HKV, D, seed=1)
+    with torch.no_grad():
+        for new in (1, 3, 1):
+            kv = (_rand(2, new, HKV, D, seed=new), _rand(2, new, HKV, D, seed=new + 1))
+            expect_k, expect_v = k_cache.clone(), v_cache.clone()
+            q = _rand(2, 1, HQ, D)
+            out = portattn.flash_attn_with_kvcache(
+                q, k_cache, v_cache, *kv, cache_seqlens=lens, block_table=table
+            )
+            plan.forget_problems()
+            from portattn import validation
+
+            validation.forget_host_values()
+            fresh = portattn.flash_attn_with_kvcache(
+                q, expect_k, expect_v, *kv, cache_seqlens=lens.clone(), block_table=table.clone()
+            )
+            assert torch.equal(out, fresh) and torch.equal(k_cache, expect_k), new
+            assert torch.equal(v_cache, expect_v), new
+
+
+def test_forget_host_values_drops_derived_index_tensors():
+    """A write behind PyTorch's back (``.data``) leaves the version counter as it was: the
+    kept tensors are stale until ``validation.forget_host_values()``, which drops them."""
+    from portattn import tensor_memo, validation
+
+    table = torch.tensor([[3, 1, 0], [2, 5, 7]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([15, 3], dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        _paged_call(lens, table, new_kv=False)
+        version = lens._version
+        lens.data.add_(1)
+        assert lens._version == version  # unseen by the version counter
+        validation.forget_host_values()
+        assert not tensor_memo._DERIVED
+        got = _paged_call(lens, table, new_kv=False)
+        want = _fresh(lens, table, new_kv=False)
+    _assert_same(got, want)

@@ -21,6 +21,27 @@ def new_buffer(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.empty(tuple(shape), dtype=dtype, device=device)
 
 
+# Write-only lse buffers by (device, rows, heads): the forward writes an lse always, and where
+# nobody asks for it (an eager no-grad call not returning it) one buffer per shape takes every
+# call's. Nothing reads them, so calls on any stream may write one at once; none is ever freed
+# (once full, calls get a new buffer), so no kernel in flight writes to memory handed out again.
+# Never used while a CUDA graph is captured: a graph keeps the addresses it records.
+_LSE_SCRATCH: dict[tuple, torch.Tensor] = {}
+_LSE_SCRATCH_MAX = 16
+LSE_SCRATCH_MAX_NUMEL = 1 << 18  # 1 MiB each: larger calls allocate as before
+
+
+def lse_scratch(rows: int, heads: int, device: torch.device) -> torch.Tensor | None:
+    """A float32 [rows, heads] buffer for an lse that no one reads, kept for the next call of
+    the same shape; None when it is too large or the buffers are all taken (a new one then)."""
+    key = (device, rows, heads)
+    buf = _LSE_SCRATCH.get(key)
+    room = len(_LSE_SCRATCH) < _LSE_SCRATCH_MAX
+    if buf is None and room and rows * heads <= LSE_SCRATCH_MAX_NUMEL:
+        buf = _LSE_SCRATCH[key] = new_buffer((rows, heads), torch.float32, device)
+    return buf
+
+
 def rows_aligned(*tensors: torch.Tensor) -> bool:
     """Whether every [T, H, D] row of these tensors starts on a 16-byte boundary (base address,
     token and head strides) with the head dim contiguous: what a tensor descriptor (TMA) needs.

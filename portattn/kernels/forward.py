@@ -143,8 +143,10 @@ class ForwardPlan:
 
 def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
                  store_o32: bool, block_table: torch.Tensor | None = None,
-                 sinks: torch.Tensor | None = None) -> ForwardPlan:
-    """Allocate the forward's outputs and plan its launch.
+                 sinks: torch.Tensor | None = None,
+                 lse: torch.Tensor | None = None) -> ForwardPlan:
+    """Allocate the forward's outputs and plan its launch. ``lse``: float32 [total_q, Hq]
+    contiguous to write the lse to (a caller's scratch), or None for a new buffer.
 
     q: [total_q, Hq, D]; k, v: [total_k, Hkv, D], or paged caches [num_pages, page_size, Hkv,
     D] with ``block_table`` int32 [B, pages_per_seq]; cu_seqlens_*: int32 [B + 1]. ``store_o32``:
@@ -156,7 +158,11 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     check_row_strides(q, k, v)  # the kernels' row_strides
     out_shape = (p.total_q, p.n_heads_q, p.value_dim)  # v's head dim
     out = new_buffer(out_shape, q.dtype, q.device)
-    lse = new_buffer((p.total_q, p.n_heads_q), torch.float32, q.device)
+    if lse is None:
+        lse = new_buffer((p.total_q, p.n_heads_q), torch.float32, q.device)
+    elif lse.shape != (p.total_q, p.n_heads_q) or lse.dtype != torch.float32:
+        raise ValueError(f"lse buffer must be float32 {(p.total_q, p.n_heads_q)}, got "
+                         f"{lse.dtype} {tuple(lse.shape)}")
     out32 = new_buffer(out_shape, torch.float32, q.device) if store_o32 else None
     if p.total_q == 0 or p.batch == 0:
         return ForwardPlan(out, lse, out32, ())
@@ -211,11 +217,13 @@ def attn_fwd(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_
              before_launch: Callable[[], object] | None = None,
              block_table: torch.Tensor | None = None,
              sinks: torch.Tensor | None = None,
+             lse: torch.Tensor | None = None,
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Plan and launch the forward: returns (out, lse, out32 or None), see
     :class:`ForwardPlan`. ``before_launch``: the caller's checks that need a host copy (they
-    may raise), run from the launch itself, after the host-side set-up (``run_launches``)."""
+    may raise), run from the launch itself, after the host-side set-up (``run_launches``).
+    ``lse``: the buffer the lse is written to (None: a new one)."""
     plan = plan_forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32, block_table,
-                        sinks)
+                        sinks, lse)
     run_launches(plan.launches, q.device, before_launch)
     return plan.out, plan.lse, plan.out32

@@ -1,0 +1,85 @@
+"""Device tensors derived from index tensors, made once per tensor version: the device-side
+twin of ``validation.host_values``.
+
+A decode step calls ``flash_attn_with_kvcache`` once per layer with the same ``cache_seqlens``
+(and ``block_table``) tensor, bumped in place once per step (rollout engines, transformers'
+caches). What the call derives from them (``cu_seqlens_k``, the append's cache slots) is then the
+same for every layer: :func:`derived` makes it at the step's first call and hands the same
+tensors to the others, saving the aten ops (each costs 12-50 µs of host time on a GPU host).
+
+An entry is reused only for the same tensors (identity, through a weak reference, so a new
+tensor at a recycled ``id`` misses), at the same version counter and data pointer (any in-place
+PyTorch op, ``set_`` or a write through a view bumps the counter), with the same other inputs
+(``extra``, which holds the device and the current stream: a tensor made on one stream is read
+only on that one, after its making, in stream order). Dropping an entry frees its tensors to
+the caching allocator, which hands their memory out again on the same stream only, after the
+reads already queued there. Like ``host_values``: inference tensors have no version counter and
+are never memoized; a tensor written behind PyTorch's back (a custom kernel writing through its
+data pointer, ``.data``, a CUDA-graph replay) keeps its old entry: call
+``validation.forget_host_values()`` (which clears these too) after such a write. Never used
+while a CUDA graph is captured (the capture must record the ops: the callers pass ``use=False``)
+or while ``torch.compile`` traces.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+# (tag, *ids of the tensors, *extra) -> (weak references, (version, data pointer) per tensor,
+# value). The key has no version: a step's new version replaces its previous entry.
+_DERIVED: dict[tuple, tuple[list, list, object]] = {}
+_DERIVED_MAX = 256
+
+
+def stream_key(device: torch.device) -> int | None:
+    """The current stream of ``device`` (None off CUDA): part of every key whose value is a
+    device tensor, so it is read only on the stream it was made on."""
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+
+
+def derived(
+    tag: str,
+    tensors: tuple[torch.Tensor | None, ...],
+    extra: tuple,
+    make: Callable[[], T],
+    use: bool = True,
+) -> T:
+    """``make()``, or what it returned for the same ``tag``, the same ``tensors`` (None allowed)
+    at the same versions and data pointers, and equal ``extra``. ``use`` False (CUDA-graph
+    capture) or while tracing: always ``make()``, nothing kept."""
+    if not use or torch.compiler.is_compiling():
+        return make()
+    try:
+        stamps = [None if t is None else (t._version, t.data_ptr()) for t in tensors]
+    except RuntimeError:  # an inference tensor: no version counter, no reuse
+        return make()
+    key = (tag, *map(id, tensors), *extra)
+    hit = _DERIVED.get(key)
+    if hit is not None and hit[1] == stamps and _alive(hit[0], tensors):
+        return hit[2]
+    value = make()
+    if len(_DERIVED) >= _DERIVED_MAX:
+        _DERIVED.clear()
+    refs = [None if t is None else weakref.ref(t) for t in tensors]
+    _DERIVED[key] = (refs, stamps, value)
+    return value
+
+
+def _alive(refs: list, tensors: tuple) -> bool:
+    """Whether the references still point at ``tensors`` (not at none, or a tensor since
+    made at a recycled id)."""
+    for ref, t in zip(refs, tensors):
+        if (t is not None) if ref is None else ref() is not t:
+            return False
+    return True
+
+
+def forget_derived() -> None:
+    """Drop every memoized tensor (:func:`derived`): the next calls make them again."""
+    _DERIVED.clear()
