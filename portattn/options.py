@@ -39,8 +39,13 @@ class AttentionOptions:
 
     def _identity(self) -> tuple:
         # Two records that differ only in having sinks run different kernels: a cache keyed on
-        # the record must tell them apart, without comparing tensors.
-        return (*(getattr(self, f.name) for f in fields(self) if f.compare), self.has_sinks)
+        # the record must tell them apart, without comparing tensors. Made once per record
+        # (frozen): the plan cache hashes the record on every call.
+        identity = self.__dict__.get("_identity_tuple")
+        if identity is None:
+            identity = (*(getattr(self, f.name) for f in _COMPARED), self.has_sinks)
+            object.__setattr__(self, "_identity_tuple", identity)
+        return identity
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -63,6 +68,9 @@ class AttentionOptions:
         """Whether an optional feature is on: their kernel flags are off (and the
         warp-specialised Gluon kernels, which have none, may run) otherwise."""
         return self.windowed or self.softcap != 0 or self.has_sinks
+
+
+_COMPARED = tuple(f for f in fields(AttentionOptions) if f.compare)
 
 
 def capturing(q: torch.Tensor) -> bool:
