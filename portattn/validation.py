@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numbers
 import sys
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +16,7 @@ from portattn.configs import (
     VALUE_HEAD_DIM_PAIRS,
     interpreter_active,
 )
-from portattn.tensor_memo import forget_derived
+from portattn.tensor_memo import derived, forget_derived
 from portattn.validation_params import (  # noqa: F401 (re-exported: validation's checks)
     FLOAT32_TINY,
     LOG2E,
@@ -120,43 +119,14 @@ def check_cu_seqlens_meta(name: str, cu, device: torch.device) -> None:
         )
 
 
-# Host copies of index tensors, once per tensor version: id -> (weak reference, version counter,
-# data pointer, values). A model's layers share one cu_seqlens tensor per step, so the value
-# checks copy it to the host once, not once per layer.
-_HOST_VALUES: dict[int, tuple[weakref.ref, int, int, list]] = {}
-_HOST_VALUES_MAX = 256
-
-
-def _version(t: torch.Tensor) -> int | None:
-    """The version counter (bumped by every in-place PyTorch op), None where the tensor has none
-    (inference tensors made under ``torch.inference_mode``)."""
-    try:
-        return t._version
-    except RuntimeError:
-        return None
-
-
 def host_values(t: torch.Tensor) -> list:
-    """``t.tolist()``, copied to the host once per tensor and version: a tensor that PyTorch
-    ops have not written since its last copy is not copied again. Inference tensors have no
-    version counter and are copied every time. A tensor written behind PyTorch's back (a custom
-    kernel, ``.data``) keeps its old values here: call :func:`forget_host_values` after that."""
-    version = _version(t)
-    hit = _HOST_VALUES.get(id(t))
-    if (
-        version is not None
-        and hit is not None
-        and hit[0]() is t
-        and hit[1] == version
-        and hit[2] == t.data_ptr()
-    ):
-        return hit[3]
-    values = t.tolist()  # one host sync
-    if version is not None:
-        if len(_HOST_VALUES) >= _HOST_VALUES_MAX:
-            _HOST_VALUES.clear()
-        _HOST_VALUES[id(t)] = (weakref.ref(t), version, t.data_ptr(), values)
-    return values
+    """``t.tolist()``, copied to the host once per tensor and version (``tensor_memo.derived``,
+    which also keeps the device tensors derived from index tensors): a tensor that PyTorch ops
+    have not written since its last copy is not copied again, so a model's layers sharing one
+    cu_seqlens tensor copy it once per step. Inference tensors have no version counter and are
+    copied every time. A tensor written behind PyTorch's back (a custom kernel, ``.data``) keeps
+    its old values here: call :func:`forget_host_values` after that."""
+    return derived("host_values", (t,), (), lambda: t.tolist())  # one host sync on a miss
 
 
 def forget_host_values() -> None:
@@ -165,7 +135,6 @@ def forget_host_values() -> None:
     and append slots): the next calls copy and derive again. Call it after writing an index
     tensor behind PyTorch's back (a custom kernel, ``.data``, a CUDA-graph replay), which
     leaves its version counter as it was."""
-    _HOST_VALUES.clear()
     forget_derived()
 
 
