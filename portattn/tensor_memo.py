@@ -10,15 +10,14 @@ tensors to the others, saving the aten ops (each costs 12-50 µs of host time on
 An entry is reused only for the same tensors (identity, through a weak reference, so a new
 tensor at a recycled ``id`` misses), at the same version counter and data pointer (any in-place
 PyTorch op, ``set_`` or a write through a view bumps the counter), with the same other inputs
-(``extra``; for a device tensor it holds the device and the current stream: one made on a stream is read
-only on that one, after its making, in stream order). Dropping an entry frees its tensors to
-the caching allocator, which hands their memory out again on the same stream only, after the
-reads already queued there. Inference tensors have no version counter and
-are never memoized; a tensor written behind PyTorch's back (a custom kernel writing through its
-data pointer, ``.data``, a CUDA-graph replay) keeps its old entry: call
-``validation.forget_host_values()`` (which clears these too) after such a write. Never used
-while a CUDA graph is captured (the capture must record the ops: the callers pass ``use=False``)
-or while ``torch.compile`` traces.
+(``extra``; for a device tensor the device and the current stream: one made on a stream is
+read only on that one, after its making, in stream order). Dropping an entry frees its tensors
+to the caching allocator, which hands their memory out again on the same stream only, after the
+reads already queued there. Inference tensors have no version counter and are never memoized;
+a tensor written behind PyTorch's back (a custom kernel writing through its data pointer,
+``.data``, a CUDA-graph replay) keeps its old entry: call ``validation.forget_host_values()``
+(which clears these too) after such a write. Never used while a CUDA graph is captured (the
+capture must record the ops: the callers pass ``use=False``) or while ``torch.compile`` traces.
 """
 
 from __future__ import annotations
