@@ -313,8 +313,8 @@ def test_lse_scratch_never_reaches_a_caller():
         out, lse = call(q, return_lse=True)
         kept = lse.clone()
         assert torch.equal(out_only, out)
-        assert (torch.device(DEVICE), 14, HQ) in buffers._LSE_SCRATCH
-        scratch = buffers._LSE_SCRATCH[(torch.device(DEVICE), 14, HQ)]
+        assert (q.device, 14, HQ) in buffers._LSE_SCRATCH  # cuda:0, not torch.device("cuda")
+        scratch = buffers._LSE_SCRATCH[(q.device, 14, HQ)]
         assert lse.data_ptr() != scratch.data_ptr()
         call(q2)  # writes the scratch
         assert torch.equal(lse, kept)
