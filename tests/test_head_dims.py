@@ -125,7 +125,7 @@ def test_multiple_of_8_full_and_sequence_alone(kernel):
 @pytest.mark.parametrize("head_dim", [40, 8])
 def test_odd_multiple_of_8_strides_must_be_multiples_of_8(head_dim):
     """The kernels read the token / head strides of an odd multiple of 8 as multiples of 8
-    (``primitives.row_strides``): other strides are a ValueError before any launch, for q, k
+    (``addressing.row_strides``): other strides are a ValueError before any launch, for q, k
     and v; a head dim that is a multiple of 16 takes any strides."""
     p = make_pack([3], [3], 2, 1, head_dim, seed=42)
     q, k, v = p.q, p.k, p.v

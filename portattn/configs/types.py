@@ -21,7 +21,7 @@ HEAD_DIMS = (32, 64, 96, 128, 256)  # the table's rows
 # at least 16) and masked head-dim columns, except where that row spills with it: then the
 # kernels that spill take tiles of their own (``rows.BORROWED_TILES``,
 # ``lookup.borrowed_config``). The odd multiples of 8 (8, 24, 40, ..., 248) need token / head
-# strides that are multiples of 8 (``buffers.check_row_strides``, ``primitives.row_strides``).
+# strides that are multiples of 8 (``buffers.check_row_strides``, ``addressing.row_strides``).
 BORROWED_HEAD_DIMS = tuple(d for d in range(8, 257, 8) if d not in HEAD_DIMS)
 SUPPORTED_HEAD_DIMS = tuple(sorted(HEAD_DIMS + BORROWED_HEAD_DIMS))
 # The head dims that pair with a value head dim of another width (D != Dv): those supported

@@ -25,11 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from portattn.kernels.backward_plan import BackwardKernels, BackwardPlan, plan_backward_launches
-from portattn.kernels.plan import VarlenProblem, run_launches
-from portattn.kernels.primitives import (
-    P_SCALE,
-    KeyLoop,
+from portattn.kernels.addressing import (
     head_dim_chunk,
     head_major_start,
     head_rows_tiles,
@@ -37,21 +33,27 @@ from portattn.kernels.primitives import (
     key_value_tiles,
     load_head_rows,
     load_key_tile,
+    query_tile,
+    row_strides,
+    row_tiles,
+    seq_bounds,
+    tile_index,
+    value_columns,
+)
+from portattn.kernels.backward_plan import BackwardKernels, BackwardPlan, plan_backward_launches
+from portattn.kernels.plan import VarlenProblem, run_launches
+from portattn.kernels.primitives import (
+    P_SCALE,
+    KeyLoop,
     load_lse2,
     load_row_lse2,
     mask_scores,
     mma,
     mma_rounded,
     query_range,
-    query_tile,
     recompute_p,
-    row_strides,
-    row_tiles,
-    seq_bounds,
     softcap_log2,
     softcap_scores,
-    tile_index,
-    value_columns,
     visible_mask,
     visited_key_range,
     window_query_range,

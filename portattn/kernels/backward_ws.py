@@ -39,17 +39,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from portattn.configs import Tiles
 from portattn.kernels import ws_common as ws
-from portattn.kernels.primitives import (
-    P_SCALE,
-    head_major_start,
-    key_tile,
-    mask_scores,
-    query_range,
-    recompute_p,
-    seq_bounds,
-    tile_index,
-    visible_mask,
-)
+from portattn.kernels.addressing import head_major_start, key_tile, seq_bounds, tile_index
+from portattn.kernels.primitives import P_SCALE, mask_scores, query_range, recompute_p, visible_mask
 
 
 def dkdv_ws_supports(tiles: Tiles, head_dim: int) -> bool:

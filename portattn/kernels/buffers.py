@@ -59,14 +59,14 @@ def rows_aligned(*tensors: torch.Tensor) -> bool:
 def row_stride_multiple(x: torch.Tensor) -> int:
     """The divisibility ``dense_specialized`` asks of ``x``'s token / head strides: 16 (what
     Triton specializes an integer on) unless its last dim is an odd multiple of 8, whose
-    strides the kernels take to be multiples of 8 (``primitives.row_strides``)."""
+    strides the kernels take to be multiples of 8 (``addressing.row_strides``)."""
     return 8 if x.shape[-1] % 16 == 8 else 16
 
 
 def check_row_strides(*tensors: torch.Tensor) -> None:
     """Raise ValueError where a tensor whose last dim is an odd multiple of 8 has a token,
     head or page stride that is not a multiple of 8: the kernels round those strides down to
-    multiples of 8 (``primitives.row_strides``), so another stride would address other rows.
+    multiples of 8 (``addressing.row_strides``), so another stride would address other rows.
     Nothing to check for the other head dims (the kernels read any strides there)."""
     for x in tensors:
         if x is None or row_stride_multiple(x) != 8:

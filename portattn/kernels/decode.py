@@ -24,18 +24,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from portattn.kernels.plan import KernelLaunch, VarlenProblem
-from portattn.kernels.primitives import (
-    KeyLoop,
-    forward_tile,
+from portattn.kernels.addressing import (
     head_dim_chunk,
     row_stride,
     row_strides,
     seq_bounds,
     tile_index,
     value_columns,
-    visited_key_range,
 )
+from portattn.kernels.plan import KernelLaunch, VarlenProblem
+from portattn.kernels.primitives import KeyLoop, forward_tile, visited_key_range
 
 
 @triton.jit

@@ -37,14 +37,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from portattn.configs import Tiles
 from portattn.kernels import ws_common as ws
-from portattn.kernels.primitives import (
-    head_major_start,
-    load_row_lse2,
-    mask_scores,
-    query_tile,
-    recompute_p,
-    visible_mask,
-)
+from portattn.kernels.addressing import head_major_start, query_tile
+from portattn.kernels.primitives import load_row_lse2, mask_scores, recompute_p, visible_mask
 
 
 def dq_ws_supports(tiles: Tiles, head_dim: int) -> bool:

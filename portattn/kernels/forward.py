@@ -14,20 +14,18 @@ import torch
 import triton
 import triton.language as tl
 
-from portattn.kernels.buffers import check_row_strides, new_buffer, rows_aligned
-from portattn.kernels.decode import decode_fits, plan_decode
-from portattn.kernels.plan import KernelLaunch, VarlenProblem, gluon_applies, run_launches
-from portattn.kernels.primitives import (
-    KeyLoop,
-    forward_tile,
+from portattn.kernels.addressing import (
     head_dim_chunk,
     key_value_tiles,
     query_tile,
     row_strides,
     row_tiles,
     value_columns,
-    visited_key_range,
 )
+from portattn.kernels.buffers import check_row_strides, new_buffer, rows_aligned
+from portattn.kernels.decode import decode_fits, plan_decode
+from portattn.kernels.plan import KernelLaunch, VarlenProblem, gluon_applies, run_launches
+from portattn.kernels.primitives import KeyLoop, forward_tile, visited_key_range
 from portattn.kernels.ws_kernels import attn_fwd_ws_kernel, ws_launch_options, ws_supports
 
 

@@ -42,11 +42,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from portattn.configs import Tiles
 from portattn.kernels import ws_common as ws
+from portattn.kernels.addressing import query_tile
 from portattn.kernels.primitives import (
     mask_scores,
     normalize_rows,
     online_softmax_step,
-    query_tile,
     visible_mask,
 )
 
