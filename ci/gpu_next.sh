@@ -3,7 +3,7 @@
 # Session 23 ran tests i-z (746 passed) and a-h up to ~95% (one failure, fixed in d5c3c7f) on the
 # H200; what is left:
 #   0. issue 35 item 4 first, from branch wip/unseen-keys (git checkout it; design §3.2):
-#      bash ci/gpu_unseen.sh    # bitwise repair tests, planner/variant GPU tests, the cost
+#      bash gpu_unseen.sh from ci there: bitwise repair tests, planner/variant GPU tests, the cost
 #   1. bash ci/gpu_next.sh 1   # main: tests test_a* .. test_h*, golden verify        (~9 min)
 #   2. bash ci/gpu_next.sh 2   # main: host time per eager call, decode tile variants (~3 min)
 # Logs go to $OUT (at most 8 files come back).
