@@ -4,8 +4,8 @@
 (:mod:`portattn.kvcache`) check their arguments (:func:`portattn.options.check_options` and
 their own shape checks), then call it with packed tensors and the options record; it decides
 what only the forward needs to know (whether a float32 output is stored for a backward) and
-calls the custom op, or, in a plain eager call, the op's implementation itself
-(:func:`direct_call`).
+calls the custom op, or, in an eager call, the op's implementation itself, with the op's autograd
+formula in a plain ``autograd.Function`` when a backward may follow (:func:`direct_call`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from portattn.kernels.buffers import lse_scratch
 from portattn.kernels.plan import splits_p
-from portattn.ops import FwdArgs, fwd_impl, varlen_fwd
+from portattn.ops import EagerAttention, FwdArgs, fwd_impl, varlen_fwd
 from portattn.options import AttentionOptions, capturing, needs_grad
 
 # Off only for tests and measurements: every call then goes through the custom op.
@@ -22,32 +22,36 @@ DIRECT_CALLS = True
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # Parameter: a Tensor with no __torch_function__
 
 
-def direct_call(tensors: tuple, compiling: bool) -> bool:
-    """Whether the op's implementation (``ops.fwd_impl``) may run in place of the op: what
-    the dispatcher would do on top of it is nothing here. No autograd (no tensor requires
-    grad, or grad mode is off: the op would run its no-grad forward), nothing traced
-    (``compiling`` read in the entry's frame, and this frame's own), no autocast to another
-    dtype (the op's autocast kernel casts q/k/v, here already the autocast dtype), no Python
-    dispatch or torch-function mode (FakeTensor, functionalization, ``torch.device(...)``),
-    no functorch transform, and only plain tensors (no subclass to redispatch to). The same
-    Python function then runs on the same arguments: the same bits and the same errors
-    (tests/test_host_caches.py). A CUDA graph's capture records the same launches either way."""
+def direct_call(tensors: tuple, compiling: bool) -> str | None:
+    """How an eager call may run without the custom op's dispatch: ``"impl"``, the op's
+    implementation (``ops.fwd_impl``) alone, where no autograd would act on the op (no tensor
+    requires grad, or grad mode is off); ``"autograd"``, ``ops.EagerAttention`` (the same
+    implementation and the op's own autograd formula in a plain ``autograd.Function``); or
+    None: the op. None when anything else could act on the op: tracing (``compiling`` read in
+    the entry's frame, and this frame's own), autocast to another dtype (the op's autocast
+    kernel casts q/k/v, here already the autocast dtype), a Python dispatch or torch-function
+    mode (FakeTensor, functionalization, ``torch.device(...)``), a functorch transform, or a
+    tensor subclass to redispatch to. The same Python functions then run on the same
+    arguments: the same bits and the same errors (tests/test_host_caches.py). A CUDA graph's
+    capture records the same launches either way."""
     if not DIRECT_CALLS or compiling or torch.compiler.is_compiling():
-        return False
+        return None
     q = tensors[0]
     for t in tensors:
         if t is not None and type(t) not in _PLAIN:
-            return False
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return False
+            return None
     device_type = q.device.type
     if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) != q.dtype:
-        return False
-    return not (
+        return None
+    if (
         torch._C._len_torch_dispatch_stack()
         or torch._C._is_torch_function_mode_enabled()
         or torch._C._are_functorch_transforms_active()
-    )
+    ):
+        return None
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return "autograd"
+    return "impl"
 
 
 def run_forward(
@@ -88,8 +92,12 @@ def run_forward(
         block_table=block_table,
     )
     tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, options.sinks)
-    if not direct_call(tensors, compiling):
+    path = direct_call(tensors, compiling)
+    if path is None:
         out, lse, _ = varlen_fwd(*args)
+        return out, lse
+    if path == "autograd":
+        out, lse, _ = EagerAttention.apply(*args)
         return out, lse
     # With no autograd here, nothing but the caller could read the lse.
     scratch = None if lse_needed or capturing(q) else lse_scratch(q.shape[0], q.shape[1], q.device)

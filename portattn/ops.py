@@ -42,7 +42,15 @@ from portattn.kernels.plan import plan_problem, splits_p
 from portattn.options import AttentionOptions
 from portattn.validation import check_paged_values, check_varlen_values
 
-__all__ = ["BwdArgs", "FwdArgs", "fwd_impl", "varlen_bwd", "varlen_fwd"]
+__all__ = [
+    "BwdArgs",
+    "EagerAttention",
+    "FwdArgs",
+    "bwd_impl",
+    "fwd_impl",
+    "varlen_bwd",
+    "varlen_fwd",
+]
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -257,6 +265,12 @@ def varlen_bwd(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     All with ``stride(-1) == 1``. Returns contiguous (dq [total_q, Hq, D], dk, dv
     [total_k, Hkv, D]) in the input dtype.
     """
+    return bwd_impl(*args)
+
+
+def bwd_impl(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`varlen_bwd`'s implementation: what :class:`EagerAttention`'s backward runs in
+    place of the op (the same function, so the same bits)."""
     a = BwdArgs(*args)
     problem = plan_problem(
         a.q,
@@ -299,6 +313,12 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
 
 
 def _fwd_backward(ctx, dout, dlse, _dout32):
+    return _gradients(ctx, dout, dlse, varlen_bwd)
+
+
+def _gradients(ctx, dout, dlse, run_bwd):
+    """The gradient of every forward input (``FwdArgs`` order, None where not needed) from the
+    saved context; ``run_bwd``: the backward op, or its implementation (EagerAttention)."""
     q, k, v, o_for_delta, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
     if ctx.paged:
         raise RuntimeError("portattn::varlen_fwd with a block_table (paged K/V) has no backward")
@@ -329,7 +349,7 @@ def _fwd_backward(ctx, dout, dlse, _dout32):
         max_seqlen_k=ctx.max_seqlen_k,
         **_option_args(ctx.options, BwdArgs._fields),
     )
-    dq, dk, dv = varlen_bwd(*args)
+    dq, dk, dv = run_bwd(*args)
     return tuple(grads._replace(q=dq, k=dk, v=dv))
 
 
@@ -348,6 +368,36 @@ def sink_grad(sinks, out, dout, lse, dlse) -> torch.Tensor:
 
 
 varlen_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
+class EagerAttention(torch.autograd.Function):
+    """The forward op and its autograd formula for an eager call that needs a backward, without
+    the dispatcher: ``EagerAttention.apply(*FwdArgs)`` runs :func:`fwd_impl` and, in the
+    backward, :func:`bwd_impl` with the very context and gradient code the op registers. The
+    op's Python layers (argument defaults filled from the schema, the aliasing check of its
+    outputs, the autograd wrapper of ``custom_op``) cost about 110 us of host time per forward
+    on the H200's host (``benchmarks/host_overhead.py --gpu``: 370 us with grad against 256
+    without), more than a d64 forward of 16k tokens takes on the GPU.
+    ``forward_entry.direct_call`` decides when it may stand in for the op (not under
+    ``torch.compile``, a dispatch mode or a functorch transform)."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        out, lse, out32 = fwd_impl(*args)
+        if out32 is None:  # as the op: a tensor, so the outputs are the op's
+            bound = FwdArgs(*args)
+            out32 = _empty_o32(bound.q, bound.v)
+        _fwd_setup_context(ctx, args, (out, lse, out32))
+        return out, lse, out32
+
+    @staticmethod
+    def backward(ctx, dout, dlse, _dout32):
+        # Under create_graph=True (grad mode on here) the backward op runs, as on the op's
+        # path: its gradients then raise on a second backward (it has no autograd formula)
+        # instead of reading as "unused" (once_differentiable's None with allow_unused).
+        run_bwd = varlen_bwd if torch.is_grad_enabled() else bwd_impl
+        return _gradients(ctx, dout, dlse, run_bwd)
+
 
 # Under torch.autocast, float q/k/v go to the autocast dtype before the op runs (portattn.autocast).
 register_autocast_kernel(varlen_fwd, n_cast=3)

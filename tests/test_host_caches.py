@@ -1,9 +1,10 @@
 """The eager calls' host shortcuts give what the long way gives.
 
-* ``forward_entry.direct_call``: a plain eager call runs the op's implementation without the
-  dispatcher: the same bits and the same errors as through ``torch.ops.portattn.varlen_fwd``,
-  and the op still runs wherever something (autograd, a dispatch mode, autocast to another
-  dtype) would act on it.
+* ``forward_entry.direct_call``: an eager call runs the op's implementation without the
+  dispatcher (with a backward to come, in ``ops.EagerAttention`` with the op's autograd
+  formula): the same bits, gradients and errors as through ``torch.ops.portattn.varlen_fwd``,
+  and the op still runs wherever something (a dispatch mode, autocast to another dtype) would
+  act on it.
 * ``plan.plan_problem``'s problems and their memos: a changed shape, stride, dtype, option or
   size is never planned from a stale entry.
 * ``flash_attn_with_kvcache``'s append (fewer index ops) and its checks once per tensor
@@ -112,20 +113,30 @@ class _Counting(torch.utils._python_dispatch.TorchDispatchMode):
 def _record_paths(monkeypatch) -> list[str]:
     used: list[str] = []
     real_op, real_impl = forward_entry.varlen_fwd, forward_entry.fwd_impl
+    real_function = forward_entry.EagerAttention
     monkeypatch.setattr(forward_entry, "varlen_fwd", lambda *a: used.append("op") or real_op(*a))
     monkeypatch.setattr(
         forward_entry, "fwd_impl", lambda *a, **kw: used.append("impl") or real_impl(*a, **kw)
     )
+
+    class Recorded:
+        @staticmethod
+        def apply(*args):
+            used.append("autograd")
+            return real_function.apply(*args)
+
+    monkeypatch.setattr(forward_entry, "EagerAttention", Recorded)
     return used
 
 
 @pytest.mark.parametrize(
     ("context", "path"),
-    [("plain", "impl"), ("grad", "op"), ("dispatch_mode", "op"), ("autocast_fp16", "impl")],
+    [("plain", "impl"), ("grad", "autograd"), ("dispatch_mode", "op"), ("autocast_fp16", "impl")],
 )
 def test_direct_call_only_when_nothing_acts_on_the_op(monkeypatch, context, path):
-    """The op runs wherever autograd or a dispatch mode would act on it; the implementation
-    alone otherwise (under autocast varlen_attention casts q/k/v itself, so the op's autocast
+    """The op runs wherever a dispatch mode would act on it; with a backward to come, its
+    implementation and autograd formula in ``EagerAttention``; the implementation alone
+    otherwise (under autocast varlen_attention casts q/k/v itself, so the op's autocast
     kernel would cast nothing)."""
     used = _record_paths(monkeypatch)
     lens = [3, 4]
@@ -142,6 +153,55 @@ def test_direct_call_only_when_nothing_acts_on_the_op(monkeypatch, context, path
     with ctx:
         portattn.varlen_attention(q, k, v, cu, cu, 4, 4)
     assert used == [path]
+
+
+def _varlen_grads(lens, kernel="varlen", use_lse=True, with_sinks=False, which="qkv", **kw):
+    """A forward and backward through varlen_attention: (out, lse, the gradients asked for)."""
+    total = sum(lens)
+    q, k, v = _rand(total, HQ, D), _rand(total, HKV, D, seed=1), _rand(total, HKV, D, seed=2)
+    dout, dlse = _rand(total, HQ, D, seed=3), _rand(total, HQ, dtype=torch.float32, seed=4)
+    sinks = _rand(HQ, dtype=torch.float32, seed=5) if with_sinks else None
+    inputs = {"q": q, "k": k, "v": v, "sinks": sinks}
+    wanted = [inputs[name].requires_grad_() for name in which if inputs[name] is not None]
+    if with_sinks:
+        wanted.append(sinks.requires_grad_())
+    cu = cu_seqlens(lens)
+    out, lse = portattn.varlen_attention(
+        q, k, v, cu, cu, return_lse=True, kernel=kernel, sinks=sinks, **kw
+    )
+    loss = (out.float() * dout.float()).sum() + (lse * dlse).sum() * use_lse
+    return (out.detach(), lse.detach(), *torch.autograd.grad(loss, wanted))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(lens=[5, 17, 0, 1], causal=True),
+        dict(lens=[5, 17], kernel="fixed_order", use_lse=False),
+        dict(lens=[5, 17], kernel="fixed_order", causal=True, with_sinks=True),
+        dict(lens=[1, 9, 40], window_size=(3, 0), softcap=5.0, which="k"),
+        dict(lens=[9, 40], causal=True, which="v", use_lse=False),
+    ],
+)
+def test_eager_autograd_same_bits_as_the_op(monkeypatch, case):
+    """With a backward to come, ``EagerAttention`` gives the op's out, lse and gradients, bit
+    for bit (the lse and sinks gradients included), whichever inputs require grad."""
+    direct, op = _both_ways(monkeypatch, lambda: _varlen_grads(**case))
+    _assert_same(direct, op)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_eager_autograd_has_no_double_backward(monkeypatch, direct):
+    """The backward is not differentiable, whichever path ran the forward: a second backward
+    raises, also with allow_unused (never None for a gradient that exists)."""
+    monkeypatch.setattr(forward_entry, "DIRECT_CALLS", direct)
+    q, k, v = (_rand(7, h, D, seed=s).requires_grad_() for s, h in enumerate((HQ, HKV, HKV)))
+    cu = cu_seqlens([3, 4])
+    out = portattn.varlen_attention(q, k, v, cu, cu, causal=True)
+    assert (type(out.grad_fn).__name__ == "EagerAttentionBackward") == direct
+    (dq,) = torch.autograd.grad(out.float().square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        torch.autograd.grad(dq.float().sum(), (q, k, v), allow_unused=True)
 
 
 def test_kvcache_under_autocast_to_another_dtype_runs_the_op(monkeypatch):
