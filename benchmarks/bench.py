@@ -5,8 +5,10 @@ Workloads (:func:`default_workloads`) are packed varlen batches in bfloat16: equ
 sequences of 64...4096, fixed seed), H = 16 with D = 128 or 64, and GQA with 32 query / 8 kv
 heads at D = 128; each causal and full; timed forward and forward+backward.
 
-Peers, timed in the same run: SDPA with the cuDNN and the flash backend (equal packs only: they
-need the dense [B, H, S, D] layout, which the packed tensors are viewed as, without a copy),
+Peers, timed in the same run: FlashAttention-4 (``flash_attn.cute``, deterministic=True and its
+default) where it imports (``source .fa4/install.sh`` on the H200), SDPA with the cuDNN and the
+flash backend (equal packs only: they need the dense [B, H, S, D] layout, which the packed
+tensors are viewed as, without a copy),
 FlexAttention with a document mask (every pack, ``torch.compile``-d), and both portattn kernels
 through the public ``portattn.varlen_attention``. An implementation that fails (setup, first
 call or timing) gets rows with the error message instead of timings; the run goes on.
@@ -64,7 +66,7 @@ if not __package__:  # run as `python benchmarks/bench.py`: the checkout's root 
 import torch
 
 from benchmarks import bench_report as report
-from benchmarks.bench_report import CUDNN, FIXED, FLASH, FLEX, MODES, VARLEN
+from benchmarks.bench_report import CUDNN, FA4, FA4_DET, FIXED, FLASH, FLEX, MODES, VARLEN
 
 WARMUP_MS = 50  # do_bench's warm-up and repetition budgets: about 0.4 s per do_bench call
 REP_MS = 300
@@ -245,16 +247,57 @@ def _flex(w: Workload, cu: torch.Tensor) -> Impl:
     return Impl(fn, packed_to_bhsd)
 
 
-def build_impls(w: Workload, cu: torch.Tensor) -> dict[str, Impl | str]:
-    """The implementations that apply to ``w``; a setup failure maps to its error message."""
+def fa4_available() -> bool:
+    """Whether FlashAttention-4 (``flash_attn.cute``) imports: a peer only where it is
+    installed (``source .fa4/install.sh`` on the H200; never a dependency of portattn)."""
+    try:
+        from flash_attn.cute import flash_attn_varlen_func  # noqa: F401
+    except Exception:  # not installed, or no CUDA toolchain for its DSL
+        return False
+    return True
+
+
+def _fa4(w: Workload, cu: torch.Tensor, deterministic: bool) -> Impl:
+    from flash_attn.cute import flash_attn_varlen_func
+
+    longest = max(w.lengths)
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        result = flash_attn_varlen_func(
+            q,
+            k,
+            v,
+            cu_seqlens_q=cu,
+            cu_seqlens_k=cu,
+            max_seqlen_q=longest,
+            max_seqlen_k=longest,
+            causal=w.causal,
+            deterministic=deterministic,
+        )
+        return result[0] if isinstance(result, tuple) else result  # (out, lse) in 4.0 betas
+
+    return Impl(fn, _identity)
+
+
+def build_impls(
+    w: Workload, cu: torch.Tensor, only: list[str] | None = None
+) -> dict[str, Impl | str]:
+    """The implementations that apply to ``w`` (with ``only``: those whose name contains one
+    of its substrings, case-insensitive); a setup failure maps to its error message."""
     makers: dict[str, Callable[[], Impl]] = {
         VARLEN: lambda: _portattn(w, cu, "varlen"),
         FIXED: lambda: _portattn(w, cu, "fixed_order"),
     }
+    if fa4_available():
+        makers[FA4_DET] = lambda: _fa4(w, cu, deterministic=True)
+        makers[FA4] = lambda: _fa4(w, cu, deterministic=False)
     if w.equal:
         makers[CUDNN] = lambda: _sdpa(w, "CUDNN_ATTENTION")
         makers[FLASH] = lambda: _sdpa(w, "FLASH_ATTENTION")
     makers[FLEX] = lambda: _flex(w, cu)
+    if only:
+        wanted = [o.lower() for o in only]
+        makers = {n: m for n, m in makers.items() if any(o in n.lower() for o in wanted)}
     out: dict[str, Impl | str] = {}
     for name, make in makers.items():
         impl, error = attempt(make)
@@ -465,16 +508,31 @@ def metadata() -> dict[str, Any]:
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command=shlex.join(argv),
         do_bench=dict(warmup_ms=WARMUP_MS, rep_ms=REP_MS, return_mode="median"),
+        fa4=_fa4_version(),
     )
 
 
-def run(workloads: list[Workload], log: Callable[[str], None] = print) -> dict[str, Any]:
+def _fa4_version() -> str | None:
+    """FlashAttention-4's installed version (``flash-attn-4``), or None."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("flash-attn-4")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def run(
+    workloads: list[Workload],
+    log: Callable[[str], None] = print,
+    impls: list[str] | None = None,
+) -> dict[str, Any]:
     """Run the benchmark on the current CUDA device; returns the data the reports take."""
     data = metadata()
     data.update(workloads=[w.describe() for w in workloads], rows=[], flex_compile_s={})
     for w in workloads:
         inputs = make_inputs(w)
-        rows, compile_s = run_workload(w, build_impls(w, inputs[3]), inputs, log=log)
+        rows, compile_s = run_workload(w, build_impls(w, inputs[3], impls), inputs, log=log)
         data["rows"] += rows
         if compile_s:
             data["flex_compile_s"][w.name] = compile_s
@@ -501,6 +559,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="SUBSTRING",
         help="only workloads whose name contains SUBSTRING (case-insensitive; repeatable)",
+    )
+    p.add_argument(
+        "--impls",
+        action="append",
+        metavar="SUBSTRING",
+        help="only implementations whose name contains SUBSTRING (case-insensitive; "
+        "repeatable), e.g. --impls portattn --impls FA4",
     )
     p.add_argument("--list", action="store_true", help="print the selected workloads and exit")
     p.add_argument("--json", metavar="PATH", help="raw rows and metadata (plot: read from here)")
@@ -580,7 +645,7 @@ def command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    data = run(workloads)
+    data = run(workloads, impls=args.impls)
     text = report.markdown(data)
     print(text)
     report.write_reports(data, text, args.json, args.markdown)

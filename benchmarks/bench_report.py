@@ -29,13 +29,24 @@ FIXED = "portattn fixed_order"
 CUDNN = "SDPA cuDNN"
 FLASH = "SDPA flash"
 FLEX = "FlexAttention"
-IMPLS = (VARLEN, FIXED, CUDNN, FLASH, FLEX)  # column order of every table and chart
-SHORT = {VARLEN: "varlen", FIXED: "fixed_order", CUDNN: "cuDNN", FLASH: "flash", FLEX: "Flex"}
-# Ratio columns, (title, numerator impl, denominator impl) of *times*. The first three are
+FA4_DET = "FA4 deterministic"  # FlashAttention-4 (flash_attn.cute), deterministic=True
+FA4 = "FA4"  # its default (atomic dQ accumulation: not bitwise run to run)
+IMPLS = (VARLEN, FIXED, FA4_DET, FA4, CUDNN, FLASH, FLEX)  # column order of tables and charts
+SHORT = {
+    VARLEN: "varlen",
+    FIXED: "fixed_order",
+    FA4_DET: "FA4 det",
+    FA4: "FA4",
+    CUDNN: "cuDNN",
+    FLASH: "flash",
+    FLEX: "Flex",
+}
+# Ratio columns, (title, numerator impl, denominator impl) of *times*. The first four are
 # peer time / varlen time: a speedup of portattn varlen over the peer, which is the same number
 # as varlen's throughput as a fraction of the peer's (> 1: portattn is faster). The last is
 # fixed_order time / varlen time: what the strict kernel costs (> 1: fixed_order is slower).
 RATIOS = (
+    ("varlen / FA4 det throughput", FA4_DET, VARLEN),
     ("varlen speedup vs Flex", FLEX, VARLEN),
     ("varlen / cuDNN throughput", CUDNN, VARLEN),
     ("varlen / flash throughput", FLASH, VARLEN),
@@ -144,6 +155,8 @@ def markdown(data: dict[str, Any]) -> str:
     keys = _keys(data, table)
     impls = _ordered((r["impl"] for r in rows), IMPLS)
     short = [SHORT.get(i, i) for i in impls]
+    # A ratio column where the run has its peer (FA4 only where it imports).
+    shown = [t for t, num, den in RATIOS if num in impls and den in impls]
     meta = [
         ("device", data.get("device")),
         ("torch", data.get("torch")),
@@ -166,14 +179,14 @@ def markdown(data: dict[str, Any]) -> str:
         "| workload | mode | "
         + " | ".join(f"{s} TF/s" for s in short)
         + " | "
-        + " | ".join(t for t, _, _ in RATIOS)
+        + " | ".join(shown)
         + " |",
-        "| --- | --- |" + " ---: |" * (len(impls) + len(RATIOS)),
+        "| --- | --- |" + " ---: |" * (len(impls) + len(shown)),
     ]
     for key in keys:
         cell = table[key]
         tf = [_cell_text(cell.get(i), "tflops", ".0f") for i in impls]
-        rt = [NOT_RUN if r is None else f"{r:.2f}x" for r in ratios(cell).values()]
+        rt = [NOT_RUN if r is None else f"{r:.2f}x" for t, r in ratios(cell).items() if t in shown]
         out.append(f"| {key[0]} | {key[1]} | " + " | ".join(tf + rt) + " |")
 
     compile_s = data.get("flex_compile_s", {})

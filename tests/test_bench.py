@@ -12,7 +12,7 @@ import torch
 
 from benchmarks import bench, bench_report
 from benchmarks.bench import Impl, Workload
-from benchmarks.bench_report import CUDNN, FIXED, FLASH, FLEX, VARLEN
+from benchmarks.bench_report import CUDNN, FA4, FA4_DET, FIXED, FLASH, FLEX, VARLEN
 
 # --- FLOPs ------------------------------------------------------------------------------------
 
@@ -137,6 +137,28 @@ def test_build_impls_peers_per_pack(monkeypatch):
     assert equal[FLEX] == "RuntimeError: no flex here"
     skewed = bench.build_impls(Workload("s", (4, 12), 2, 2, 64, False), cu)
     assert list(skewed) == [VARLEN, FIXED, FLEX]
+
+
+def test_build_impls_fa4_where_it_imports_and_the_impls_filter(monkeypatch):
+    """FlashAttention-4's two modes are peers only where it imports; ``--impls`` keeps the
+    implementations whose name contains one of its substrings."""
+    made = []
+
+    def fake(w, cu, *args, **kwargs) -> Impl:
+        made.append(kwargs.get("deterministic"))
+        return Impl(lambda q, k, v: q, lambda x: x)
+
+    for name in ("_portattn", "_sdpa", "_flex", "_fa4"):
+        monkeypatch.setattr(bench, name, fake)
+    cu = torch.tensor([0, 4, 16], dtype=torch.int32)
+    skewed = Workload("s", (4, 12), 2, 2, 64, False)
+    monkeypatch.setattr(bench, "fa4_available", lambda: False)
+    assert FA4_DET not in bench.build_impls(skewed, cu)
+    monkeypatch.setattr(bench, "fa4_available", lambda: True)
+    assert list(bench.build_impls(skewed, cu)) == [VARLEN, FIXED, FA4_DET, FA4, FLEX]
+    assert made[-3:-1] == [True, False]  # deterministic=True, then FA4's default (then Flex)
+    only = bench.build_impls(skewed, cu, only=["PORTATTN v", "fa4 det"])
+    assert list(only) == [VARLEN, FA4_DET]
 
 
 def test_run_workload_alternates_and_records_failures(monkeypatch):
@@ -299,8 +321,8 @@ def test_markdown_table():
     header = table[0]
     for column in ("varlen TF/s", "fixed_order TF/s", "cuDNN TF/s", "flash TF/s", "Flex TF/s"):
         assert column in header
-    for column, _, _ in bench_report.RATIOS:
-        assert column in header
+    for column, num, _ in bench_report.RATIOS:
+        assert (column in header) == (num != FA4_DET)  # no FA4 rows: no FA4 ratio column
     eq_fwd = next(line for line in table if line.startswith("| equal 2x8192 h16 d128 full | fwd |"))
     cells = [c.strip() for c in eq_fwd.strip("|").split("|")]
     # workload, mode, 5 x TF/s (1e12 FLOPs / ms), 4 ratios
