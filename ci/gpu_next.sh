@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# The next session's GPU calls (30 device-minutes a session; a cold start costs about 3 of them).
-# Session 23 ran tests i-z (746 passed) and a-h up to ~95% (one failure, fixed in d5c3c7f) on the
-# H200; what is left:
-#   0. issue 35 item 4 first, from branch wip/unseen-keys (git checkout it; design §3.2):
-#      bash gpu_unseen.sh from ci there: bitwise repair tests, planner/variant GPU tests, the cost
+# The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them).
+# Session 24 ran on the H200: the EagerAttention A/B and GPU tests (104 + 519 passed, golden
+# verify sm90 30/30), the FA4 comparison of 4 workloads, and branch wip/unseen-keys (its GPU
+# tests 18 passed with the slab check, cost +6.6% of a small causal forward replayed).
+# What is left:
+#   0. issue 35 item 4, from branch wip/unseen-keys (git checkout it; design §3.2): its
+#      gpu_unseen.sh from ci there (planner and table-variant GPU tests, the cost); first the
+#      sm100 decision on the CPU (14 repair kernels compile to a trap there)
 #   1. bash ci/gpu_next.sh 1   # main: tests test_a* .. test_h*, golden verify        (~9 min)
 #   2. bash ci/gpu_next.sh 2   # main: host time per eager call, decode tile variants (~3 min)
+#   3. bash ci/gpu_next.sh 3   # main: docs/bench-h200.* re-recorded with the FA4 peers (issue
+#                              # 36 item 1); run() with carry [".fa4"]                (~9 min)
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -22,6 +27,12 @@ if [ "$PART" = 1 ]; then
 fi
 if [ "$PART" = 1 ]; then
   step golden 90 python3 -m portattn golden verify --family sm90; tail -n 2 "$OUT/golden.log"
+elif [ "$PART" = 3 ]; then
+  # shellcheck disable=SC1091
+  source .fa4/install.sh || echo "FA4 not installed: the bench runs without its peer"
+  step bench 560 python3 benchmarks/bench.py --json "$OUT/bench-h200.json" \
+    --markdown "$OUT/bench-h200.md" --png "$OUT/bench-h200.png"
+  grep -E "^\| (workload|skewed|equal)" "$OUT/bench.log" | head -n 26
 else
   step host 60 python3 benchmarks/host_overhead.py --gpu --n 1000
   grep -E "^\|" "$OUT/host.log"
