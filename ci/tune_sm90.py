@@ -9,7 +9,8 @@ time.
 
 Usage (GPU): python ci/tune_sm90.py [--round NAME] [--json PATH] [--table-only]
 [--forward-only] [--list]. ``--round`` picks a list of ``ROUNDS`` (default: the latest); the
-forward-only rounds time the forward alone.
+forward-only rounds time the forward alone. On any machine, ``--compile`` compile-checks a
+round's variants for sm90 (no GPU).
 """
 
 from __future__ import annotations
@@ -201,10 +202,34 @@ ROUNDS: dict[str, list[tuple[str, int, dict]]] = {
         ("varlen", 64, dict(fwd=(128, 64, 8, 2), fwd_ws=True)),
         ("varlen", 64, dict(fwd=(128, 128, 8, 3))),
     ],
+    # d64, where the gap to FA4 deterministic is widest (perf-notes row 69: 0.73-0.74x of its
+    # forward+backward): dK/dV (warp-specialised, 128 keys) at other query tiles and ring
+    # depths, dQ tiles; then the table again for the spread. Session 24, not run yet; check
+    # on the CPU first: python ci/tune_sm90.py --round d64-backward --compile
+    "d64-backward": [
+        ("varlen", 64, {}),
+        ("varlen", 64, dict(bwd_dkdv=(64, 128, 8, 3))),
+        ("varlen", 64, dict(bwd_dkdv=(32, 128, 8, 2))),
+        ("varlen", 64, dict(bwd_dkdv=(32, 128, 8, 3))),
+        ("varlen", 64, dict(bwd_dq=(128, 128, 8, 2))),
+        ("varlen", 64, dict(bwd_dq=(64, 64, 4, 3))),
+        ("varlen", 64, dict(bwd_dq=(64, 128, 4, 2))),
+        ("varlen", 64, dict(bwd_dq=(128, 64, 8, 4))),
+        ("varlen", 64, {}),
+    ],
+    # The d64 forward's one-warp-group tiles (two CTAs per SM) at other key tiles and depths.
+    "d64-forward": [
+        ("varlen", 64, {}),
+        ("varlen", 64, dict(fwd=(64, 64, 4, 4))),
+        ("varlen", 64, dict(fwd=(64, 128, 4, 2))),
+        ("varlen", 64, dict(fwd=(64, 128, 4, 3))),
+        ("varlen", 64, dict(fwd=(64, 32, 4, 4))),
+        ("varlen", 64, {}),
+    ],
 }
 FORWARD_ONLY = {"row35-forward", "row40-forward", "row48-forward", "row51-forward"}
-FORWARD_ONLY |= {"fa4-d64-forward"}
-LATEST = "row54-dq"
+FORWARD_ONLY |= {"fa4-d64-forward", "d64-forward"}
+LATEST = "d64-backward"
 
 TABLE = dict(configs.config_table())  # the committed table, before any override
 
@@ -216,6 +241,29 @@ def variant_config(kernel: str, head_dim: int, overrides: dict) -> configs.Kerne
         k: Tiles(*v) if isinstance(v, tuple) and k != "tma" else v for k, v in overrides.items()
     }
     return dataclasses.replace(base, **fields)
+
+
+def compile_round(variants: list[tuple[str, int, dict]]) -> int:
+    """``--compile``: each variant's kernels compiled for sm90 (``python -m portattn compile``'s
+    checks: shared memory, spills, wgmma); prints one line per kernel that fails or spills and
+    one per variant. Exit 1 if a variant fails."""
+    from portattn.tools.compile_launches import Entry
+    from portattn.tools.compilecheck import check_entry
+
+    failed = 0
+    for kernel, head_dim, overrides in variants:
+        cfg = variant_config(kernel, head_dim, overrides)
+        results = check_entry(Entry("sm90", kernel, head_dim, "bf16"), cfg=cfg)
+        bad = [r for r in results if not r.ok or r.spills]
+        failed += any(not r.ok for r in results)
+        for r in bad:
+            print(
+                f"  {r.stage}: regs {r.regs} spills {r.spills} shared {r.shared} "
+                f"{'; '.join(r.failures)}"
+            )
+        state = "ok" if all(r.ok for r in results) else "FAIL"
+        print(f"{kernel} d{head_dim} {overrides or 'table'}: {state}", flush=True)
+    return 1 if failed else 0
 
 
 def install(kernel: str, head_dim: int, cfg: configs.KernelConfig) -> None:
@@ -286,12 +334,19 @@ def main() -> int:
         "--round", default=LATEST, choices=sorted(ROUNDS), help=f"variants (default {LATEST})"
     )
     parser.add_argument("--list", action="store_true", help="print the round's variants, exit")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile-check each variant for sm90 on this machine (no GPU), print, exit",
+    )
     args = parser.parse_args()
     forward_only = args.forward_only or args.round in FORWARD_ONLY
     if args.list:
         for variant in ROUNDS[args.round]:
             print(*variant)
         return 0
+    if args.compile:
+        return compile_round(ROUNDS[args.round])
     rows = []
     for kernel, head_dim, overrides in ROUNDS[args.round]:
         if args.table_only and overrides:
