@@ -11,6 +11,8 @@
 #   2. bash ci/gpu_next.sh 2   # main: host time per eager call, decode tile variants (~3 min)
 #   3. bash ci/gpu_next.sh 3   # main: docs/bench-h200.* re-recorded with the FA4 peers (issue
 #                              # 36 item 1); run() with carry [".fa4"]                (~9 min)
+#   4. python3 ci/tune_sm90.py --round d64-backward, then --round d64-forward (issue 36: d64;
+#      all their variants compile for sm90 without spills: --compile)                 (~6 min)
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
 PART=${1:?usage: bash ci/gpu_next.sh 1|2|3}
