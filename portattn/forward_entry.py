@@ -32,7 +32,7 @@ def direct_call(tensors: tuple, compiling: bool) -> str | None:
     kernel casts q/k/v, here already the autocast dtype), a Python dispatch or torch-function
     mode (FakeTensor, functionalization, ``torch.device(...)``), a functorch transform, or a
     tensor subclass to redispatch to. The same Python functions then run on the same
-    arguments: the same bits and the same errors (tests/test_host_caches.py). A CUDA graph's
+    arguments: the same bits and the same errors (tests/test_direct_calls.py). A CUDA graph's
     capture records the same launches either way."""
     if not DIRECT_CALLS or compiling or torch.compiler.is_compiling():
         return None

@@ -299,7 +299,8 @@ def _varlen_bwd_fake(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def _fwd_setup_context(ctx, inputs, output) -> None:
     args = FwdArgs(*inputs)
     out, lse, out32 = output
-    ctx.mark_non_differentiable(out32)
+    if out32 is not None:  # EagerAttention's is None where the op's is a placeholder
+        ctx.mark_non_differentiable(out32)
     ctx.set_materialize_grads(False)
     # fixed_order computes the backward's row term from the float32 output.
     o_for_delta = out32 if splits_p(args.kernel) else out
@@ -383,12 +384,9 @@ class EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, *args):
-        out, lse, out32 = fwd_impl(*args)
-        if out32 is None:  # as the op: a tensor, so the outputs are the op's
-            bound = FwdArgs(*args)
-            out32 = _empty_o32(bound.q, bound.v)
-        _fwd_setup_context(ctx, args, (out, lse, out32))
-        return out, lse, out32
+        output = fwd_impl(*args)  # out32 None when not stored: no placeholder, unlike the op
+        _fwd_setup_context(ctx, args, output)
+        return output
 
     @staticmethod
     def backward(ctx, dout, dlse, _dout32):

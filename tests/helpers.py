@@ -153,3 +153,23 @@ def assert_outputs_accurate(got: dict, p: Pack, causal: bool, **kw) -> dict:
 def assert_bitwise_equal(a: dict, b: dict, names=("out", "lse", "dq", "dk", "dv")) -> None:
     for name in names:
         assert torch.equal(a[name], b[name]), f"{name} differs bitwise"
+
+
+def seeded_tensor(*shape, dtype=torch.bfloat16, seed=0, device=DEVICE) -> torch.Tensor:
+    """A normal random tensor from a CPU generator seeded with ``seed`` (the same values on
+    every device), in ``dtype`` on ``device``."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen).to(dtype).to(device)
+
+
+def assert_same_results(a, b) -> None:
+    """Two calls' results are the same: equal tensors, bit for bit (a tensor or a tuple/list
+    of them), or the same (exception type, message) pair."""
+    if isinstance(a, tuple) and a and isinstance(a[0], type):
+        assert a == b
+        return
+    a = a if isinstance(a, (tuple, list)) else (a,)
+    b = b if isinstance(b, (tuple, list)) else (b,)
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)

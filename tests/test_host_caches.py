@@ -1,10 +1,5 @@
 """The eager calls' host shortcuts give what the long way gives.
 
-* ``forward_entry.direct_call``: an eager call runs the op's implementation without the
-  dispatcher (with a backward to come, in ``ops.EagerAttention`` with the op's autograd
-  formula): the same bits, gradients and errors as through ``torch.ops.portattn.varlen_fwd``,
-  and the op still runs wherever something (a dispatch mode, autocast to another dtype) would
-  act on it.
 * ``plan.plan_problem``'s problems and their memos: a changed shape, stride, dtype, option or
   size is never planned from a stale entry.
 * ``flash_attn_with_kvcache``'s append (fewer index ops) and its checks once per tensor
@@ -12,206 +7,21 @@
 * ``tensor_memo.derived`` (``cu_seqlens_k``, the append's slots, kept per version of
   ``cache_seqlens`` / ``block_table``): every write through PyTorch, another tensor or int,
   another new-key count derives anew; ``forget_host_values`` drops them.
-* The op's placeholder out32 and the lse scratch of calls that drop their lse: a returned or
-  saved lse is never the scratch.
+* The lse scratch of calls that drop their lse: a returned or saved lse is never the scratch.
+
+The direct calls (no custom-op dispatch) are tests/test_direct_calls.py's.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers import DEVICE, cu_seqlens
+from helpers import DEVICE, assert_same_results, cu_seqlens, seeded_tensor
 
 import portattn
-from portattn import forward_entry
 from portattn.kernels import plan
 
 HQ, HKV, D, PAGE = 4, 2, 32, 16
-
-
-def _rand(*shape, dtype=torch.bfloat16, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)
-
-
-def _both_ways(monkeypatch, call):
-    """``call()`` with the direct call on and off (caches dropped before each): its results,
-    or the (type, message) of what it raised."""
-    results = []
-    for direct in (True, False):
-        monkeypatch.setattr(forward_entry, "DIRECT_CALLS", direct)
-        plan.forget_problems()
-        try:
-            results.append(call())
-        except (TypeError, ValueError, RuntimeError) as err:
-            results.append((type(err), str(err)))
-    return results
-
-
-def _assert_same(a, b) -> None:
-    if isinstance(a, tuple) and a and isinstance(a[0], type):
-        assert a == b
-        return
-    a = a if isinstance(a, (tuple, list)) else (a,)
-    b = b if isinstance(b, (tuple, list)) else (b,)
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        assert torch.equal(x, y)
-
-
-def _varlen(lens, max_q=None, max_k=None, bad_cu=False, **kw):
-    q, k, v = _rand(sum(lens), HQ, D), _rand(sum(lens), HKV, D, seed=1), _rand(sum(lens), HKV, D)
-    cu = cu_seqlens(lens)
-    if bad_cu:
-        cu = cu.flip(0).contiguous()
-    return lambda: portattn.varlen_attention(q, k, v, cu, cu, max_q, max_k, return_lse=True, **kw)
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        dict(lens=[5, 17], max_q=17, max_k=17, causal=True),
-        dict(lens=[5, 17], causal=False, kernel="fixed_order"),
-        dict(lens=[1, 1, 1], max_q=1, max_k=40, window_size=(3, 0), softcap=5.0),
-        dict(lens=[5, 17], max_q=17, max_k=17, bad_cu=True),  # raised in the op, before launch
-        dict(lens=[5, 17], max_q=3, max_k=17),  # max_seqlen_q too small: checked in the op
-    ],
-)
-def test_direct_call_same_bits_and_errors(monkeypatch, case):
-    with torch.no_grad():
-        direct, op = _both_ways(monkeypatch, _varlen(**case))
-    _assert_same(direct, op)
-
-
-def test_direct_call_kvcache_same_bits_and_cache(monkeypatch):
-    def run():
-        k_cache, v_cache = _rand(8, PAGE, HKV, D), _rand(8, PAGE, HKV, D, seed=2)
-        table = torch.tensor([[3, 1, 0], [2, 5, 7]], dtype=torch.int32, device=DEVICE)
-        lens = torch.tensor([16, 3], dtype=torch.int32, device=DEVICE)
-        out = portattn.flash_attn_with_kvcache(
-            _rand(2, 1, HQ, D),
-            k_cache,
-            v_cache,
-            _rand(2, 1, HKV, D, seed=3),
-            _rand(2, 1, HKV, D, seed=4),
-            cache_seqlens=lens,
-            block_table=table,
-            causal=True,
-            return_softmax_lse=True,
-        )
-        return (*out, k_cache, v_cache)
-
-    direct, op = _both_ways(monkeypatch, run)
-    _assert_same(direct, op)
-
-
-class _Counting(torch.utils._python_dispatch.TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
-
-
-def _record_paths(monkeypatch) -> list[str]:
-    used: list[str] = []
-    real_op, real_impl = forward_entry.varlen_fwd, forward_entry.fwd_impl
-    real_function = forward_entry.EagerAttention
-    monkeypatch.setattr(forward_entry, "varlen_fwd", lambda *a: used.append("op") or real_op(*a))
-    monkeypatch.setattr(
-        forward_entry, "fwd_impl", lambda *a, **kw: used.append("impl") or real_impl(*a, **kw)
-    )
-
-    class Recorded:
-        @staticmethod
-        def apply(*args):
-            used.append("autograd")
-            return real_function.apply(*args)
-
-    monkeypatch.setattr(forward_entry, "EagerAttention", Recorded)
-    return used
-
-
-@pytest.mark.parametrize(
-    ("context", "path"),
-    [("plain", "impl"), ("grad", "autograd"), ("dispatch_mode", "op"), ("autocast_fp16", "impl")],
-)
-def test_direct_call_only_when_nothing_acts_on_the_op(monkeypatch, context, path):
-    """The op runs wherever a dispatch mode would act on it; with a backward to come, its
-    implementation and autograd formula in ``EagerAttention``; the implementation alone
-    otherwise (under autocast varlen_attention casts q/k/v itself, so the op's autocast
-    kernel would cast nothing)."""
-    used = _record_paths(monkeypatch)
-    lens = [3, 4]
-    q, k, v = _rand(7, HQ, D), _rand(7, HKV, D), _rand(7, HKV, D)
-    cu = cu_seqlens(lens)
-    if context == "grad":
-        q.requires_grad_()
-    ctx = {
-        "plain": torch.no_grad(),
-        "grad": torch.enable_grad(),
-        "dispatch_mode": _Counting(),
-        "autocast_fp16": torch.autocast(DEVICE, dtype=torch.float16),
-    }[context]
-    with ctx:
-        portattn.varlen_attention(q, k, v, cu, cu, 4, 4)
-    assert used == [path]
-
-
-def _varlen_grads(lens, kernel="varlen", use_lse=True, with_sinks=False, which="qkv", **kw):
-    """A forward and backward through varlen_attention: (out, lse, the gradients asked for)."""
-    total = sum(lens)
-    q, k, v = _rand(total, HQ, D), _rand(total, HKV, D, seed=1), _rand(total, HKV, D, seed=2)
-    dout, dlse = _rand(total, HQ, D, seed=3), _rand(total, HQ, dtype=torch.float32, seed=4)
-    sinks = _rand(HQ, dtype=torch.float32, seed=5) if with_sinks else None
-    inputs = {"q": q, "k": k, "v": v, "sinks": sinks}
-    wanted = [inputs[name].requires_grad_() for name in which if inputs[name] is not None]
-    if with_sinks:
-        wanted.append(sinks.requires_grad_())
-    cu = cu_seqlens(lens)
-    out, lse = portattn.varlen_attention(
-        q, k, v, cu, cu, return_lse=True, kernel=kernel, sinks=sinks, **kw
-    )
-    loss = (out.float() * dout.float()).sum() + (lse * dlse).sum() * use_lse
-    return (out.detach(), lse.detach(), *torch.autograd.grad(loss, wanted))
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        dict(lens=[5, 17, 0, 1], causal=True),
-        dict(lens=[5, 17], kernel="fixed_order", use_lse=False),
-        dict(lens=[5, 17], kernel="fixed_order", causal=True, with_sinks=True),
-        dict(lens=[1, 9, 40], window_size=(3, 0), softcap=5.0, which="k"),
-        dict(lens=[9, 40], causal=True, which="v", use_lse=False),
-    ],
-)
-def test_eager_autograd_same_bits_as_the_op(monkeypatch, case):
-    """With a backward to come, ``EagerAttention`` gives the op's out, lse and gradients, bit
-    for bit (the lse and sinks gradients included), whichever inputs require grad."""
-    direct, op = _both_ways(monkeypatch, lambda: _varlen_grads(**case))
-    _assert_same(direct, op)
-
-
-@pytest.mark.parametrize("direct", [True, False])
-def test_eager_autograd_has_no_double_backward(monkeypatch, direct):
-    """The backward is not differentiable, whichever path ran the forward: a second backward
-    raises, also with allow_unused (never None for a gradient that exists)."""
-    monkeypatch.setattr(forward_entry, "DIRECT_CALLS", direct)
-    q, k, v = (_rand(7, h, D, seed=s).requires_grad_() for s, h in enumerate((HQ, HKV, HKV)))
-    cu = cu_seqlens([3, 4])
-    out = portattn.varlen_attention(q, k, v, cu, cu, causal=True)
-    assert (type(out.grad_fn).__name__ == "EagerAttentionBackward") == direct
-    (dq,) = torch.autograd.grad(out.float().square().sum(), q, create_graph=True)
-    with pytest.raises(RuntimeError, match="no autograd formula"):
-        torch.autograd.grad(dq.float().sum(), (q, k, v), allow_unused=True)
-
-
-def test_kvcache_under_autocast_to_another_dtype_runs_the_op(monkeypatch):
-    """flash_attn_with_kvcache does not cast: under an autocast to another dtype the op's
-    autocast kernel casts q and the caches, so the op runs, as before."""
-    used = _record_paths(monkeypatch)
-    q, cache = _rand(1, 1, HQ, D), _rand(1, PAGE, HKV, D)
-    with torch.no_grad(), torch.autocast(DEVICE, dtype=torch.float16):
-        out = portattn.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=5)
-    assert used == ["op"] and out.dtype == torch.float16
 
 
 def test_plan_problem_follows_every_key_field():
@@ -220,11 +30,13 @@ def test_plan_problem_follows_every_key_field():
     from portattn.options import AttentionOptions
 
     opts = AttentionOptions(causal=False, softmax_scale=0.125)
-    base = dict(q=_rand(10, HQ, D), k=_rand(12, HKV, D), cu=cu_seqlens([4, 6]), mq=6, mk=7)
+    base = dict(
+        q=seeded_tensor(10, HQ, D), k=seeded_tensor(12, HKV, D), cu=cu_seqlens([4, 6]), mq=6, mk=7
+    )
     changes = {
-        "shape": dict(q=_rand(11, HQ, D)),
-        "kv shape": dict(k=_rand(13, HKV, D)),
-        "dtype": dict(q=_rand(10, HQ, D, dtype=torch.float16)),
+        "shape": dict(q=seeded_tensor(11, HQ, D)),
+        "kv shape": dict(k=seeded_tensor(13, HKV, D)),
+        "dtype": dict(q=seeded_tensor(10, HQ, D, dtype=torch.float16)),
         "batch": dict(cu=cu_seqlens([4, 3, 3])),
         "max_seqlen": dict(mq=7),
         "option": dict(opts=AttentionOptions(causal=True, softmax_scale=0.125)),
@@ -250,7 +62,7 @@ def test_plan_problem_with_sinks_is_not_cached():
     """Options with sinks (a tensor) are planned per call: the problem holds this call's."""
     from portattn.options import AttentionOptions
 
-    q, k, cu = _rand(10, HQ, D), _rand(12, HKV, D), cu_seqlens([4, 6])
+    q, k, cu = seeded_tensor(10, HQ, D), seeded_tensor(12, HKV, D), cu_seqlens([4, 6])
     sinks = [torch.zeros(HQ), torch.ones(HQ)]
     problems = [
         plan.plan_problem(q, k, cu, 6, 7, AttentionOptions(False, 0.125, sinks=s)) for s in sinks
@@ -262,11 +74,11 @@ def test_decode_follows_strides_and_options():
     """The same shapes with another layout (a strided cache), another option (causal,
     softcap) or dtype: each call gives the bits of the same call after the caches are
     dropped."""
-    k_cache, v_cache = _rand(6, PAGE, HKV, D), _rand(6, PAGE, HKV, D, seed=2)
-    wide_k = _rand(6, PAGE, HKV + 1, D)[:, :, :HKV]  # another head stride, same shape
+    k_cache, v_cache = seeded_tensor(6, PAGE, HKV, D), seeded_tensor(6, PAGE, HKV, D, seed=2)
+    wide_k = seeded_tensor(6, PAGE, HKV + 1, D)[:, :, :HKV]  # another head stride, same shape
     wide_k.copy_(k_cache)
     table = torch.tensor([[4, 0, 2]], dtype=torch.int32, device=DEVICE)
-    q = _rand(1, 2, HQ, D, seed=5)
+    q = seeded_tensor(1, 2, HQ, D, seed=5)
     variants = [
         dict(k_cache=k_cache, causal=True),
         dict(k_cache=wide_k, causal=True),
@@ -296,11 +108,14 @@ def test_append_follows_cache_seqlens(seqlens_kind, layout):
     same keys does; the checks move with the tensor's version (a step past the cache raises)."""
     steps, start, batch = 3, 14, 2  # crosses a page boundary at 16
     if layout == "paged":
-        k_cache, v_cache = _rand(6, PAGE, HKV, D), _rand(6, PAGE, HKV, D, seed=2)
+        k_cache, v_cache = seeded_tensor(6, PAGE, HKV, D), seeded_tensor(6, PAGE, HKV, D, seed=2)
         extra = dict(block_table=torch.tensor([[0, 2], [1, 4]], dtype=torch.int32, device=DEVICE))
         capacity = 2 * PAGE
     else:
-        k_cache, v_cache = _rand(3, 2 * PAGE, HKV, D), _rand(3, 2 * PAGE, HKV, D, seed=2)
+        k_cache, v_cache = (
+            seeded_tensor(3, 2 * PAGE, HKV, D),
+            seeded_tensor(3, 2 * PAGE, HKV, D, seed=2),
+        )
         idx = torch.tensor([2, 0], dtype=torch.int32, device=DEVICE)
         extra = dict(cache_batch_idx=idx) if layout == "dense_idx" else {}
         capacity = 2 * PAGE
@@ -308,8 +123,11 @@ def test_append_follows_cache_seqlens(seqlens_kind, layout):
     lens = torch.full((batch,), start, dtype=torch.int32, device=DEVICE)
     with torch.no_grad():
         for step in range(steps):
-            new_k, new_v = _rand(batch, 1, HKV, D, seed=10 + step), _rand(batch, 1, HKV, D)
-            q = _rand(batch, 1, HQ, D, seed=20 + step)
+            new_k, new_v = (
+                seeded_tensor(batch, 1, HKV, D, seed=10 + step),
+                seeded_tensor(batch, 1, HKV, D),
+            )
+            q = seeded_tensor(batch, 1, HQ, D, seed=20 + step)
             seqlens = lens if seqlens_kind == "tensor" else start + step
             out = portattn.flash_attn_with_kvcache(
                 q, k_cache, v_cache, new_k, new_v, cache_seqlens=seqlens, causal=True, **extra
@@ -336,24 +154,6 @@ def test_append_follows_cache_seqlens(seqlens_kind, layout):
                 )
 
 
-def test_op_returns_a_fresh_empty_out32_the_direct_call_none():
-    """The op's third output, out32 when not stored, is a new empty [0, Hq, Dv] tensor per
-    call; the direct call's implementation makes none."""
-    from portattn.ops import FwdArgs, fwd_impl
-    from portattn.options import AttentionOptions
-
-    q, k, v = _rand(7, HQ, D), _rand(7, HKV, D, seed=1), _rand(7, HKV, D, seed=2)
-    cu = cu_seqlens([3, 4])
-    args = FwdArgs.bind(q, k, v, cu, cu, 4, 4, AttentionOptions(True, 0.125), store_o32=False)
-    with torch.no_grad():
-        first = torch.ops.portattn.varlen_fwd(*args)
-        second = torch.ops.portattn.varlen_fwd(*args)
-        out, lse, out32 = fwd_impl(*args)
-    assert first[2].shape == (0, HQ, D) and first[2].dtype == torch.float32
-    assert first[2] is not second[2]
-    assert out32 is None and torch.equal(out, first[0]) and torch.equal(lse, first[1])
-
-
 def test_lse_scratch_never_reaches_a_caller():
     """Calls that drop the lse write it to a shared scratch buffer; an lse that is returned,
     or saved for a backward, is a buffer of its own: a later call that drops its lse leaves
@@ -361,8 +161,12 @@ def test_lse_scratch_never_reaches_a_caller():
     from portattn.kernels import buffers
 
     lens = [5, 9]
-    q, k, v = _rand(14, HQ, D), _rand(14, HKV, D, seed=1), _rand(14, HKV, D, seed=2)
-    q2 = _rand(14, HQ, D, seed=3)
+    q, k, v = (
+        seeded_tensor(14, HQ, D),
+        seeded_tensor(14, HKV, D, seed=1),
+        seeded_tensor(14, HKV, D, seed=2),
+    )
+    q2 = seeded_tensor(14, HQ, D, seed=3)
     cu = cu_seqlens(lens)
 
     def call(query, **kw):
@@ -395,10 +199,13 @@ def test_lse_scratch_never_reaches_a_caller():
 def _paged_call(lens, table, new_kv=True, seed=0):
     """A paged decode call on fresh caches (the same for the same seed); returns the output,
     the lse and both caches."""
-    k_cache, v_cache = _rand(8, PAGE, HKV, D, seed=seed), _rand(8, PAGE, HKV, D, seed=seed + 1)
-    new = (_rand(2, 1, HKV, D, seed=seed + 2), _rand(2, 1, HKV, D, seed=seed + 3))
+    k_cache, v_cache = (
+        seeded_tensor(8, PAGE, HKV, D, seed=seed),
+        seeded_tensor(8, PAGE, HKV, D, seed=seed + 1),
+    )
+    new = (seeded_tensor(2, 1, HKV, D, seed=seed + 2), seeded_tensor(2, 1, HKV, D, seed=seed + 3))
     out, lse = portattn.flash_attn_with_kvcache(
-        _rand(2, 1, HQ, D, seed=seed + 4),
+        seeded_tensor(2, 1, HQ, D, seed=seed + 4),
         k_cache,
         v_cache,
         *(new if new_kv else (None, None)),
@@ -437,7 +244,7 @@ def test_derived_index_tensors_follow_their_sources(change, new_kv):
         tag = "cu_seqlens_k_int" if change == "int_value" else "cu_seqlens_k"
         assert any(key[0] == tag for key in tensor_memo._DERIVED)
         again = _paged_call(lens, table, new_kv)  # the kept tensors: the same bits
-        _assert_same(first, again)
+        assert_same_results(first, again)
         if change == "lens_in_place":
             lens += 2  # crosses a page for sequence 0
         elif change == "table_in_place":
@@ -451,7 +258,7 @@ def test_derived_index_tensors_follow_their_sources(change, new_kv):
             lens[1:].add_(5)
         got = _paged_call(lens, table, new_kv)
         want = _fresh(lens, table, new_kv=new_kv)
-    _assert_same(got, want)
+    assert_same_results(got, want)
     assert not torch.equal(got[0], first[0])  # the change reached the kernel
 
 
@@ -465,14 +272,17 @@ def test_derived_index_tensors_other_new_counts_and_inference_tensors():
         lens += 1
         got = _paged_call(lens, table)
         want = _fresh(lens, table)
-    _assert_same(got, want)
+    assert_same_results(got, want)
     lens = torch.tensor([15, 3], dtype=torch.int32, device=DEVICE)
-    k_cache, v_cache = _rand(8, PAGE, HKV, D), _rand(8, PAGE, HKV, D, seed=1)
+    k_cache, v_cache = seeded_tensor(8, PAGE, HKV, D), seeded_tensor(8, PAGE, HKV, D, seed=1)
     with torch.no_grad():
         for new in (1, 3, 1):
-            kv = (_rand(2, new, HKV, D, seed=new), _rand(2, new, HKV, D, seed=new + 1))
+            kv = (
+                seeded_tensor(2, new, HKV, D, seed=new),
+                seeded_tensor(2, new, HKV, D, seed=new + 1),
+            )
             expect_k, expect_v = k_cache.clone(), v_cache.clone()
-            q = _rand(2, 1, HQ, D)
+            q = seeded_tensor(2, 1, HQ, D)
             out = portattn.flash_attn_with_kvcache(
                 q, k_cache, v_cache, *kv, cache_seqlens=lens, block_table=table
             )
@@ -503,4 +313,4 @@ def test_forget_host_values_drops_derived_index_tensors():
         assert not tensor_memo._DERIVED
         got = _paged_call(lens, table, new_kv=False)
         want = _fresh(lens, table, new_kv=False)
-    _assert_same(got, want)
+    assert_same_results(got, want)
