@@ -50,10 +50,12 @@ from portattn.kernels.primitives import (
     mask_scores,
     mma,
     mma_rounded,
+    mma_visible,
     query_range,
     recompute_p,
     softcap_log2,
     softcap_scores,
+    tile_is_finite,
     visible_mask,
     visited_key_range,
     window_query_range,
@@ -125,6 +127,7 @@ def attn_bwd_dkdv_kernel(
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    REPAIR: tl.constexpr = False,
 ):
     """One program per (key tile of one sequence, kv head, head-dim chunk). It sums dK and/or
     dV (``WANT_DK`` / ``WANT_DV``) over ``BLOCK_D // D_CHUNKS`` columns of dK and
@@ -134,7 +137,9 @@ def attn_bwd_dkdv_kernel(
     recomputes ``K Q^T``, and each element is the same ordered sum whatever the split. The
     split is by launch, not by a branch on the program id: LLVM merged the two branches' loop
     exits, and the accumulator copies that merge put inside the in-flight wgmma made ptxas
-    serialize every wgmma (C7515)."""
+    serialize every wgmma (C7515). ``REPAIR``: the repair pass (design §3.2): a program whose
+    dK/dV tile the first pass wrote finite returns; the others recompute it, every product
+    through ``mma_visible`` and dS^T zero where the mask is."""
     stride_qt, stride_qh = row_strides(stride_qt, stride_qh, HEAD_DIM)
     stride_kt, stride_kh = row_strides(stride_kt, stride_kh, HEAD_DIM)
     stride_vt, stride_vh = row_strides(stride_vt, stride_vh, HEAD_DIM_V)
@@ -204,6 +209,16 @@ def attn_bwd_dkdv_kernel(
         o_dvc, m_dvc, c_dvc = o_dc, m_dc, c_dc
     else:
         o_dvc, m_dvc, c_dvc = head_dim_chunk(o_dv, m_dv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
+    if REPAIR:
+        if WANT_DK:
+            finite = tile_is_finite(p_dk + o_dc[None, :], m_krow[:, None] & m_dc[None, :])
+        else:
+            finite = tile_is_finite(p_dv + o_dvc[None, :], m_krow[:, None] & m_dvc[None, :])
+        if WANT_DK and WANT_DV:
+            finite = finite & tile_is_finite(p_dv + o_dvc[None, :],
+                                             m_krow[:, None] & m_dvc[None, :])
+        if finite:
+            return
 
     # Sum over the query heads of the group (ascending) and, for each, its query tiles from
     # m_lo on (ascending), in transposed form: scores are [BLOCK_N, BLOCK_M], so P^T and dS^T
@@ -244,6 +259,9 @@ def attn_bwd_dkdv_kernel(
                                                         diag, CAUSAL, WINDOW_LEFT,
                                                         WINDOW_RIGHT))
         b_pT = recompute_p(b_qkT, b_lse2[None, :], p_scale)  # [BLOCK_N, BLOCK_M]
+        if REPAIR:  # every tile: a fully visible one passes mma_visible's plain product
+            m_visT = visible_mask(o_q[None, :], o_k[:, None], seqlen_k, diag, CAUSAL,
+                                  WINDOW_LEFT, WINDOW_RIGHT)
         if WANT_DK or BLOCK_DVC == BLOCK_DV:
             b_do = load_head_rows(desc_do, p_do, m_start, i_h32, 0, o_dv, m_row, m_dv, BLOCK_M,
                                   BLOCK_DV, TMA)  # [BLOCK_M, BLOCK_DV]
@@ -256,7 +274,10 @@ def attn_bwd_dkdv_kernel(
             # P <= 1 is scaled by an exact power of two before it is rounded for the product,
             # so small probabilities keep their bits in float16 (whose exponent range is
             # narrow); the scale is undone exactly on the float32 dV at the end.
-            b_dv = mma_rounded(b_pT * P_SCALE, b_doc, b_dv, SPLIT_P, INTERPRET)
+            if REPAIR:
+                b_dv = mma_visible(b_pT * P_SCALE, b_doc, b_dv, m_visT, SPLIT_P, INTERPRET)
+            else:
+                b_dv = mma_rounded(b_pT * P_SCALE, b_doc, b_dv, SPLIT_P, INTERPRET)
         if WANT_DK:
             if TMA:
                 b_delta = desc_delta.load([i_h32, hm_start + m_start]).reshape(BLOCK_M)
@@ -271,7 +292,11 @@ def attn_bwd_dkdv_kernel(
             else:
                 b_qc = load_head_rows(desc_qc, p_q, m_start, i_h32, c_dc, o_dc, m_row, m_dc,
                                       BLOCK_M, BLOCK_DC, TMA)  # [BLOCK_M, BLOCK_DC]
-            b_dk = mma_rounded(b_dsT, b_qc, b_dk, SPLIT_P, INTERPRET)
+            if REPAIR:
+                b_dsT = tl.where(m_visT, b_dsT, 0.0)
+                b_dk = mma_visible(b_dsT, b_qc, b_dk, m_visT, SPLIT_P, INTERPRET)
+            else:
+                b_dk = mma_rounded(b_dsT, b_qc, b_dk, SPLIT_P, INTERPRET)
     m_kc = m_krow[:, None] & m_dc[None, :]
     if HEAD_DIM_V == HEAD_DIM:
         m_kvc = m_kc
@@ -324,15 +349,19 @@ def _dq_key_tiles(
         else:
             p_scale = scale_log2
         if MASKED:
-            b_qk = mask_scores(b_qk, visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag,
-                                                  loop.CAUSAL, loop.WINDOW_LEFT,
-                                                  loop.WINDOW_RIGHT))
+            m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, loop.CAUSAL,
+                                 loop.WINDOW_LEFT, loop.WINDOW_RIGHT)
+            b_qk = mask_scores(b_qk, m_vis)
         b_p = recompute_p(b_qk, b_lse2[:, None], p_scale)  # [BLOCK_M, BLOCK_N]
         b_dp = mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), loop.INTERPRET)
         b_ds = b_p * (b_dp - b_delta[:, None])  # [BLOCK_M, BLOCK_N]
         if SOFTCAP > 0:
             b_ds = b_ds * (1.0 - b_tanh * b_tanh)
-        b_dq = mma_rounded(b_ds, b_k, b_dq, loop.SPLIT_P, loop.INTERPRET)  # [BLOCK_M, BLOCK_D]
+        if MASKED and loop.REPAIR:  # design §3.2
+            b_ds = tl.where(m_vis, b_ds, 0.0)
+            b_dq = mma_visible(b_ds, b_k, b_dq, m_vis, loop.SPLIT_P, loop.INTERPRET)
+        else:
+            b_dq = mma_rounded(b_ds, b_k, b_dq, loop.SPLIT_P, loop.INTERPRET)  # [M, BLOCK_D]
     return b_dq
 
 
@@ -357,11 +386,13 @@ def attn_bwd_dq_kernel(
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    REPAIR: tl.constexpr = False,
 ):
     """One program per (query tile of one sequence, query head). ``TMA``: K and V tiles are
     read through per-sequence tensor descriptors (``row_tiles``). ``PADDED``: lse2 and delta
     are in the preprocess kernel's padded layout (``head_major_start``). ``HEAD_DIM_V`` /
-    ``BLOCK_DV``: v's and dO's head dim (``HEAD_DIM``: q's, k's and dQ's)."""
+    ``BLOCK_DV``: v's and dO's head dim (``HEAD_DIM``: q's, k's and dQ's). ``REPAIR``: the
+    repair pass (design §3.2, as the forward's)."""
     stride_qt, stride_qh = row_strides(stride_qt, stride_qh, HEAD_DIM)
     stride_kt, stride_kh = row_strides(stride_kt, stride_kh, HEAD_DIM)
     stride_vt, stride_vh = row_strides(stride_vt, stride_vh, HEAD_DIM_V)
@@ -384,6 +415,10 @@ def attn_bwd_dq_kernel(
     else:
         m_qv = m_row[:, None] & m_dv[None, :]
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
+    if REPAIR:
+        if tile_is_finite(dq + o_rows * stride_dqt + i_h.to(tl.int64) * stride_dqh
+                          + o_d[None, :], m_q):
+            return
     b_q = tl.load(q + o_rows * stride_qt + i_h.to(tl.int64) * stride_qh + o_d[None, :],
                   mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]
     b_do = tl.load(do + o_rows * stride_dot + i_h.to(tl.int64) * stride_doh + o_dv[None, :],
@@ -408,7 +443,7 @@ def attn_bwd_dq_kernel(
         b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dv, m_dv, seqlen_k, diag, scale_log2, n_full, n_hi,
         KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
-                SOFTCAP), True,
+                SOFTCAP, 0, REPAIR), True,
     )
     b_dq = b_dq * scale
     tl.store(dq + o_rows * stride_dqt + i_h.to(tl.int64) * stride_dqh + o_d[None, :],

@@ -144,6 +144,11 @@ def plan_backward_launches(kernels: BackwardKernels, problem: VarlenProblem, do,
                           **common, **kernel_flags, **t.launch_kwargs())
             launches.append(KernelLaunch("bwd_dq", kernels.dq, grid, args, params,
                                          tma_dq))
+        if p.has_unseen_keys:  # design §3.2: the Triton kernel of the same tiles, one stage
+            params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded,
+                          **common, **kernel_flags, **t.launch_kwargs())
+            params.update(REPAIR=True, num_stages=1)
+            launches.append(KernelLaunch("bwd_dq", kernels.dq, grid, args, params, tma_dq))
     return BackwardPlan(dq, dk, dv, tuple(launches))
 
 
@@ -161,14 +166,24 @@ def _plan_dkdv(kernels: BackwardKernels, p: VarlenProblem, args: tuple, common: 
     for want_dk, want_dv, chunks in passes:
         t = cfg.dkdv_launch_tiles(want_dk)
         grid = (triton.cdiv(p.grid_rows_k, t.block_n) * p.batch, p.n_heads_k, chunks)
+        if p.has_unseen_keys:  # design §3.2: after this pass, its repair (one stage)
+            params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, WANT_DK=want_dk,
+                          WANT_DV=want_dv, D_CHUNKS=chunks, TMA=tma, **common, **kernel_flags,
+                          **t.launch_kwargs())
+            params.update(REPAIR=True, num_stages=1)
+            repair = [KernelLaunch("bwd_dkdv", kernels.dkdv, grid, args, params, tma)]
+        else:
+            repair = []
         if use_warp_specialized_dkdv(p, tma):
             params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                           CAUSAL=p.causal, SPLIT_P=p.split_p, STAGES=t.num_stages,
                           **ws_launch_options(t))
             launches.append(KernelLaunch("bwd_dkdv", attn_bwd_dkdv_ws_kernel, grid[:2], args,
                                          params, tma))
+            launches += repair
             continue
         params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, WANT_DK=want_dk, WANT_DV=want_dv,
                       D_CHUNKS=chunks, TMA=tma, **common, **kernel_flags, **t.launch_kwargs())
         launches.append(KernelLaunch("bwd_dkdv", kernels.dkdv, grid, args, params, tma))
+        launches += repair
     return launches

@@ -33,7 +33,7 @@ from portattn.kernels.addressing import (
     value_columns,
 )
 from portattn.kernels.plan import KernelLaunch, VarlenProblem
-from portattn.kernels.primitives import KeyLoop, forward_tile, visited_key_range
+from portattn.kernels.primitives import KeyLoop, forward_tile, tile_is_finite, visited_key_range
 
 
 @triton.jit
@@ -60,12 +60,14 @@ def attn_decode_kernel(
     SOFTCAP: tl.constexpr,
     HAS_SINK: tl.constexpr,
     sinks,
+    REPAIR: tl.constexpr = False,
 ):
     """Program ids: 0 = (position tile, sequence) as ``tile_index`` decodes it; 1 = kv head
     times the group's head slices (``HEADS`` query heads each, a power of two); 2 = head-dim
     chunk (``D_CHUNKS``, as the forward's ``fwd_chunks``). ``PAGE_SIZE`` 0: K/V packed, the
     sequence's keys from ``cu_seqlens_k[b]`` on; else paged, ``cu_seqlens_k`` only counts them.
     ``HEAD_DIM_V`` / ``BLOCK_DV``: v's and the output's head dim (as the forward's).
+    ``REPAIR``: the repair pass (design §3.2, as the forward's).
     """
     stride_qt, stride_qh = row_strides(stride_qt, stride_qh, HEAD_DIM)
     stride_kt, stride_kh = row_strides(stride_kt, stride_kh, HEAD_DIM)
@@ -97,6 +99,11 @@ def attn_decode_kernel(
     BLOCK_DC: tl.constexpr = BLOCK_DV // D_CHUNKS
     o_dv, m_dv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)  # [BLOCK_DV]
     o_dc, m_dc, c_v = head_dim_chunk(o_dv, m_dv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
+    if REPAIR:
+        p_first = (o + (bos_q + o_q.to(tl.int64))[:, None] * stride_ot
+                   + i_h[:, None] * stride_oh + o_dc[None, :])
+        if tile_is_finite(p_first, m_row[:, None] & m_dc[None, :]):
+            return
 
     if PAGE_SIZE > 0:
         bos_k = 0  # a paged sequence starts at its block-table row
@@ -111,7 +118,7 @@ def attn_decode_kernel(
         b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
         KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, WINDOW_LEFT, WINDOW_RIGHT,
-                SOFTCAP, PAGE_SIZE), BLOCK_DC, p_pages, stride_kp, stride_vp, b_sink, HAS_SINK,
+                SOFTCAP, PAGE_SIZE, REPAIR), BLOCK_DC, p_pages, stride_kp, stride_vp, b_sink, HAS_SINK,
     )
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
@@ -139,18 +146,19 @@ def decode_fits(problem: VarlenProblem) -> bool:
 
 
 def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                block_table, page_size: int, sinks=None) -> KernelLaunch:
-    """The decode launch writing ``out`` / ``lse`` (see ``forward.plan_forward``).
+                block_table, page_size: int, sinks=None, repair: bool = False) -> KernelLaunch:
+    """The decode launch writing ``out`` / ``lse`` (see ``forward.plan_forward``); ``repair``:
+    its repair pass (design §3.2), launched after it.
 
     q: [total_q, Hq, D]; k, v: packed [total_k, Hkv, D] (``page_size`` 0) or paged caches
     [num_pages, page_size, Hkv, D]; block_table: int32 [B, pages_per_seq] (paged) or None;
     sinks: float32 [Hq] or None.
     """
     p = problem
-    key = ("decode", page_size, sinks is None)
+    key = ("decode", page_size, sinks is None, repair)
     static = p.memo.get(key)
     if static is None:  # the grid and compile-time parameters: the problem's alone
-        static = p.memo[key] = _decode_static(p, page_size, sinks is not None)
+        static = p.memo[key] = _decode_static(p, page_size, sinks is not None, repair)
     grid, params = static
     if page_size:
         stride_kp, stride_kt, stride_kh = k.stride(0), k.stride(1), k.stride(2)
@@ -171,7 +179,8 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
                         tma=False)
 
 
-def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool) -> tuple[tuple, dict]:
+def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool,
+                   repair: bool = False) -> tuple[tuple, dict]:
     """The decode launch's grid and its compile-time parameters but ``sinks`` (a tensor)."""
     cfg = p.cfg
     tiles = cfg.decode_tiles()
@@ -185,4 +194,6 @@ def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool) -> tuple[tu
         CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret, D_CHUNKS=cfg.fwd_chunks,
         **p.feature_flags(), HAS_SINK=has_sink, **tiles.launch_kwargs(),
     )
+    if repair:  # the same tiles; one stage, which changes no bit and leaves room for its copy
+        params.update(REPAIR=True, num_stages=1)
     return grid, params

@@ -25,7 +25,7 @@ from portattn.kernels.addressing import (
 from portattn.kernels.buffers import check_row_strides, new_buffer, rows_aligned
 from portattn.kernels.decode import decode_fits, plan_decode
 from portattn.kernels.plan import KernelLaunch, VarlenProblem, gluon_applies, run_launches
-from portattn.kernels.primitives import KeyLoop, forward_tile, visited_key_range
+from portattn.kernels.primitives import KeyLoop, forward_tile, tile_is_finite, visited_key_range
 from portattn.kernels.ws_kernels import attn_fwd_ws_kernel, ws_launch_options, ws_supports
 
 
@@ -53,6 +53,7 @@ def attn_fwd_kernel(
     SOFTCAP: tl.constexpr,
     HAS_SINK: tl.constexpr,
     sinks,
+    REPAIR: tl.constexpr = False,
 ):
     """One program per (query tile of one sequence, query head, head-dim chunk). With
     ``D_CHUNKS`` = 2 each program computes the scores and softmax over the whole head dim and
@@ -63,7 +64,10 @@ def attn_fwd_kernel(
     tiles some row of the tile sees are visited (``visited_key_range``). ``SOFTCAP`` > 0: the
     scores are softcapped (``softcap_scores``). ``HAS_SINK``: float32 ``sinks`` [Hq] (else
     None), the heads' attention sinks (``fold_sink``). ``HEAD_DIM_V`` / ``BLOCK_DV``: v's and
-    the output's head dim and its padded width (q's and k's: ``HEAD_DIM`` / ``BLOCK_D``)."""
+    the output's head dim and its padded width (q's and k's: ``HEAD_DIM`` / ``BLOCK_D``).
+    ``REPAIR``: the repair pass after a first pass of the same tiles (design §3.2): a program
+    whose tile the first pass wrote finite returns; the others recompute it with masked tiles
+    through ``mma_visible``."""
     stride_qt, stride_qh = row_strides(stride_qt, stride_qh, HEAD_DIM)
     stride_kt, stride_kh = row_strides(stride_kt, stride_kh, HEAD_DIM)
     stride_vt, stride_vh = row_strides(stride_vt, stride_vh, HEAD_DIM_V)
@@ -91,6 +95,11 @@ def attn_fwd_kernel(
     o_dv, m_dv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)  # [BLOCK_DV]
     o_dc, m_dc, c_v = head_dim_chunk(o_dv, m_dv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
     m_o = (o_q < seqlen_q)[:, None] & m_dc[None, :]  # m_q when unchunked
+    if REPAIR:
+        p_first = (o + (bos_q + o_q.to(tl.int64))[:, None] * stride_ot
+                   + i_h.to(tl.int64) * stride_oh + o_dc[None, :])
+        if tile_is_finite(p_first, m_o):
+            return
     src_k, src_v = key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt,
                                    stride_vh, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_DC, TMA,
                                    HEAD_DIM_V)
@@ -103,7 +112,7 @@ def attn_fwd_kernel(
         b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
         KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
-                SOFTCAP), BLOCK_DC, b_sink=b_sink, HAS_SINK=HAS_SINK,
+                SOFTCAP, 0, REPAIR), BLOCK_DC, b_sink=b_sink, HAS_SINK=HAS_SINK,
     )
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
@@ -168,9 +177,12 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     if fits is None:
         fits = p.memo["decode_fits"] = decode_fits(p)
     if p.page_size or (not store_o32 and fits):
-        launch = plan_decode(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
-                             p.page_size, sinks)
-        return ForwardPlan(out, lse, out32, (launch,))
+        launches = tuple(
+            plan_decode(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
+                        p.page_size, sinks, repair)
+            for repair in (False, True)[: 1 + p.has_unseen_keys]
+        )
+        return ForwardPlan(out, lse, out32, launches)
     o32_arg = out32 if store_o32 else out
     args = (
         q, k, v, out, lse, o32_arg,
@@ -191,23 +203,34 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
         launch = KernelLaunch("fwd", attn_fwd_ws_kernel, grid, args, dict(params), tma)
     else:
         launch = KernelLaunch("fwd", attn_fwd_kernel, grid, args, dict(params, sinks=sinks), tma)
-    return ForwardPlan(out, lse, out32, (launch,))
+    if not p.has_unseen_keys:
+        return ForwardPlan(out, lse, out32, (launch,))
+    # Design §3.2: the Triton kernel of the same tiles repairs tiles that hold a NaN or inf.
+    repair_key = ("fwd_repair", store_o32, tma, sinks is None)
+    repair = p.memo.get(repair_key)
+    if repair is None:
+        repair = p.memo[repair_key] = _forward_static(p, store_o32, tma, sinks is not None, True)
+    fix = KernelLaunch("fwd", attn_fwd_kernel, repair[0], args, dict(repair[2], sinks=sinks), tma)
+    return ForwardPlan(out, lse, out32, (launch, fix))
 
 
 def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool,
-                    has_sink: bool) -> tuple[tuple, bool, dict]:
+                    has_sink: bool, repair: bool = False) -> tuple[tuple, bool, dict]:
     """The forward launch's grid, whether the Gluon kernel runs it, and its compile-time
-    parameters but ``sinks`` (a tensor)."""
+    parameters but ``sinks`` (a tensor); ``repair``: those of its repair pass (design §3.2),
+    the Triton kernel of the same tiles in one stage (no bit depends on the stages)."""
     cfg = p.cfg
     tiles = cfg.fwd
     grid = (triton.cdiv(p.grid_rows_q, tiles.block_m) * p.batch, p.n_heads_q, cfg.fwd_chunks)
     flags = dict(HEAD_DIM=p.head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                  CAUSAL=p.causal, SPLIT_P=p.split_p, STORE_O32=store_o32)
-    if use_warp_specialized(p, tma):
+    if not repair and use_warp_specialized(p, tma):
         return grid, True, dict(flags, STAGES=tiles.num_stages, **ws_launch_options(tiles))
     params = dict(flags, BLOCK_D=p.block_d, **p.value_flags(), INTERPRET=p.interpret,
                   D_CHUNKS=cfg.fwd_chunks, TMA=tma, **p.feature_flags(),  # window, softcap
                   HAS_SINK=has_sink, **tiles.launch_kwargs())
+    if repair:
+        params.update(REPAIR=True, num_stages=1)
     return grid, False, params
 
 

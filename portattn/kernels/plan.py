@@ -124,6 +124,14 @@ class VarlenProblem:
         return dict(WINDOW_LEFT=o.window_left, WINDOW_RIGHT=o.window_right, SOFTCAP=o.softcap)
 
     @property
+    def has_unseen_keys(self) -> bool:
+        """Whether a visited key tile can hold keys that some of its rows do not see, so that
+        the passes need their repair launch (design §3.2): causal with more than one query
+        row in a sequence, or a sliding window."""
+        o = self.options
+        return (self.causal and self.max_seqlen_q > 1) or o.window_left >= 0 or o.window_right >= 0
+
+    @property
     def grid_rows_q(self) -> int:
         """The query rows a launch grid is sized for: ``max_seqlen_q`` (flash-attn's upper
         bound, which also picks the decode kernel, ``decode.decode_fits``), but no more than q

@@ -69,6 +69,36 @@ def split_p_lo(b_x, b_hi):
 
 
 @triton.jit
+def nonfinite_rows(b_x):
+    """[M] int32: 1 where a row of ``b_x`` [M, N] (float32) holds a NaN or an infinity (exactly
+    where ``x * 0`` is not 0)."""
+    return tl.max(tl.where(b_x * 0.0 == 0.0, 0, 1), 1)
+
+
+@triton.jit
+def mma_visible(b_x, b_b, b_acc, m_vis, SPLIT_P: tl.constexpr, INTERPRET: tl.constexpr):
+    """``mma_rounded`` for a masked tile of a repair pass (design §3.2): ``b_x`` [M, K] is exactly
+    0 where ``m_vis`` [M, K] is False, and a row of ``b_b`` [K, N] holding a NaN or an infinity
+    reaches only the rows of ``b_x`` that see it. A row that sees none gets the product with
+    those rows of ``b_b`` zeroed, a clean run's bits (its ``b_x`` there is 0 either way); a row
+    that sees one gets the plain product."""
+    b_bad = nonfinite_rows(b_b.to(tl.float32))  # [K]
+    b_clean = tl.where(b_bad[:, None] > 0, tl.zeros_like(b_b), b_b)
+    b_sees = tl.max(tl.where(m_vis & (b_bad[None, :] > 0), 1, 0), 1)  # [M]
+    b_plain = mma_rounded(b_x, b_b, b_acc, SPLIT_P, INTERPRET)
+    b_fixed = mma_rounded(b_x, b_clean, b_acc, SPLIT_P, INTERPRET)
+    return tl.where(b_sees[:, None] > 0, b_plain, b_fixed)
+
+
+@triton.jit
+def tile_is_finite(p_x, m_x):
+    """Whether the tile at ``p_x`` (elements where ``m_x``) holds no NaN and no infinity: a
+    repair pass's test of what the first pass wrote."""
+    b_x = tl.load(p_x, mask=m_x, other=0.0).to(tl.float32)
+    return tl.max(nonfinite_rows(b_x), 0) == 0
+
+
+@triton.jit
 def visible_mask(o_q, o_k, seqlen_k, diag, CAUSAL: tl.constexpr,
                  WINDOW_LEFT: tl.constexpr = -1, WINDOW_RIGHT: tl.constexpr = -1):
     """Which (query, key) pairs are visible. ``o_q`` and ``o_k`` are positions local to the
@@ -238,6 +268,7 @@ class KeyLoop(NamedTuple):
     WINDOW_RIGHT: tl.constexpr = -1
     SOFTCAP: tl.constexpr = 0.0  # ``scores_log2``
     PAGE_SIZE: tl.constexpr = 0  # ``paged_rows``
+    REPAIR: tl.constexpr = False  # masked tiles through ``mma_visible`` (design §3.2)
 
 
 @triton.jit
@@ -283,7 +314,10 @@ def forward_key_tiles(
             b_qk = mask_scores(b_qk, m_vis)
         b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, step_scale)
         b_acc = b_acc * b_alpha[:, None]
-        b_acc = mma_rounded(b_p, b_v, b_acc, loop.SPLIT_P, loop.INTERPRET)  # [BLOCK_M, BLOCK_DC]
+        if MASKED and loop.REPAIR:  # a key a row does not see stays out of it (design §3.2)
+            b_acc = mma_visible(b_p, b_v, b_acc, m_vis, loop.SPLIT_P, loop.INTERPRET)
+        else:
+            b_acc = mma_rounded(b_p, b_v, b_acc, loop.SPLIT_P, loop.INTERPRET)  # [M, BLOCK_DC]
     return b_acc, b_m, b_l
 
 

@@ -1,0 +1,83 @@
+"""A key a row does not see never changes that row, whatever it holds (issue 35, item 4):
+NaN/inf in the key, value or output gradient of a causally masked or out-of-window key leaves
+the other rows' bits as a clean run's, forward and backward, both kernels, the varlen and the
+decode (kvcache) paths. CPU here under the interpreter; the ``gpu`` tests repeat them on the
+device at sizes that reach every kernel's masked tiles."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import unseen_checks as checks
+from helpers import KERNELS
+
+NAN, INF = math.nan, math.inf
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("target,bad", [("v", NAN), ("v", INF), ("k", NAN), ("k", -INF)])
+def test_unseen_key_causal(kernel, target, bad):
+    checks.check_unseen_key(kernel, 77, 77, 40, target, bad)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_unseen_key_window(kernel):  # rows past the window's left edge do not see key 5
+    checks.check_unseen_key(kernel, 70, 70, 5, "v", NAN, window=(9, 0))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_unseen_key_chunk_rows(kernel):  # Sq < Sk: bottom-right aligned
+    checks.check_unseen_key(kernel, 33, 90, 80, "v", NAN, heads=(2, 2), dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("bad", [NAN, INF])
+def test_unseen_grad_row(kernel, bad):
+    checks.check_unseen_grad_row(kernel, 77, 77, 30, bad)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_unseen_append(kernel, page_size):
+    checks.check_unseen_append(kernel, page_size, NAN)
+
+
+def test_unseen_append_softcap_window():
+    checks.check_unseen_append("varlen", 16, INF, window=(20, 0), softcap=5.0)
+
+
+GPU_GRID = [
+    (kernel, dtype, head_dim)
+    for kernel in KERNELS
+    for dtype in (torch.bfloat16, torch.float16)
+    for head_dim in (64, 128, 96)
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel,dtype,head_dim", GPU_GRID)
+@pytest.mark.parametrize("window", [(-1, -1), (100, 0)])
+def test_unseen_gpu(kernel, dtype, head_dim, window):
+    for target, bad in (("v", NAN), ("v", INF), ("k", NAN)):
+        checks.check_unseen_key(
+            kernel, 1000, 1000, 517, target, bad, (8, 2), head_dim, dtype, window=window
+        )
+    checks.check_unseen_key(
+        kernel, 300, 1000, 900, "v", NAN, (8, 2), head_dim, dtype, window=window
+    )
+    checks.check_unseen_grad_row(
+        kernel, 1000, 1000, 300, NAN, (8, 2), head_dim, dtype, window=window
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_unseen_append_gpu(kernel, page_size):
+    for dtype in (torch.bfloat16, torch.float16):
+        checks.check_unseen_append(kernel, page_size, NAN, (32, 8), 128, dtype)
+        checks.check_unseen_append(
+            kernel, page_size, INF, (8, 1), 64, dtype, window=(20, 0), softcap=5.0
+        )
