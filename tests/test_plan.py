@@ -60,12 +60,14 @@ def test_sm90_entries_plan_their_gluon_kernels(kernel):
     cfg = configs.get_config(SM90, kernel, 128, torch.bfloat16)
     problem, (q, k, v, cu_q, cu_k) = _gpu_problem(cfg, kernel)
     fwd = forward.plan_forward(problem, q, k, v, cu_q, cu_k, store_o32=problem.split_p)
-    (launch,) = fwd.launches
+    launch, repair = fwd.launches  # causal: the repair pass follows (design §3.2)
     expected = forward.attn_fwd_ws_kernel if cfg.fwd_ws else forward.attn_fwd_kernel
     assert launch.kernel is expected and launch.tma == ("fwd" in cfg.tma)
+    assert repair.stage == "fwd_repair" and repair.kernel is forward.attn_fwd_kernel
+    assert repair.params["REPAIR"] and repair.params["BLOCK_N"] == cfg.fwd.block_n
     # A view starting 2 bytes in: no descriptor path, so the Triton forward.
     q_off = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape).copy_(q)
-    (launch,) = forward.plan_forward(problem, q_off, k, v, cu_q, cu_k, False).launches
+    launch, _ = forward.plan_forward(problem, q_off, k, v, cu_q, cu_k, False).launches
     assert launch.kernel is forward.attn_fwd_kernel and not launch.tma
 
 
@@ -99,8 +101,35 @@ def test_backward_plan_order_and_stages():
     problem, (q, k, v, cu_q, cu_k) = _gpu_problem(cfg, "fixed_order")
     fwd = forward.plan_forward(problem, q, k, v, cu_q, cu_k, True)
     bwd = backward.plan_backward(problem, q, q, k, v, fwd.out32, fwd.lse, None, cu_q, cu_k)
-    dkdv = ["bwd_dkdv"] * (1 if cfg.dkdv_passes == 1 else 2)
-    assert [launch.stage for launch in bwd.launches] == ["bwd_pre", *dkdv, "bwd_dq"]
+    dkdv = ["bwd_dkdv", "bwd_dkdv_repair"] * (1 if cfg.dkdv_passes == 1 else 2)
+    stages = ["bwd_pre", *dkdv, "bwd_dq", "bwd_dq_repair"]  # causal: each pass's repair
+    assert [launch.stage for launch in bwd.launches] == stages
+
+
+@pytest.mark.parametrize(
+    ("causal", "max_seqlen_q", "window", "repairs"),
+    [
+        (True, 56, (-1, -1), True),
+        (False, 56, (-1, -1), False),
+        (True, 1, (-1, -1), False),
+        (False, 56, (8, -1), True),
+        (False, 1, (-1, 4), True),
+    ],
+)
+def test_repair_passes_only_where_a_tile_holds_unseen_keys(causal, max_seqlen_q, window, repairs):
+    """Design §3.2: a repair launch follows each pass when a visited key tile can hold keys
+    some of its rows do not see (causal with more than one query row, or a window); none for
+    non-causal calls and for causal decode of one row per sequence."""
+    q, k, v, cu_q, cu_k = _tensors(64, torch.float16)
+    options = AttentionOptions(
+        causal, 0.125, "varlen", window_left=window[0], window_right=window[1]
+    )
+    problem = plan_problem(q, k, cu_q, max_seqlen_q, 50, options)
+    fwd = forward.plan_forward(problem, q, k, v, cu_q, cu_k, False)
+    bwd = backward.plan_backward(problem, q, q, k, v, fwd.out, fwd.lse, None, cu_q, cu_k)
+    stages = [launch.stage for launch in (*fwd.launches, *bwd.launches)]
+    assert problem.has_unseen_keys is repairs
+    assert any(stage.endswith("_repair") for stage in stages) is repairs
 
 
 def test_empty_pack_plans_nothing_and_still_checks():

@@ -139,7 +139,7 @@ def attn_bwd_dkdv_kernel(
     exits, and the accumulator copies that merge put inside the in-flight wgmma made ptxas
     serialize every wgmma (C7515). ``REPAIR``: the repair pass (design §3.2): a program whose
     dK/dV tile the first pass wrote finite returns; the others recompute it, every product
-    through ``mma_visible`` and dS^T zero where the mask is."""
+    through ``mma_visible``."""
     stride_qt, stride_qh = row_strides(stride_qt, stride_qh, HEAD_DIM)
     stride_kt, stride_kh = row_strides(stride_kt, stride_kh, HEAD_DIM)
     stride_vt, stride_vh = row_strides(stride_vt, stride_vh, HEAD_DIM_V)
@@ -158,6 +158,21 @@ def attn_bwd_dkdv_kernel(
     o_dv, m_dv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)  # [BLOCK_DV]
     m_krow = o_k < seqlen_k
     o_krows = (bos_k + o_k.to(tl.int64))[:, None]
+    if REPAIR:  # before any load: most programs of a repair pass read their tiles and return
+        o_rc, m_rc, _ = head_dim_chunk(o_d, m_d, HEAD_DIM, BLOCK_D, D_CHUNKS)
+        o_rvc, m_rvc, _ = head_dim_chunk(o_dv, m_dv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
+        p_dk_rows = dk + o_krows * stride_dkt + i_hk.to(tl.int64) * stride_dkh
+        p_dv_rows = dv + o_krows * stride_dvt + i_hk.to(tl.int64) * stride_dvh
+        if WANT_DK:
+            finite = tile_is_finite(p_dk_rows + o_rc[None, :], m_krow[:, None] & m_rc[None, :])
+        else:
+            finite = tile_is_finite(p_dv_rows + o_rvc[None, :],
+                                    m_krow[:, None] & m_rvc[None, :])
+        if WANT_DK and WANT_DV:
+            finite = finite & tile_is_finite(p_dv_rows + o_rvc[None, :],
+                                             m_krow[:, None] & m_rvc[None, :])
+        if finite:
+            return
     if TMA:
         # K and V are read once per program; spelled out rather than through key_value_tiles,
         # which gives other (equally valid) machine code here than the one the golden
@@ -209,16 +224,6 @@ def attn_bwd_dkdv_kernel(
         o_dvc, m_dvc, c_dvc = o_dc, m_dc, c_dc
     else:
         o_dvc, m_dvc, c_dvc = head_dim_chunk(o_dv, m_dv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
-    if REPAIR:
-        if WANT_DK:
-            finite = tile_is_finite(p_dk + o_dc[None, :], m_krow[:, None] & m_dc[None, :])
-        else:
-            finite = tile_is_finite(p_dv + o_dvc[None, :], m_krow[:, None] & m_dvc[None, :])
-        if WANT_DK and WANT_DV:
-            finite = finite & tile_is_finite(p_dv + o_dvc[None, :],
-                                             m_krow[:, None] & m_dvc[None, :])
-        if finite:
-            return
 
     # Sum over the query heads of the group (ascending) and, for each, its query tiles from
     # m_lo on (ascending), in transposed form: scores are [BLOCK_N, BLOCK_M], so P^T and dS^T
@@ -293,7 +298,6 @@ def attn_bwd_dkdv_kernel(
                 b_qc = load_head_rows(desc_qc, p_q, m_start, i_h32, c_dc, o_dc, m_row, m_dc,
                                       BLOCK_M, BLOCK_DC, TMA)  # [BLOCK_M, BLOCK_DC]
             if REPAIR:
-                b_dsT = tl.where(m_visT, b_dsT, 0.0)
                 b_dk = mma_visible(b_dsT, b_qc, b_dk, m_visT, SPLIT_P, INTERPRET)
             else:
                 b_dk = mma_rounded(b_dsT, b_qc, b_dk, SPLIT_P, INTERPRET)
@@ -358,7 +362,6 @@ def _dq_key_tiles(
         if SOFTCAP > 0:
             b_ds = b_ds * (1.0 - b_tanh * b_tanh)
         if MASKED and loop.REPAIR:  # design §3.2
-            b_ds = tl.where(m_vis, b_ds, 0.0)
             b_dq = mma_visible(b_ds, b_k, b_dq, m_vis, loop.SPLIT_P, loop.INTERPRET)
         else:
             b_dq = mma_rounded(b_ds, b_k, b_dq, loop.SPLIT_P, loop.INTERPRET)  # [M, BLOCK_D]
@@ -415,7 +418,7 @@ def attn_bwd_dq_kernel(
     else:
         m_qv = m_row[:, None] & m_dv[None, :]
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
-    if REPAIR:
+    if REPAIR:  # noqa: SIM102 - a constexpr branch around a runtime one
         if tile_is_finite(dq + o_rows * stride_dqt + i_h.to(tl.int64) * stride_dqh
                           + o_d[None, :], m_q):
             return

@@ -17,7 +17,7 @@ import torch
 import triton
 
 from portattn.kernels.buffers import check_row_strides, dense_specialized, new_buffer, rows_aligned
-from portattn.kernels.plan import KernelLaunch, VarlenProblem, gluon_applies
+from portattn.kernels.plan import KernelLaunch, VarlenProblem, gluon_applies, repair_tiles
 from portattn.kernels.ws_kernels import (
     attn_bwd_dkdv_ws_kernel,
     attn_bwd_dq_ws_kernel,
@@ -144,11 +144,13 @@ def plan_backward_launches(kernels: BackwardKernels, problem: VarlenProblem, do,
                           **common, **kernel_flags, **t.launch_kwargs())
             launches.append(KernelLaunch("bwd_dq", kernels.dq, grid, args, params,
                                          tma_dq))
-        if p.has_unseen_keys:  # design §3.2: the Triton kernel of the same tiles, one stage
+        if p.has_unseen_keys:  # design §3.2: the Triton kernel of the same key tiles
+            t = repair_tiles(t)
+            grid = (triton.cdiv(p.grid_rows_q, t.block_m) * p.batch, p.n_heads_q)
             params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded,
-                          **common, **kernel_flags, **t.launch_kwargs())
-            params.update(REPAIR=True, num_stages=1)
-            launches.append(KernelLaunch("bwd_dq", kernels.dq, grid, args, params, tma_dq))
+                          REPAIR=True, **common, **kernel_flags, **t.launch_kwargs())
+            launches.append(KernelLaunch("bwd_dq_repair", kernels.dq, grid, args, params,
+                                         tma_dq))
     return BackwardPlan(dq, dk, dv, tuple(launches))
 
 
@@ -166,12 +168,13 @@ def _plan_dkdv(kernels: BackwardKernels, p: VarlenProblem, args: tuple, common: 
     for want_dk, want_dv, chunks in passes:
         t = cfg.dkdv_launch_tiles(want_dk)
         grid = (triton.cdiv(p.grid_rows_k, t.block_n) * p.batch, p.n_heads_k, chunks)
-        if p.has_unseen_keys:  # design §3.2: after this pass, its repair (one stage)
-            params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, WANT_DK=want_dk,
-                          WANT_DV=want_dv, D_CHUNKS=chunks, TMA=tma, **common, **kernel_flags,
-                          **t.launch_kwargs())
-            params.update(REPAIR=True, num_stages=1)
-            repair = [KernelLaunch("bwd_dkdv", kernels.dkdv, grid, args, params, tma)]
+        if p.has_unseen_keys:  # design §3.2: after this pass, its repair
+            r = repair_tiles(t)
+            r_grid = (triton.cdiv(p.grid_rows_k, r.block_n) * p.batch, p.n_heads_k, chunks)
+            params = dict(BLOCK_M=r.block_m, BLOCK_N=r.block_n, WANT_DK=want_dk,
+                          WANT_DV=want_dv, D_CHUNKS=chunks, TMA=tma, REPAIR=True, **common,
+                          **kernel_flags, **r.launch_kwargs())
+            repair = [KernelLaunch("bwd_dkdv_repair", kernels.dkdv, r_grid, args, params, tma)]
         else:
             repair = []
         if use_warp_specialized_dkdv(p, tma):

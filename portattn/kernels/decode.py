@@ -32,7 +32,7 @@ from portattn.kernels.addressing import (
     tile_index,
     value_columns,
 )
-from portattn.kernels.plan import KernelLaunch, VarlenProblem
+from portattn.kernels.plan import KernelLaunch, VarlenProblem, repair_tiles
 from portattn.kernels.primitives import KeyLoop, forward_tile, tile_is_finite, visited_key_range
 
 
@@ -94,16 +94,18 @@ def attn_decode_kernel(
     i_h = (i_hk * group + o_g).to(tl.int64)  # [BLOCK_M] query heads
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
+    if REPAIR:  # before any load (the forward's)
+        o_rv, m_rv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)
+        o_rc, m_rc, _ = head_dim_chunk(o_rv, m_rv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
+        p_first = (o + (bos_q + o_q.to(tl.int64))[:, None] * stride_ot
+                   + i_h[:, None] * stride_oh + o_rc[None, :])
+        if tile_is_finite(p_first, m_row[:, None] & m_rc[None, :]):
+            return
     p_q = q + (bos_q + o_q.to(tl.int64))[:, None] * stride_qt + i_h[:, None] * stride_qh
     b_q = tl.load(p_q + o_d[None, :], mask=m_row[:, None] & m_d[None, :], other=0.0)
     BLOCK_DC: tl.constexpr = BLOCK_DV // D_CHUNKS
     o_dv, m_dv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)  # [BLOCK_DV]
     o_dc, m_dc, c_v = head_dim_chunk(o_dv, m_dv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
-    if REPAIR:
-        p_first = (o + (bos_q + o_q.to(tl.int64))[:, None] * stride_ot
-                   + i_h[:, None] * stride_oh + o_dc[None, :])
-        if tile_is_finite(p_first, m_row[:, None] & m_dc[None, :]):
-            return
 
     if PAGE_SIZE > 0:
         bos_k = 0  # a paged sequence starts at its block-table row
@@ -118,7 +120,8 @@ def attn_decode_kernel(
         b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
         KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, WINDOW_LEFT, WINDOW_RIGHT,
-                SOFTCAP, PAGE_SIZE, REPAIR), BLOCK_DC, p_pages, stride_kp, stride_vp, b_sink, HAS_SINK,
+                SOFTCAP, PAGE_SIZE, REPAIR), BLOCK_DC, p_pages, stride_kp, stride_vp, b_sink,
+        HAS_SINK,
     )
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
@@ -175,15 +178,15 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
         stride_vh, out.stride(0), out.stride(1), stride_bt,
         p.batch, p.n_heads_q, p.group, p.scale_log2,
     )
-    return KernelLaunch("decode", attn_decode_kernel, grid, args, dict(params, sinks=sinks),
-                        tma=False)
+    stage = "decode_repair" if repair else "decode"
+    return KernelLaunch(stage, attn_decode_kernel, grid, args, dict(params, sinks=sinks), tma=False)
 
 
 def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool,
                    repair: bool = False) -> tuple[tuple, dict]:
     """The decode launch's grid and its compile-time parameters but ``sinks`` (a tensor)."""
     cfg = p.cfg
-    tiles = cfg.decode_tiles()
+    tiles = repair_tiles(cfg.decode_tiles()) if repair else cfg.decode_tiles()
     heads = heads_per_tile(p)
     rows = tiles.block_m // heads
     slices = triton.cdiv(p.group, heads)
@@ -194,6 +197,6 @@ def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool,
         CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret, D_CHUNKS=cfg.fwd_chunks,
         **p.feature_flags(), HAS_SINK=has_sink, **tiles.launch_kwargs(),
     )
-    if repair:  # the same tiles; one stage, which changes no bit and leaves room for its copy
-        params.update(REPAIR=True, num_stages=1)
+    if repair:
+        params.update(REPAIR=True)
     return grid, params

@@ -24,7 +24,13 @@ from portattn.kernels.addressing import (
 )
 from portattn.kernels.buffers import check_row_strides, new_buffer, rows_aligned
 from portattn.kernels.decode import decode_fits, plan_decode
-from portattn.kernels.plan import KernelLaunch, VarlenProblem, gluon_applies, run_launches
+from portattn.kernels.plan import (
+    KernelLaunch,
+    VarlenProblem,
+    gluon_applies,
+    repair_tiles,
+    run_launches,
+)
 from portattn.kernels.primitives import KeyLoop, forward_tile, tile_is_finite, visited_key_range
 from portattn.kernels.ws_kernels import attn_fwd_ws_kernel, ws_launch_options, ws_supports
 
@@ -82,6 +88,13 @@ def attn_fwd_kernel(
     o_q = m_start + tl.arange(0, BLOCK_M)  # [BLOCK_M] positions in the sequence
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
+    if REPAIR:  # before any load: most programs of a repair pass read their tile and return
+        o_rv, m_rv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)
+        o_rc, m_rc, _ = head_dim_chunk(o_rv, m_rv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
+        p_first = (o + (bos_q + o_q.to(tl.int64))[:, None] * stride_ot
+                   + i_h.to(tl.int64) * stride_oh + o_rc[None, :])
+        if tile_is_finite(p_first, (o_q < seqlen_q)[:, None] & m_rc[None, :]):
+            return
     if TMA:
         p_q = q + bos_q * stride_qt + i_h.to(tl.int64) * stride_qh
         src_q = row_tiles(p_q, seqlen_q, stride_qt, HEAD_DIM, BLOCK_M, BLOCK_D)
@@ -95,11 +108,6 @@ def attn_fwd_kernel(
     o_dv, m_dv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)  # [BLOCK_DV]
     o_dc, m_dc, c_v = head_dim_chunk(o_dv, m_dv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
     m_o = (o_q < seqlen_q)[:, None] & m_dc[None, :]  # m_q when unchunked
-    if REPAIR:
-        p_first = (o + (bos_q + o_q.to(tl.int64))[:, None] * stride_ot
-                   + i_h.to(tl.int64) * stride_oh + o_dc[None, :])
-        if tile_is_finite(p_first, m_o):
-            return
     src_k, src_v = key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt,
                                    stride_vh, HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_DC, TMA,
                                    HEAD_DIM_V)
@@ -210,7 +218,8 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     repair = p.memo.get(repair_key)
     if repair is None:
         repair = p.memo[repair_key] = _forward_static(p, store_o32, tma, sinks is not None, True)
-    fix = KernelLaunch("fwd", attn_fwd_kernel, repair[0], args, dict(repair[2], sinks=sinks), tma)
+    fix = KernelLaunch("fwd_repair", attn_fwd_kernel, repair[0], args,
+                       dict(repair[2], sinks=sinks), tma)
     return ForwardPlan(out, lse, out32, (launch, fix))
 
 
@@ -218,9 +227,9 @@ def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool,
                     has_sink: bool, repair: bool = False) -> tuple[tuple, bool, dict]:
     """The forward launch's grid, whether the Gluon kernel runs it, and its compile-time
     parameters but ``sinks`` (a tensor); ``repair``: those of its repair pass (design §3.2),
-    the Triton kernel of the same tiles in one stage (no bit depends on the stages)."""
+    the Triton kernel of the same key tiles (``plan.repair_tiles``)."""
     cfg = p.cfg
-    tiles = cfg.fwd
+    tiles = repair_tiles(cfg.fwd) if repair else cfg.fwd
     grid = (triton.cdiv(p.grid_rows_q, tiles.block_m) * p.batch, p.n_heads_q, cfg.fwd_chunks)
     flags = dict(HEAD_DIM=p.head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                  CAUSAL=p.causal, SPLIT_P=p.split_p, STORE_O32=store_o32)
@@ -230,7 +239,7 @@ def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool,
                   D_CHUNKS=cfg.fwd_chunks, TMA=tma, **p.feature_flags(),  # window, softcap
                   HAS_SINK=has_sink, **tiles.launch_kwargs())
     if repair:
-        params.update(REPAIR=True, num_stages=1)
+        params.update(REPAIR=True)
     return grid, False, params
 
 

@@ -20,6 +20,7 @@ quiet fallback.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -229,13 +230,22 @@ def forget_problems() -> None:
     _PROBLEMS.clear()
 
 
+def repair_tiles(tiles: Tiles) -> Tiles:
+    """The tiles of a repair pass (design §3.2) after a pass of ``tiles``: the same, in one
+    stage (no bit depends on the stages). ``mma_visible``'s second product spills registers
+    at some entries (sm90 d128): accepted, as the pass computes only tiles that hold a NaN or
+    an infinity."""
+    return dataclasses.replace(tiles, num_stages=1)
+
+
 @dataclass(frozen=True)
 class KernelLaunch:
     """One planned launch: ``kernel[grid](*args, **params)``. ``params`` holds the
     compile-time parameters and the launch options; ``tma``: the kernel makes tensor
     descriptors, so it needs their scratch memory."""
 
-    stage: str  # the KernelConfig field of its tiles: fwd, bwd_pre, bwd_dkdv, bwd_dq
+    stage: str  # the KernelConfig field of its tiles: fwd, bwd_pre, bwd_dkdv, bwd_dq, decode;
+    # a repair pass (design §3.2) is its pass's stage + "_repair"
     kernel: Any
     grid: tuple[int, ...]
     args: tuple

@@ -77,16 +77,26 @@ def nonfinite_rows(b_x):
 
 @triton.jit
 def mma_visible(b_x, b_b, b_acc, m_vis, SPLIT_P: tl.constexpr, INTERPRET: tl.constexpr):
-    """``mma_rounded`` for a masked tile of a repair pass (design §3.2): ``b_x`` [M, K] is exactly
-    0 where ``m_vis`` [M, K] is False, and a row of ``b_b`` [K, N] holding a NaN or an infinity
-    reaches only the rows of ``b_x`` that see it. A row that sees none gets the product with
-    those rows of ``b_b`` zeroed, a clean run's bits (its ``b_x`` there is 0 either way); a row
-    that sees one gets the plain product."""
+    """``mma_rounded`` for a masked tile of a repair pass (design §3.2): the entries of ``b_x``
+    [M, K] where ``m_vis`` [M, K] is False count as exact zeros whatever they hold (dS there is
+    0 times a NaN ``dP - delta`` when a value or an output-gradient row is NaN), and a row of
+    ``b_b`` [K, N] holding a NaN or an infinity reaches only the rows of ``b_x`` that see it.
+    A row that sees none gets the product with those rows of ``b_b`` zeroed, a clean run's bits;
+    a row that sees one gets the plain product. ``b_x`` is rounded (and split) by
+    ``mma_rounded``'s expressions before the mask: a split-P ``lo`` computed from a masked
+    ``b_x`` lost the fma the compiler contracts ``dS - hi`` into, and its bits (sm90)."""
+    b_hi = b_x.to(b_b.dtype)
+    if SPLIT_P:
+        b_lo = tl.where(m_vis, split_p_lo(b_x, b_hi), tl.zeros_like(b_hi))
+    b_hi = tl.where(m_vis, b_hi, tl.zeros_like(b_hi))
     b_bad = nonfinite_rows(b_b.to(tl.float32))  # [K]
     b_clean = tl.where(b_bad[:, None] > 0, tl.zeros_like(b_b), b_b)
     b_sees = tl.max(tl.where(m_vis & (b_bad[None, :] > 0), 1, 0), 1)  # [M]
-    b_plain = mma_rounded(b_x, b_b, b_acc, SPLIT_P, INTERPRET)
-    b_fixed = mma_rounded(b_x, b_clean, b_acc, SPLIT_P, INTERPRET)
+    b_plain = mma(b_hi, b_b, b_acc, INTERPRET)
+    b_fixed = mma(b_hi, b_clean, b_acc, INTERPRET)
+    if SPLIT_P:
+        b_plain = mma(b_lo, b_b, b_plain, INTERPRET)
+        b_fixed = mma(b_lo, b_clean, b_fixed, INTERPRET)
     return tl.where(b_sees[:, None] > 0, b_plain, b_fixed)
 
 
