@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The GPU call for branch wip/unseen-keys (issue 35 item 4, design §3.2), from a checkout of it:
+# the bitwise tests of the repair passes on the H200, the GPU tests of the planners and of the
+# table variants (the first passes), then their cost. Logs go to $OUT.
+#   bash ci/gpu_unseen.sh        # ~8 min
+set -uo pipefail
+OUT=${OUT:-/tmp/portattn-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
+step unseen 240 python3 -m pytest tests/test_unseen_keys.py tests/test_plan.py -q -n 8 \
+  -p no:cacheprovider -W ignore::DeprecationWarning -rfE
+tail -n 8 "$OUT/unseen.log"
+step variants 150 python3 -m pytest tests/test_table_variants.py tests/test_invariance_gpu.py -q \
+  -n 8 -p no:cacheprovider -W ignore::DeprecationWarning -rfE
+tail -n 4 "$OUT/variants.log"
+step bench 150 python3 ci/bench_repair.py --tokens 8x2048,1x32768 --head-dims 128 --passes 2
+grep -E "^\|" "$OUT/bench.log"
+printf '%s\n' "${summary[@]}"
