@@ -8,12 +8,13 @@ OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
-step unseen 240 python3 -m pytest tests/test_unseen_keys.py tests/test_plan.py -q -n 8 \
+# -v: a run cut by its limit still names its failures
+step unseen 240 python3 -m pytest tests/test_unseen_keys.py tests/test_plan.py -v -n 8 \
   -p no:cacheprovider -W ignore::DeprecationWarning -rfE
-tail -n 8 "$OUT/unseen.log"
-step variants 150 python3 -m pytest tests/test_table_variants.py tests/test_invariance_gpu.py -q \
+grep -E "FAILED|ERROR|passed|failed" "$OUT/unseen.log" | grep -v PASSED | tail -n 12
+step variants 150 python3 -m pytest tests/test_table_variants.py tests/test_invariance_gpu.py -v \
   -n 8 -p no:cacheprovider -W ignore::DeprecationWarning -rfE
-tail -n 4 "$OUT/variants.log"
+grep -E "FAILED|ERROR|passed|failed" "$OUT/variants.log" | grep -v PASSED | tail -n 8
 step bench 150 python3 ci/bench_repair.py --tokens 8x2048,1x32768 --head-dims 128 --passes 2
 grep -E "^\|" "$OUT/bench.log"
 printf '%s\n' "${summary[@]}"
