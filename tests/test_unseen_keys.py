@@ -6,12 +6,14 @@ device at sizes that reach every kernel's masked tiles."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 import unseen_checks as checks
 from helpers import KERNELS
+from unseen_checks import Setup
 
 NAN, INF = math.nan, math.inf
 
@@ -19,23 +21,23 @@ NAN, INF = math.nan, math.inf
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("target,bad", [("v", NAN), ("v", INF), ("k", NAN), ("k", -INF)])
 def test_unseen_key_causal(kernel, target, bad):
-    checks.check_unseen_key(kernel, 77, 77, 40, target, bad)
+    checks.check_unseen_key(kernel, Setup(77, 77), 40, target, bad)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_unseen_key_window(kernel):  # rows past the window's left edge do not see key 5
-    checks.check_unseen_key(kernel, 70, 70, 5, "v", NAN, window=(9, 0))
+    checks.check_unseen_key(kernel, Setup(70, 70, window=(9, 0)), 5, "v", NAN)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_unseen_key_chunk_rows(kernel):  # Sq < Sk: bottom-right aligned
-    checks.check_unseen_key(kernel, 33, 90, 80, "v", NAN, heads=(2, 2), dtype=torch.bfloat16)
+    checks.check_unseen_key(kernel, Setup(33, 90, (2, 2), dtype=torch.bfloat16), 80, "v", NAN)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("bad", [NAN, INF])
 def test_unseen_grad_row(kernel, bad):
-    checks.check_unseen_grad_row(kernel, 77, 77, 30, bad)
+    checks.check_unseen_grad_row(kernel, Setup(77, 77), 30, bad)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -59,16 +61,12 @@ GPU_GRID = [  # the table entries that train (bf16 d128 / d64) and fp16's d128
 @pytest.mark.parametrize("kernel,dtype,head_dim", GPU_GRID)
 @pytest.mark.parametrize("window", [(-1, -1), (100, 0)])
 def test_unseen_gpu(kernel, dtype, head_dim, window):
+    square = Setup(1000, 1000, (8, 2), head_dim, dtype, window=window)
     for target, bad in (("v", NAN), ("v", INF), ("k", NAN)):
-        checks.check_unseen_key(
-            kernel, 1000, 1000, 517, target, bad, (8, 2), head_dim, dtype, window=window
-        )
-    checks.check_unseen_key(
-        kernel, 300, 1000, 900, "v", NAN, (8, 2), head_dim, dtype, window=window
-    )
-    checks.check_unseen_grad_row(
-        kernel, 1000, 1000, 300, NAN, (8, 2), head_dim, dtype, window=window
-    )
+        checks.check_unseen_key(kernel, square, 517, target, bad)
+    chunk = dataclasses.replace(square, seqlen_q=300)  # Sq < Sk: bottom-right aligned
+    checks.check_unseen_key(kernel, chunk, 900, "v", NAN)
+    checks.check_unseen_grad_row(kernel, square, 300, NAN)
 
 
 @pytest.mark.gpu

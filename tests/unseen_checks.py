@@ -42,31 +42,39 @@ def _equal_rows(name: str, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor)
     assert torch.equal(a[rows], b[rows]), f"{name}: rows that do not see the bad key changed"
 
 
-def check_unseen_key(
-    kernel: str,
-    seqlen_q: int,
-    seqlen_k: int,
-    key: int,
-    target: str,
-    bad: float,
-    heads=(4, 2),
-    head_dim: int = 64,
-    dtype=torch.float16,
-    causal: bool = True,
-    window: tuple[int, int] = (-1, -1),
-    seed: int = 0,
-) -> None:
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """One sequence of ``seqlen_q`` query rows against ``seqlen_k`` keys and how it is run."""
+
+    seqlen_q: int
+    seqlen_k: int
+    heads: tuple[int, int] = (4, 2)
+    head_dim: int = 64
+    dtype: torch.dtype = torch.float16
+    causal: bool = True
+    window: tuple[int, int] = (-1, -1)
+    seed: int = 0
+
+    def runs(self, kernel: str, field: str, index: int, bad: float):
+        """The clean pack and both runs' results: clean, and with row ``index`` of the pack's
+        ``field`` (k, v or do) set to ``bad``."""
+        clean = make_pack(
+            [self.seqlen_q], [self.seqlen_k], *self.heads, self.head_dim, self.dtype, self.seed
+        )
+        poisoned = getattr(clean, field).detach().clone()
+        poisoned[index] = bad
+        dirty = dataclasses.replace(clean, **{field: poisoned})
+        opts = dict(causal=self.causal, window_size=self.window)
+        return clean, run_kernel(clean, kernel, **opts), run_kernel(dirty, kernel, **opts)
+
+
+def check_unseen_key(kernel: str, setup: Setup, key: int, target: str, bad: float) -> None:
     """``target`` ('k' or 'v') of key ``key`` (every head and column) set to ``bad``: out, lse
     and dQ of the rows that do not see the key equal a clean run's bits; rows that see a NaN
     value are NaN."""
-    clean = make_pack([seqlen_q], [seqlen_k], heads[0], heads[1], head_dim, dtype, seed)
-    poisoned = getattr(clean, target).detach().clone()
-    poisoned[key] = bad
-    dirty = dataclasses.replace(clean, **{target: poisoned})
-    opts = dict(causal=causal, window_size=window)
-    want, got = run_kernel(clean, kernel, **opts), run_kernel(dirty, kernel, **opts)
-    rows = torch.arange(seqlen_q, device=clean.q.device)
-    seen = sees(rows, key, seqlen_q, seqlen_k, causal, window)
+    clean, want, got = setup.runs(kernel, target, key, bad)
+    rows = torch.arange(setup.seqlen_q, device=clean.q.device)
+    seen = sees(rows, key, setup.seqlen_q, setup.seqlen_k, setup.causal, setup.window)
     assert (~seen).any(), "the case has no row that does not see the key"
     for name in ("out", "lse", "dq"):
         _equal_rows(name, got[name], want[name], ~seen)
@@ -74,27 +82,11 @@ def check_unseen_key(
         assert torch.isnan(got["out"][seen]).all(), "a row that sees a NaN value is not NaN"
 
 
-def check_unseen_grad_row(
-    kernel: str,
-    seqlen_q: int,
-    seqlen_k: int,
-    row: int,
-    bad: float,
-    heads=(4, 2),
-    head_dim: int = 64,
-    dtype=torch.float16,
-    causal: bool = True,
-    window: tuple[int, int] = (-1, -1),
-    seed: int = 0,
-) -> None:
+def check_unseen_grad_row(kernel: str, setup: Setup, row: int, bad: float) -> None:
     """dO of query row ``row`` (every head) set to ``bad``: dK and dV of the keys that row does
     not see, and dQ of every other row, equal a clean run's bits."""
-    clean = make_pack([seqlen_q], [seqlen_k], heads[0], heads[1], head_dim, dtype, seed)
-    do = clean.do.clone()
-    do[row] = bad
-    dirty = dataclasses.replace(clean, do=do)
-    opts = dict(causal=causal, window_size=window)
-    want, got = run_kernel(clean, kernel, **opts), run_kernel(dirty, kernel, **opts)
+    clean, want, got = setup.runs(kernel, "do", row, bad)
+    seqlen_q, seqlen_k, causal, window = setup.seqlen_q, setup.seqlen_k, setup.causal, setup.window
     keys = torch.arange(seqlen_k, device=clean.q.device)
     unseen = torch.tensor(
         [
