@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from portattn.tools.compilecheck import KernelResult
 
 HAS_PRODUCT = {"fwd": True, "bwd_pre": False, "bwd_dkdv": True, "bwd_dq": True, "decode": True}
+HAS_PRODUCT |= {f"{stage}_repair": True for stage in ("fwd", "bwd_dkdv", "bwd_dq", "decode")}
 # How each family's matrix instruction shows in the text the check searches.
 MMA_PATTERNS = {
     "mma.sync": re.compile(r"\bmma\.sync\.aligned\."),
@@ -116,7 +117,10 @@ def check_artifacts(result: KernelResult, art: Artifacts, family: Family) -> Non
         result.failures.append(f"shared memory {art.shared} > {family.shared_mem_bytes}")
     if result.spills is None or result.scratch is None:
         result.failures.append("no register/spill report found")
-    elif result.spills or result.scratch:
+    elif (result.spills or result.scratch) and not result.stage.endswith("_repair"):
+        # A repair pass (design §3.2) computes only tiles that hold a NaN or an infinity: its
+        # spills are reported, not failed. Its matrix instruction is checked: a row's bits
+        # need its pass's.
         result.failures.append(f"register spills ({result.spills}) / scratch ({result.scratch})")
     if HAS_PRODUCT[result.stage]:
         instr = matrix_instruction(result.entry, result.stage, family)

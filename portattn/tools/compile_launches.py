@@ -30,6 +30,10 @@ from portattn.validation import check_head_dims
 # KernelConfig fields, one kernel each; "decode" is the paged decode kernel (its tiles:
 # KernelConfig.decode_tiles).
 STAGES = ("fwd", "bwd_pre", "bwd_dkdv", "bwd_dq", "decode")
+# The repair passes of the representative (causal) call (design §3.2): compile-checked, not in
+# golden/ (they write only tiles that hold a NaN or an infinity, which no golden case has).
+REPAIR_STAGES = ("fwd_repair", "bwd_dkdv_repair", "bwd_dq_repair")
+CHECKED_STAGES = STAGES + REPAIR_STAGES
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 DTYPE_ALIASES = {"fp16": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
 # The warp-specialised Gluon kernels: launched with ``ws_launch_options``, not the tiles' own.
@@ -183,11 +187,17 @@ def _plan_paged_decode(entry: Entry, cfg: KernelConfig, q, k, v, scale: float):
 
 
 def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
-    """Where a recorded launch differs from the table's tiles (empty when it reads the table)."""
-    if launch.stage == "bwd_dkdv":
+    """Where a recorded launch differs from the table's tiles (empty when it reads the table;
+    a repair pass reads its pass's tiles through ``plan.repair_tiles``)."""
+    from portattn.kernels.plan import repair_tiles
+
+    stage = launch.stage.removesuffix("_repair")
+    if stage == "bwd_dkdv":
         tiles = cfg.dkdv_launch_tiles(bool(launch.args.get("WANT_DK", True)))
     else:
-        tiles = cfg.stage_tiles(launch.stage)
+        tiles = cfg.stage_tiles(stage)
+    if stage != launch.stage:
+        tiles = repair_tiles(tiles)
     problems = []
     expected = tiles.launch_kwargs()
     if getattr(launch.fn, "__name__", None) in WS_KERNELS:

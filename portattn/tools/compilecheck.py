@@ -50,6 +50,7 @@ from portattn.tools.compile_keys import (
     stage_key,
 )
 from portattn.tools.compile_launches import (
+    CHECKED_STAGES,
     DTYPE_ALIASES,
     STAGES,
     Entry,
@@ -233,15 +234,17 @@ def quiet_exit() -> None:
     atexit.register(_leave_now)
 
 
-def run_entries(entries: list[Entry], jobs: int, progress=None) -> list[KernelResult]:
+def run_entries(
+    entries: list[Entry], jobs: int, progress=None, stages: tuple[str, ...] = CHECKED_STAGES
+) -> list[KernelResult]:
     """Check ``entries`` on ``jobs`` worker processes, each entry in a fresh one.
 
     A fresh process per entry, because Triton 3.9's AMD codegen library keeps state from one
     compile to the next: after another entry compiled in the same process, cdna3's
     fixed_order/d96/bf16 ``bwd_dkdv`` schedules and reassociates a few integer adds
     differently (other machine code, so another fingerprint). An entry's stages always compile
-    in :data:`STAGES` order within its process. ``progress(done, total, entry_results)`` is
-    called as each entry finishes."""
+    in ``stages`` order within its process (golden/'s :data:`STAGES`, or those and the repair
+    passes'). ``progress(done, total, entry_results)`` is called as each entry finishes."""
     import multiprocessing
 
     results: list[KernelResult] = []
@@ -249,13 +252,13 @@ def run_entries(entries: list[Entry], jobs: int, progress=None) -> list[KernelRe
     workers = max(1, min(jobs, len(entries)))
     # quiet_exit: no nanobind leak report from Triton 3.9 as each worker ends
     with ProcessPoolExecutor(workers, ctx, quiet_exit, max_tasks_per_child=1) as pool:
-        futures = [pool.submit(check_entry, entry) for entry in entries]
+        futures = [pool.submit(check_entry, entry, stages=stages) for entry in entries]
         for i, future in enumerate(as_completed(futures)):
             results.extend(part := future.result())
             if progress:
                 progress(i + 1, len(entries), part)
     order = {e: i for i, e in enumerate(entries)}
-    return sorted(results, key=lambda r: (order[r.entry], STAGES.index(r.stage)))
+    return sorted(results, key=lambda r: (order[r.entry], CHECKED_STAGES.index(r.stage)))
 
 
 def results_json(results: list[KernelResult]) -> dict[str, dict[str, dict[str, dict]]]:
@@ -300,7 +303,9 @@ def compile_records(
             entries = guarded_entries(family)
         if stages_of is not None:
             entries = [e for e in entries if e.label in stages_of]
-        data = results_json(run_entries(entries, min(os.cpu_count() or 1, len(entries))))
+        jobs = min(os.cpu_count() or 1, len(entries))
+        stages = CHECKED_STAGES if filtered else STAGES  # golden/ records STAGES
+        data = results_json(run_entries(entries, jobs, stages=stages))
     records = data.get(family, {})
     if stages_of is not None:
         records = {
@@ -442,11 +447,13 @@ def main(args: argparse.Namespace) -> int:
 
     quiet = getattr(args, "quiet", False)
     jobs = max(1, min(getattr(args, "jobs", 1) or 1, len(entries)))
+    # --guarded compiles what golden/ records (STAGES); otherwise the repair passes too
+    stages = STAGES if getattr(args, "guarded", False) else CHECKED_STAGES
     if not quiet:
-        what = f"{len(entries)} entries x {len(STAGES)} kernels with Triton {triton.__version__}"
+        what = f"{len(entries)} entries x {len(stages)} kernels with Triton {triton.__version__}"
         print(f"compiling {what} on {jobs} process(es)", flush=True)
     start = time.perf_counter()
-    results = run_entries(entries, jobs, None if quiet else _progress_line)
+    results = run_entries(entries, jobs, None if quiet else _progress_line, stages)
     elapsed = time.perf_counter() - start
     if args.json:
         with open(args.json, "w") as f:
