@@ -101,8 +101,10 @@ def test_backward_plan_order_and_stages():
     problem, (q, k, v, cu_q, cu_k) = _gpu_problem(cfg, "fixed_order")
     fwd = forward.plan_forward(problem, q, k, v, cu_q, cu_k, True)
     bwd = backward.plan_backward(problem, q, q, k, v, fwd.out32, fwd.lse, None, cu_q, cu_k)
-    dkdv = ["bwd_dkdv", "bwd_dkdv_repair"] * (1 if cfg.dkdv_passes == 1 else 2)
-    stages = ["bwd_pre", *dkdv, "bwd_dq", "bwd_dq_repair"]  # causal: each pass's repair
+    # causal: each pass's repair, one launch per gradient (a dK/dV pass: dV's, then dK's)
+    one_pass = ["bwd_dkdv", "bwd_dkdv_repair", "bwd_dkdv_repair"]
+    dkdv = one_pass if cfg.dkdv_passes == 1 else ["bwd_dkdv", "bwd_dkdv_repair"] * 2
+    stages = ["bwd_pre", *dkdv, "bwd_dq", "bwd_dq_repair"]
     assert [launch.stage for launch in bwd.launches] == stages
 
 

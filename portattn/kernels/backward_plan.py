@@ -168,15 +168,20 @@ def _plan_dkdv(kernels: BackwardKernels, p: VarlenProblem, args: tuple, common: 
     for want_dk, want_dv, chunks in passes:
         t = cfg.dkdv_launch_tiles(want_dk)
         grid = (triton.cdiv(p.grid_rows_k, t.block_n) * p.batch, p.n_heads_k, chunks)
-        if p.has_unseen_keys:  # design §3.2: after this pass, its repair
-            r = repair_tiles(t)
+        repair = []
+        # Design §3.2: after this pass, its repair, one gradient per launch (mma_visible keeps
+        # two accumulators per gradient: four did not fit sm100's tensor memory, the kernel
+        # compiled to a trap)
+        for repair_dk, repair_dv in ((False, want_dv), (want_dk, False)):
+            if not p.has_unseen_keys or not (repair_dk or repair_dv):
+                continue
+            r = repair_tiles(t)  # the pass's tiles: dV's bits depend on its BLOCK_M
             r_grid = (triton.cdiv(p.grid_rows_k, r.block_n) * p.batch, p.n_heads_k, chunks)
-            params = dict(BLOCK_M=r.block_m, BLOCK_N=r.block_n, WANT_DK=want_dk,
-                          WANT_DV=want_dv, D_CHUNKS=chunks, TMA=tma, REPAIR=True, **common,
+            params = dict(BLOCK_M=r.block_m, BLOCK_N=r.block_n, WANT_DK=repair_dk,
+                          WANT_DV=repair_dv, D_CHUNKS=chunks, TMA=tma, REPAIR=True, **common,
                           **kernel_flags, **r.launch_kwargs())
-            repair = [KernelLaunch("bwd_dkdv_repair", kernels.dkdv, r_grid, args, params, tma)]
-        else:
-            repair = []
+            repair.append(KernelLaunch("bwd_dkdv_repair", kernels.dkdv, r_grid, args, params,
+                                       tma))
         if use_warp_specialized_dkdv(p, tma):
             params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                           CAUSAL=p.causal, SPLIT_P=p.split_p, STAGES=t.num_stages,

@@ -192,7 +192,9 @@ def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
     from portattn.kernels.plan import repair_tiles
 
     stage = launch.stage.removesuffix("_repair")
-    if stage == "bwd_dkdv":
+    if launch.stage == "bwd_dkdv_repair":  # each gradient apart, with its pass's tiles
+        tiles = cfg.dkdv_launch_tiles(cfg.dkdv_passes == 1 or bool(launch.args["WANT_DK"]))
+    elif stage == "bwd_dkdv":
         tiles = cfg.dkdv_launch_tiles(bool(launch.args.get("WANT_DK", True)))
     else:
         tiles = cfg.stage_tiles(stage)
