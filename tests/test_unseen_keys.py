@@ -35,6 +35,15 @@ def test_unseen_key_chunk_rows(kernel):  # Sq < Sk: bottom-right aligned
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("key", [30, 5])
+def test_unseen_key_rows_without_keys(kernel, key):
+    """Sq > Sk: rows 0-56 see no key, rows 57-86 see some keys but not key 30, the rest see
+    it: tiles holding several kinds of row are repaired (the repair pass tests one row per
+    64-row slab, ``repair_check_rows``) and rows that see no key keep a clean run's zeros."""
+    checks.check_unseen_key(kernel, Setup(90, 33), key, "v", NAN)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("bad", [NAN, INF])
 def test_unseen_grad_row(kernel, bad):
     checks.check_unseen_grad_row(kernel, Setup(77, 77), 30, bad)
@@ -66,6 +75,8 @@ def test_unseen_gpu(kernel, dtype, head_dim, window):
         checks.check_unseen_key(kernel, square, 517, target, bad)
     chunk = dataclasses.replace(square, seqlen_q=300)  # Sq < Sk: bottom-right aligned
     checks.check_unseen_key(kernel, chunk, 900, "v", NAN)
+    tall = dataclasses.replace(square, seqlen_k=300)  # Sq > Sk: rows with no key first
+    checks.check_unseen_key(kernel, tall, 250, "v", NAN)
     checks.check_unseen_grad_row(kernel, square, 300, NAN)
 
 

@@ -53,6 +53,7 @@ from portattn.kernels.primitives import (
     mma_visible,
     query_range,
     recompute_p,
+    repair_check_rows,
     softcap_log2,
     softcap_scores,
     tile_is_finite,
@@ -163,14 +164,15 @@ def attn_bwd_dkdv_kernel(
         o_rvc, m_rvc, _ = head_dim_chunk(o_dv, m_dv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
         p_dk_rows = dk + o_krows * stride_dkt + i_hk.to(tl.int64) * stride_dkh
         p_dv_rows = dv + o_krows * stride_dvt + i_hk.to(tl.int64) * stride_dvh
+        m_check = repair_check_rows(o_k, seqlen_k, BLOCK_N, False)  # no key row is forced
         if WANT_DK:
-            finite = tile_is_finite(p_dk_rows + o_rc[None, :], m_krow[:, None] & m_rc[None, :])
+            finite = tile_is_finite(p_dk_rows + o_rc[None, :], m_check[:, None] & m_rc[None, :])
         else:
             finite = tile_is_finite(p_dv_rows + o_rvc[None, :],
-                                    m_krow[:, None] & m_rvc[None, :])
+                                    m_check[:, None] & m_rvc[None, :])
         if WANT_DK and WANT_DV:
             finite = finite & tile_is_finite(p_dv_rows + o_rvc[None, :],
-                                             m_krow[:, None] & m_rvc[None, :])
+                                             m_check[:, None] & m_rvc[None, :])
         if finite:
             return
     if TMA:
@@ -419,8 +421,9 @@ def attn_bwd_dq_kernel(
         m_qv = m_row[:, None] & m_dv[None, :]
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
     if REPAIR:  # noqa: SIM102 - a constexpr branch around a runtime one
+        m_check = repair_check_rows(o_q, seqlen_q, BLOCK_M, True)
         if tile_is_finite(dq + o_rows * stride_dqt + i_h.to(tl.int64) * stride_dqh
-                          + o_d[None, :], m_q):
+                          + o_d[None, :], m_check[:, None] & m_d[None, :]):
             return
     b_q = tl.load(q + o_rows * stride_qt + i_h.to(tl.int64) * stride_qh + o_d[None, :],
                   mask=m_q, other=0.0)  # [BLOCK_M, BLOCK_D]

@@ -99,7 +99,10 @@ def attn_decode_kernel(
         o_rc, m_rc, _ = head_dim_chunk(o_rv, m_rv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
         p_first = (o + (bos_q + o_q.to(tl.int64))[:, None] * stride_ot
                    + i_h[:, None] * stride_oh + o_rc[None, :])
-        if tile_is_finite(p_first, m_row[:, None] & m_rc[None, :]):
+        # One row stands for the tile (repair_check_rows; the tile is one slab, its rows are
+        # (position, head) pairs): the valid row of the latest position.
+        m_check = m_row & (o_t == tl.max(tl.where(m_row, o_t, 0), 0))
+        if tile_is_finite(p_first, m_check[:, None] & m_rc[None, :]):
             return
     p_q = q + (bos_q + o_q.to(tl.int64))[:, None] * stride_qt + i_h[:, None] * stride_qh
     b_q = tl.load(p_q + o_d[None, :], mask=m_row[:, None] & m_d[None, :], other=0.0)

@@ -31,7 +31,13 @@ from portattn.kernels.plan import (
     repair_tiles,
     run_launches,
 )
-from portattn.kernels.primitives import KeyLoop, forward_tile, tile_is_finite, visited_key_range
+from portattn.kernels.primitives import (
+    KeyLoop,
+    forward_tile,
+    repair_check_rows,
+    tile_is_finite,
+    visited_key_range,
+)
 from portattn.kernels.ws_kernels import attn_fwd_ws_kernel, ws_launch_options, ws_supports
 
 
@@ -88,12 +94,13 @@ def attn_fwd_kernel(
     o_q = m_start + tl.arange(0, BLOCK_M)  # [BLOCK_M] positions in the sequence
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
-    if REPAIR:  # before any load: most programs of a repair pass read their tile and return
+    if REPAIR:  # before any load: most programs of a repair pass read a row a slab and return
         o_rv, m_rv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)
         o_rc, m_rc, _ = head_dim_chunk(o_rv, m_rv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
         p_first = (o + (bos_q + o_q.to(tl.int64))[:, None] * stride_ot
                    + i_h.to(tl.int64) * stride_oh + o_rc[None, :])
-        if tile_is_finite(p_first, (o_q < seqlen_q)[:, None] & m_rc[None, :]):
+        m_check = repair_check_rows(o_q, seqlen_q, BLOCK_M, True)
+        if tile_is_finite(p_first, m_check[:, None] & m_rc[None, :]):
             return
     if TMA:
         p_q = q + bos_q * stride_qt + i_h.to(tl.int64) * stride_qh

@@ -103,9 +103,31 @@ def mma_visible(b_x, b_b, b_acc, m_vis, SPLIT_P: tl.constexpr, INTERPRET: tl.con
 @triton.jit
 def tile_is_finite(p_x, m_x):
     """Whether the tile at ``p_x`` (elements where ``m_x``) holds no NaN and no infinity: a
-    repair pass's test of what the first pass wrote."""
+    repair pass's test of what the first pass wrote (masked-off elements are not read)."""
     b_x = tl.load(p_x, mask=m_x, other=0.0).to(tl.float32)
     return tl.max(nonfinite_rows(b_x), 0) == 0
+
+
+@triton.jit
+def repair_check_rows(o_r, n_valid, BLOCK: tl.constexpr, LAST: tl.constexpr):
+    """[BLOCK] mask of the rows of a first pass's tile (positions ``o_r``, ascending from the
+    tile's start; ``o_r < n_valid`` are valid) whose finiteness a repair pass tests: one per
+    64-row slab, its last valid row (``LAST``) or its first. One row stands for its slab
+    (design §3.2): a key a row does not see reaches it only as 0 * (NaN or inf) in a product
+    over the slab's tiles, every valid row of the slab takes part in those products with a
+    finite factor (rows that see no key too: ``normalize_rows`` divides their sums by 1), so
+    the poisoned column is non-finite in every valid row. A warp-specialised first pass gives
+    each 64-row group its own tile range, hence one row per slab; a group with no valid row
+    takes no product."""
+    o_t = tl.arange(0, BLOCK)
+    SLABS: tl.constexpr = (BLOCK + 63) // 64
+    SLAB: tl.constexpr = BLOCK // SLABS
+    if LAST:
+        slab_last = o_r - o_t % SLAB + SLAB - 1  # the position of the slab's last row
+        pick = o_r == tl.minimum(slab_last, n_valid - 1)
+    else:
+        pick = o_t % SLAB == 0
+    return pick & (o_r < n_valid)
 
 
 @triton.jit
