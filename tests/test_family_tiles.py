@@ -62,6 +62,7 @@ ALL_FAMILIES_HEAD_DIMS = (*configs.HEAD_DIMS, 8, 40, 48, 80, 112)  # see family_
 # What the interpreter sees of an entry, and what it does not (see the module docstring).
 SEEN = {"fwd", "bwd_pre", "bwd_dkdv", "bwd_dq", "dkdv_passes", "fwd_chunks", "bwd_dv", "tma"}
 SEEN |= {"decode"}  # as the decode kernel's tiles (KernelConfig.decode_tiles)
+SEEN |= {"repair_products"}  # one product per masked tile of a repair pass, or two
 NOT_SEEN = {"fwd_ws", "bwd_ws", "dq_ws"}
 TILES_SEEN = {"block_m", "block_n"}
 TILES_NOT_SEEN = {"num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "kpack"}
@@ -232,7 +233,9 @@ def test_family_entry_forward_backward(kernel, head_dim, families, causal, famil
     assert _crosses_every_tile(lens_q, sides) and _crosses_every_tile(lens_k, sides)
     p = make_pack(lens_q, lens_k, HEADS_Q, HEADS_K, head_dim, DTYPE, seed=head_dim + t)
     assert_accurate(p, kernel, causal=causal)
-    _check_launches(family_entry.launches, cfg, {"fwd", "bwd_pre", "bwd_dkdv", "bwd_dq"})
+    stages = {"fwd", "bwd_pre", "bwd_dkdv", "bwd_dq"}
+    repairs = {"fwd_repair", "bwd_dkdv_repair", "bwd_dq_repair"}  # design §3.2
+    _check_launches(family_entry.launches, cfg, stages | repairs if causal else stages)
     passes = sum(launch.stage == "bwd_dkdv" for launch in family_entry.launches)
     assert passes == (2 if cfg.dkdv_passes > 1 else 1)
 
@@ -259,10 +262,11 @@ def test_family_entry_decode(kernel, head_dim, families, family_entry):
             )
 
     out, lse = forward_only(max(lens_q))
-    _check_launches(family_entry.launches, cfg, {"decode"})
+    # causal with several query rows: each pass and its repair (design §3.2)
+    _check_launches(family_entry.launches, cfg, {"decode", "decode_repair"})
     family_entry.launches.clear()
     prefill_out, prefill_lse = forward_only(cfg.decode_tiles().block_m + 1)
-    _check_launches(family_entry.launches, cfg, {"fwd"})
+    _check_launches(family_entry.launches, cfg, {"fwd", "fwd_repair"})
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     assert torch.equal(out, prefill_out) and torch.equal(lse, prefill_lse)
     ref = run_reference(p, causal=True)

@@ -15,6 +15,8 @@ import unseen_checks as checks
 from helpers import KERNELS
 from unseen_checks import Setup
 
+from portattn import configs
+
 NAN, INF = math.nan, math.inf
 
 
@@ -41,6 +43,28 @@ def test_unseen_key_rows_without_keys(kernel, key):
     it: tiles holding several kinds of row are repaired (the repair pass tests one row per
     64-row slab, ``repair_check_rows``) and rows that see no key keep a clean run's zeros."""
     checks.check_unseen_key(kernel, Setup(90, 33), key, "v", NAN)
+
+
+@pytest.fixture
+def one_repair_product(monkeypatch):
+    """Every interpreter entry with ``repair_products=1`` (sm100's and sm120's entries where a
+    second accumulator does not fit) for the test's duration."""
+    table = configs.config_table()
+    for key, cfg in list(table.items()):
+        if key[0] == configs.INTERPRETER:
+            monkeypatch.setitem(table, key, dataclasses.replace(cfg, repair_products=1))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_one_repair_product(kernel, one_repair_product):
+    """With one product per masked tile the rows that do not see a NaN/inf key, value or
+    output-gradient row keep a clean run's bits as with two; the rows that see a NaN value
+    are NaN (with one product: in every column)."""
+    checks.check_unseen_key(kernel, Setup(77, 77), 40, "v", NAN)
+    checks.check_unseen_key(kernel, Setup(77, 77), 40, "k", INF)
+    checks.check_unseen_key(kernel, Setup(70, 70, window=(9, 0)), 5, "v", INF)
+    checks.check_unseen_grad_row(kernel, Setup(77, 77), 30, NAN)
+    checks.check_unseen_append(kernel, 16, NAN)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

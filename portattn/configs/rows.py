@@ -39,6 +39,7 @@ def _cfg(
     fwd_ws=False,
     bwd_ws=False,
     dq_ws=False,
+    repair_products=2,
 ) -> KernelConfig:
     """Compact row: (block_m, block_n, warps, stages) per kernel; ``amd`` = AMD knobs;
     ``dv``: the dV launch's own tiles (with ``dkdv_passes`` > 1)."""
@@ -56,6 +57,7 @@ def _cfg(
         fwd_ws,
         bwd_ws,
         dq_ws,
+        repair_products=repair_products,
     )
 
 
@@ -95,17 +97,22 @@ SM80 = {
 # sm100 (B200, GB200): sm90's tiles without its Hopper-only fields (descriptors, Gluon
 # kernels); Triton's Blackwell path turns the products into tcgen05 (accumulators in tensor
 # memory). dQ at d96/d128 keeps two stages, not three (three spill: 32 / 8 bytes).
+# ``repair_products=1`` (varlen d256, fixed_order d96/d128/d256 below): with the second
+# accumulator of a repair pass's masked tiles Triton 3.6 compiled their repair kernels to a
+# trap (design §3.2).
 SM100 = {
     32:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2)),
     64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3)),
     96:  _cfg((128, 128, 8, 3),  (32, 64, 4, 3),   (128, 64, 8, 2)),
     128: _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2)),
-    256: _cfg((64, 64, 8, 2),    (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=2),
+    256: _cfg((64, 64, 8, 2),    (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=2,
+              repair_products=1),
 }
 # sm120 (RTX 50xx, RTX PRO 6000 Blackwell; 99 KiB of shared memory per block, mma.sync like
 # sm80): sm80's rows, whose largest kernel takes 88 KiB. A retune of sm80 moves them too
-# (golden/sm120.json's fingerprints say so); copy the rows here first to keep them.
-SM120 = SM80
+# (golden/sm120.json's fingerprints say so); copy the rows here first to keep them. d256:
+# one repair product (the forward's repair with two took 106-114 KiB of shared memory).
+SM120 = {**SM80, 256: retuned(SM80[256], repair_products=1)}
 # CDNA: d32 to d128 run one row (written once; each head dim still gets its own entry).
 _CDNA_UP_TO_128 = (32, 64, 96, 128)
 CDNA3 = {
@@ -145,9 +152,10 @@ FIXED_ORDER["cdna4"] = FIXED_ORDER["cdna3"]
 FIXED_ORDER["sm100"] = {
     32:  retuned(SM100[32], decode=(64, 128, 4, 3)),
     64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3)),
-    96:  _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 2)),
-    128: _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 3)),
-    256: _cfg((128, 64, 8, 2),   (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=4, fwd_chunks=2),
+    96:  _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 2), repair_products=1),
+    128: _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 3), repair_products=1),
+    256: _cfg((128, 64, 8, 2),   (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=4, fwd_chunks=2,
+              repair_products=1),
 }
 # sm80 fixed_order d96/d128: the decode kernel (per-row heads and page addresses beside the
 # split-P products) spills at the forward's 64 rows and 3 stages; one stage fits. It keeps

@@ -110,6 +110,10 @@ class KernelConfig:
     bwd_ws: bool = False
     dq_ws: bool = False
     decode: Tiles | None = None  # the decode kernel's tiles where the derived ones do not fit
+    # The products per masked tile of a repair pass (design §3.2): 2, the plain product for
+    # rows that see a non-finite operand row beside the clean one for the others; 1 where two
+    # do not fit (sm100's tensor memory, sm120's shared memory): NaN in those rows instead.
+    repair_products: int = 2
 
     def __post_init__(self) -> None:
         """An entry is checked when it is made: a field outside what the launchers implement,
@@ -126,6 +130,8 @@ class KernelConfig:
             problems.append("fwd_ws needs fwd_chunks == 1")
         if self.bwd_ws and self.dkdv_passes != 1:
             problems.append("bwd_ws needs dkdv_passes == 1")
+        if self.repair_products not in (1, 2):
+            problems.append(f"repair_products must be 1 or 2, got {self.repair_products}")
         if self.decode is not None and self.decode.block_n != self.fwd.block_n:
             problems.append("decode tiles need the forward's block_n (a row's key tiles)")
         if problems:
@@ -156,11 +162,12 @@ class KernelConfig:
 
     def content_hash(self) -> str:
         """SHA-256 (first 16 hex digits) of the canonical JSON of this entry. ``dkdv_passes``,
-        ``fwd_chunks``, ``bwd_dv``, ``tma``, ``fwd_ws``, ``bwd_ws``, ``dq_ws`` and ``decode``
-        (added later) enter only when they are not their defaults, so the hashes of entries
-        without them are the ones recorded before they existed."""
+        ``fwd_chunks``, ``bwd_dv``, ``tma``, ``fwd_ws``, ``bwd_ws``, ``dq_ws``, ``decode`` and
+        ``repair_products`` (added later) enter only when they are not their defaults, so the
+        hashes of entries without them are the ones recorded before they existed."""
         fields = asdict(self)
         for later, default in (
+            ("repair_products", 2),
             ("dkdv_passes", 1),
             ("fwd_chunks", 1),
             ("bwd_dv", None),

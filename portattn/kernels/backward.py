@@ -128,7 +128,7 @@ def attn_bwd_dkdv_kernel(
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
-    REPAIR: tl.constexpr = False,
+    REPAIR: tl.constexpr = 0,
 ):
     """One program per (key tile of one sequence, kv head, head-dim chunk). It sums dK and/or
     dV (``WANT_DK`` / ``WANT_DV``) over ``BLOCK_D // D_CHUNKS`` columns of dK and
@@ -282,7 +282,8 @@ def attn_bwd_dkdv_kernel(
             # so small probabilities keep their bits in float16 (whose exponent range is
             # narrow); the scale is undone exactly on the float32 dV at the end.
             if REPAIR:
-                b_dv = mma_visible(b_pT * P_SCALE, b_doc, b_dv, m_visT, SPLIT_P, INTERPRET)
+                b_dv = mma_visible(b_pT * P_SCALE, b_doc, b_dv, m_visT, SPLIT_P, INTERPRET,
+                                   REPAIR)
             else:
                 b_dv = mma_rounded(b_pT * P_SCALE, b_doc, b_dv, SPLIT_P, INTERPRET)
         if WANT_DK:
@@ -300,7 +301,7 @@ def attn_bwd_dkdv_kernel(
                 b_qc = load_head_rows(desc_qc, p_q, m_start, i_h32, c_dc, o_dc, m_row, m_dc,
                                       BLOCK_M, BLOCK_DC, TMA)  # [BLOCK_M, BLOCK_DC]
             if REPAIR:
-                b_dk = mma_visible(b_dsT, b_qc, b_dk, m_visT, SPLIT_P, INTERPRET)
+                b_dk = mma_visible(b_dsT, b_qc, b_dk, m_visT, SPLIT_P, INTERPRET, REPAIR)
             else:
                 b_dk = mma_rounded(b_dsT, b_qc, b_dk, SPLIT_P, INTERPRET)
     m_kc = m_krow[:, None] & m_dc[None, :]
@@ -364,7 +365,8 @@ def _dq_key_tiles(
         if SOFTCAP > 0:
             b_ds = b_ds * (1.0 - b_tanh * b_tanh)
         if MASKED and loop.REPAIR:  # design §3.2
-            b_dq = mma_visible(b_ds, b_k, b_dq, m_vis, loop.SPLIT_P, loop.INTERPRET)
+            b_dq = mma_visible(b_ds, b_k, b_dq, m_vis, loop.SPLIT_P, loop.INTERPRET,
+                               loop.REPAIR)
         else:
             b_dq = mma_rounded(b_ds, b_k, b_dq, loop.SPLIT_P, loop.INTERPRET)  # [M, BLOCK_D]
     return b_dq
@@ -391,7 +393,7 @@ def attn_bwd_dq_kernel(
     WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
-    REPAIR: tl.constexpr = False,
+    REPAIR: tl.constexpr = 0,
 ):
     """One program per (query tile of one sequence, query head). ``TMA``: K and V tiles are
     read through per-sequence tensor descriptors (``row_tiles``). ``PADDED``: lse2 and delta

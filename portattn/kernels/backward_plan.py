@@ -148,7 +148,8 @@ def plan_backward_launches(kernels: BackwardKernels, problem: VarlenProblem, do,
             t = repair_tiles(t)
             grid = (triton.cdiv(p.grid_rows_q, t.block_m) * p.batch, p.n_heads_q)
             params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded,
-                          REPAIR=True, **common, **kernel_flags, **t.launch_kwargs())
+                          REPAIR=cfg.repair_products, **common, **kernel_flags,
+                          **t.launch_kwargs())
             launches.append(KernelLaunch("bwd_dq_repair", kernels.dq, grid, args, params,
                                          tma_dq))
     return BackwardPlan(dq, dk, dv, tuple(launches))
@@ -178,8 +179,9 @@ def _plan_dkdv(kernels: BackwardKernels, p: VarlenProblem, args: tuple, common: 
             r = repair_tiles(t)  # the pass's tiles: dV's bits depend on its BLOCK_M
             r_grid = (triton.cdiv(p.grid_rows_k, r.block_n) * p.batch, p.n_heads_k, chunks)
             params = dict(BLOCK_M=r.block_m, BLOCK_N=r.block_n, WANT_DK=repair_dk,
-                          WANT_DV=repair_dv, D_CHUNKS=chunks, TMA=tma, REPAIR=True, **common,
-                          **kernel_flags, **r.launch_kwargs())
+                          WANT_DV=repair_dv, D_CHUNKS=chunks, TMA=tma,
+                          REPAIR=cfg.repair_products, **common, **kernel_flags,
+                          **r.launch_kwargs())
             repair.append(KernelLaunch("bwd_dkdv_repair", kernels.dkdv, r_grid, args, params,
                                        tma))
         if use_warp_specialized_dkdv(p, tma):

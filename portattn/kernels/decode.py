@@ -60,7 +60,7 @@ def attn_decode_kernel(
     SOFTCAP: tl.constexpr,
     HAS_SINK: tl.constexpr,
     sinks,
-    REPAIR: tl.constexpr = False,
+    REPAIR: tl.constexpr = 0,
 ):
     """Program ids: 0 = (position tile, sequence) as ``tile_index`` decodes it; 1 = kv head
     times the group's head slices (``HEADS`` query heads each, a power of two); 2 = head-dim
@@ -201,5 +201,5 @@ def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool,
         **p.feature_flags(), HAS_SINK=has_sink, **tiles.launch_kwargs(),
     )
     if repair:
-        params.update(REPAIR=True)
+        params.update(REPAIR=p.cfg.repair_products)
     return grid, params

@@ -65,7 +65,7 @@ def attn_fwd_kernel(
     SOFTCAP: tl.constexpr,
     HAS_SINK: tl.constexpr,
     sinks,
-    REPAIR: tl.constexpr = False,
+    REPAIR: tl.constexpr = 0,
 ):
     """One program per (query tile of one sequence, query head, head-dim chunk). With
     ``D_CHUNKS`` = 2 each program computes the scores and softmax over the whole head dim and
@@ -246,7 +246,7 @@ def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool,
                   D_CHUNKS=cfg.fwd_chunks, TMA=tma, **p.feature_flags(),  # window, softcap
                   HAS_SINK=has_sink, **tiles.launch_kwargs())
     if repair:
-        params.update(REPAIR=True)
+        params.update(REPAIR=p.cfg.repair_products)
     return grid, False, params
 
 

@@ -76,13 +76,15 @@ def nonfinite_rows(b_x):
 
 
 @triton.jit
-def mma_visible(b_x, b_b, b_acc, m_vis, SPLIT_P: tl.constexpr, INTERPRET: tl.constexpr):
+def mma_visible(b_x, b_b, b_acc, m_vis, SPLIT_P: tl.constexpr, INTERPRET: tl.constexpr,
+                PRODUCTS: tl.constexpr = 2):
     """``mma_rounded`` for a masked tile of a repair pass (design §3.2): the entries of ``b_x``
     [M, K] where ``m_vis`` [M, K] is False count as exact zeros whatever they hold (dS there is
     0 times a NaN ``dP - delta`` when a value or an output-gradient row is NaN), and a row of
     ``b_b`` [K, N] holding a NaN or an infinity reaches only the rows of ``b_x`` that see it.
     A row that sees none gets the product with those rows of ``b_b`` zeroed, a clean run's bits;
-    a row that sees one gets the plain product. ``b_x`` is rounded (and split) by
+    a row that sees one gets the plain product (``PRODUCTS`` 2) or NaN (``PRODUCTS`` 1: one
+    accumulator, where a second does not fit). ``b_x`` is rounded (and split) by
     ``mma_rounded``'s expressions before the mask: a split-P ``lo`` computed from a masked
     ``b_x`` lost the fma the compiler contracts ``dS - hi`` into, and its bits (sm90)."""
     b_hi = b_x.to(b_b.dtype)
@@ -92,11 +94,17 @@ def mma_visible(b_x, b_b, b_acc, m_vis, SPLIT_P: tl.constexpr, INTERPRET: tl.con
     b_bad = nonfinite_rows(b_b.to(tl.float32))  # [K]
     b_clean = tl.where(b_bad[:, None] > 0, tl.zeros_like(b_b), b_b)
     b_sees = tl.max(tl.where(m_vis & (b_bad[None, :] > 0), 1, 0), 1)  # [M]
-    b_plain = mma(b_hi, b_b, b_acc, INTERPRET)
     b_fixed = mma(b_hi, b_clean, b_acc, INTERPRET)
     if SPLIT_P:
-        b_plain = mma(b_lo, b_b, b_plain, INTERPRET)
         b_fixed = mma(b_lo, b_clean, b_fixed, INTERPRET)
+    if PRODUCTS == 1:  # no room for a second accumulator (KernelConfig.repair_products)
+        # NaN added to the rows that see one; -0.0 (x + -0.0 is x, zeros' signs included) to
+        # the others. A select of the accumulator against a NaN splat crashed Triton 3.6's
+        # sm100 pass TritonGPUHoistTMEMAlloc (varlen d256 dK/dV and dQ repairs).
+        return b_fixed + tl.where(b_sees > 0, float("nan"), -0.0)[:, None]
+    b_plain = mma(b_hi, b_b, b_acc, INTERPRET)
+    if SPLIT_P:
+        b_plain = mma(b_lo, b_b, b_plain, INTERPRET)
     return tl.where(b_sees[:, None] > 0, b_plain, b_fixed)
 
 
@@ -300,7 +308,9 @@ class KeyLoop(NamedTuple):
     WINDOW_RIGHT: tl.constexpr = -1
     SOFTCAP: tl.constexpr = 0.0  # ``scores_log2``
     PAGE_SIZE: tl.constexpr = 0  # ``paged_rows``
-    REPAIR: tl.constexpr = False  # masked tiles through ``mma_visible`` (design §3.2)
+    # A repair pass (design §3.2): 0 none; else masked tiles through ``mma_visible`` with
+    # REPAIR products (KernelConfig.repair_products: 1 or 2)
+    REPAIR: tl.constexpr = 0
 
 
 @triton.jit
@@ -347,7 +357,8 @@ def forward_key_tiles(
         b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, step_scale)
         b_acc = b_acc * b_alpha[:, None]
         if MASKED and loop.REPAIR:  # a key a row does not see stays out of it (design §3.2)
-            b_acc = mma_visible(b_p, b_v, b_acc, m_vis, loop.SPLIT_P, loop.INTERPRET)
+            b_acc = mma_visible(b_p, b_v, b_acc, m_vis, loop.SPLIT_P, loop.INTERPRET,
+                                loop.REPAIR)
         else:
             b_acc = mma_rounded(b_p, b_v, b_acc, loop.SPLIT_P, loop.INTERPRET)  # [M, BLOCK_DC]
     return b_acc, b_m, b_l
