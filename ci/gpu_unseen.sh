@@ -9,7 +9,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 # -v: a run cut by its limit still names its failures
-step unseen 240 python3 -m pytest tests/test_unseen_keys.py tests/test_plan.py -v -n 8 \
+step unseen 150 python3 -m pytest tests/test_unseen_keys.py tests/test_plan.py -v -n 8 \
   -p no:cacheprovider -W ignore::DeprecationWarning -rfE
 grep -E "FAILED|ERROR|passed|failed" "$OUT/unseen.log" | grep -v PASSED | tail -n 12
 step variants 240 python3 -m pytest tests/test_table_variants.py tests/test_invariance_gpu.py -v \
