@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from portattn.configs import interpreter_active
 from portattn.validation import check_common, check_sinks, check_softcap, check_window
 
 
@@ -110,6 +111,50 @@ def check_options(
     leading dims (1 packed, 2 dense), whose next dim is its heads; ``kv_token_dims``: k/v's
     where they differ (2: paged caches). ``return_lse`` is only checked (a bool or numpy bool):
     the caller keeps ``bool(return_lse)``."""
+    scalars = (causal, softmax_scale, return_lse, kernel, window_size, softcap)
+    if compiling or sinks is not None:  # traced: Dynamo would guard on the kept records
+        return _check(q, k, v, scalars, sinks, token_dims, kv_token_dims, compiling)
+    key = _signature(q, k, v, scalars, token_dims, kv_token_dims)
+    options = _CHECKED.get(key)  # None is never a key: a call without one is checked
+    if options is None:
+        options = _check(q, k, v, scalars, sinks, token_dims, kv_token_dims, compiling)
+        if key is not None:
+            if len(_CHECKED) >= _CHECKED_MAX:
+                _CHECKED.clear()
+            _CHECKED[key] = options
+    return options
+
+
+# check_options' records by call signature (no sinks, not traced): a call like one that passed
+# the checks passes them again, with the same record.
+_CHECKED: dict[tuple, AttentionOptions] = {}
+_CHECKED_MAX = 1024
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_KEYED_SCALARS = (bool, int, float, str, type(None))  # not a tensor or an array: they change
+
+
+def _signature(q, k, v, scalars: tuple, token_dims: int, kv_token_dims) -> tuple | None:
+    """What the checks of :func:`check_options` read when there are no sinks, or None for an
+    argument of a kind it does not hold (the checks then run): each tensor's type, shape,
+    strides, dtype and device; each scalar's (the window's two sides) type and value; the
+    interpreter setting."""
+    window_size = scalars[4]
+    if type(window_size) is not tuple:
+        return None
+    scalars = scalars[:4] + scalars[5:] + window_size
+    types = tuple(map(type, scalars))
+    if not all(t in _KEYED_SCALARS for t in types):
+        return None
+    tensors = (q, k, v)
+    if not all(type(t) in _PLAIN_TENSORS for t in tensors):
+        return None
+    layout = tuple((type(t), t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+    return (layout, types, scalars, token_dims, kv_token_dims, interpreter_active())
+
+
+def _check(q, k, v, scalars: tuple, sinks, token_dims: int, kv_token_dims, compiling: bool):
+    """The checks of :func:`check_options`, in its order; returns its record."""
+    causal, softmax_scale, return_lse, kernel, window_size, softcap = scalars
     scale = check_common(
         q, k, v, causal, softmax_scale, return_lse, kernel, token_dims, kv_token_dims
     )
