@@ -10,9 +10,10 @@ import torch
 
 from ci.golden_dev.merging import build_record
 from ci.golden_dev.refresh import run_refresh
-from portattn.tools.golden import Case, run_verify, toolchain_key
+from portattn.tools.golden.cases import Case
 from portattn.tools.golden.hashing import tensor_bytes
 from portattn.tools.golden.run import CaseResult
+from portattn.tools.golden.verify import run_verify, toolchain_key
 
 REPO = Path(__file__).resolve().parents[1]
 # The device the kernels run on here: the GPU when there is one, else the DEV interpreter.

@@ -21,7 +21,8 @@ from ci.golden_dev.fingerprints import update_fingerprints
 from ci.golden_dev.merging import merge
 from portattn.tools.compile_keys import GUARDED_PAIRS, guarded_entries
 from portattn.tools.compile_launches import STAGES
-from portattn.tools.golden import load, run_key_check
+from portattn.tools.golden.fingerprints import run_key_check
+from portattn.tools.golden.layout import load
 
 pytestmark = pytest.mark.triton_version  # keys hash the installed Triton
 

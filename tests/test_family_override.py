@@ -17,7 +17,8 @@ from golden_helpers import DEV, FAKE, TC, TINY, capture, refresh
 import portattn.tools.golden.run as golden_run
 import portattn.tools.golden.verify as golden_verify
 from portattn import families
-from portattn.tools.golden import load, run_verify
+from portattn.tools.golden.layout import load
+from portattn.tools.golden.verify import run_verify
 
 # Compiles, Triton APIs or the installed Triton's table: nox -s tests_newest runs it too.
 pytestmark = pytest.mark.triton_version

@@ -32,10 +32,13 @@ from ci.golden_dev.fingerprints import results_fingerprints, update_fingerprints
 from ci.golden_dev.merging import build_record, merge
 from ci.golden_dev.refresh import run_refresh
 from ci.golden_dev.write import atomic_write, update_file
-from portattn.tools.golden import CASES, GoldenError, load, run_fingerprints, run_verify
+from portattn.tools.golden.cases import CASES
 from portattn.tools.golden.cli import Hardware, cmd_verify
+from portattn.tools.golden.fingerprints import run_fingerprints
+from portattn.tools.golden.layout import GoldenError, load
 from portattn.tools.golden.records import config_hashes_of, stale_outputs
 from portattn.tools.golden.run import make_inputs
+from portattn.tools.golden.verify import run_verify
 
 # ----------------------------------------------------------------------------- verify / refresh
 

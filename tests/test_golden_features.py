@@ -20,9 +20,10 @@ from portattn.accuracy import rel_err
 from portattn.configs import BORROWED_HEAD_DIMS
 from portattn.families import FAMILIES
 from portattn.reference import reference_varlen_attention
-from portattn.tools.golden import CASES, Case, CaseResult, accuracy, compute_case, load, run_verify
-from portattn.tools.golden.cases import FEATURE_CASES, FEATURE_DEFAULTS, OUTPUTS
-from portattn.tools.golden.verify import device_config_hash, family_config_hash
+from portattn.tools.golden.cases import CASES, FEATURE_CASES, FEATURE_DEFAULTS, OUTPUTS, Case
+from portattn.tools.golden.layout import load
+from portattn.tools.golden.run import CaseResult, accuracy, compute_case
+from portattn.tools.golden.verify import device_config_hash, family_config_hash, run_verify
 
 FEATURES = ("window_left", "window_right", "softcap", "sinks")  # the fields a feature turns on
 SHAPE_FIELDS = ("head_dim_v",)  # fields of a definition that change a shape, not the scores

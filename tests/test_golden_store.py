@@ -25,7 +25,7 @@ from golden_helpers import (
 
 from ci.golden_dev.merging import GoldenConflict, merge
 from ci.golden_dev.write import atomic_write, dumps
-from portattn.tools.golden import CASES, Case, GoldenError, compute_case, load, output_differences
+from portattn.tools.golden.cases import CASES, Case
 from portattn.tools.golden.inputs import (
     GAMMA,
     MASK64,
@@ -35,7 +35,9 @@ from portattn.tools.golden.inputs import (
     splitmix64_words,
     stream_base,
 )
-from portattn.tools.golden.run import CaseResult, make_inputs
+from portattn.tools.golden.layout import GoldenError, load
+from portattn.tools.golden.records import output_differences
+from portattn.tools.golden.run import CaseResult, compute_case, make_inputs
 
 # ----------------------------------------------------------------------------- generator
 
@@ -314,7 +316,7 @@ def test_golden_family_names_stay_in_the_golden_folder(tmp_path, family):
     from golden_helpers import capture
 
     from ci.golden_dev.refresh import run_refresh
-    from portattn.tools.golden import run_verify
+    from portattn.tools.golden.verify import run_verify
 
     golden = tmp_path / "golden"
     golden.mkdir()
@@ -330,7 +332,8 @@ def test_golden_file_of_another_family_is_named(tmp_path):
     """sm80's golden file saved as sm90.json: said so, not reported as differing hashes."""
     from golden_helpers import capture
 
-    from portattn.tools.golden import run_fingerprints, run_verify
+    from portattn.tools.golden.fingerprints import run_fingerprints
+    from portattn.tools.golden.verify import run_verify
 
     record = fake_record([fake_result("a")])
     record["family"] = "sm80"
