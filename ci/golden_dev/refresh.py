@@ -17,7 +17,7 @@ import torch
 from ci.golden_dev.merging import build_record, provenance
 from ci.golden_dev.write import check_writable, write_record
 from portattn.tools.golden import verify as golden_verify
-from portattn.tools.golden.cases import CASES_VERSION, Case, cases_by_name
+from portattn.tools.golden.cases import CASES, CASES_VERSION, Case
 from portattn.tools.golden.layout import GoldenError, golden_path, load
 from portattn.tools.golden.records import output_differences
 from portattn.tools.golden.run import CaseResult, compute_case
@@ -40,6 +40,17 @@ def compile_fingerprints(family: str) -> dict[str, dict[str, str | None]]:
         label: {stage: record["fingerprint"] for stage, record in stages.items()}
         for label, stages in compile_records(family).items()
     }
+
+
+def cases_by_name(names: list[str] | None = None) -> list[Case]:
+    """The canonical cases, or those named (ValueError for an unknown name)."""
+    if not names:
+        return list(CASES)
+    index = {c.name: c for c in CASES}
+    unknown = [n for n in names if n not in index]
+    if unknown:
+        raise ValueError(f"unknown case(s) {unknown}; known: {', '.join(index)}")
+    return [index[n] for n in names]
 
 
 def _digest_line(result: CaseResult) -> str:

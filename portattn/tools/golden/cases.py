@@ -244,14 +244,3 @@ FEATURE_CASES: tuple[Case, ...] = (
 )
 
 CASES: tuple[Case, ...] = _canonical() + FEATURE_CASES
-
-
-def cases_by_name(names: list[str] | None = None) -> list[Case]:
-    """The canonical cases, or those named (ValueError for an unknown name)."""
-    if not names:
-        return list(CASES)
-    index = {c.name: c for c in CASES}
-    unknown = [n for n in names if n not in index]
-    if unknown:
-        raise ValueError(f"unknown case(s) {unknown}; known: {', '.join(index)}")
-    return [index[n] for n in names]
