@@ -2,11 +2,13 @@
 
 ``benchmarks/host_overhead.py`` measures the whole eager call; on the H200 it took about 340 µs
 (no grad, 4 x 256 tokens) where the same call with its kernel launches stubbed takes about 70 µs
-on a CPU. This script times, in one process, the pieces of the rest: the planned launches
-replayed through ``plan.run_launches``, each launch through Triton's ``JITFunction.run``
-(``kernel[grid](...)``), the binder alone (Triton's argument specialisation), and the compiled
-kernel's launcher called directly with the bound arguments (what a per-signature prepared call
-would do). Each figure: host µs per call, ``--n`` calls without a sync inside, after warm-up.
+on a CPU. This script times, in one process, the public call with ``portattn.kernels.launcher``
+(kept compiled kernels, from a signature's second launch) and with every launch through
+``kernel[grid](...)`` (and whether the two give the same bits), then the pieces: the planned
+launches replayed through ``plan.run_launches``, each launch through Triton's
+``JITFunction.run``, its binder alone (Triton's argument specialisation), and the compiled
+kernel's launcher called directly. Each figure: host µs per call, ``--n`` calls without a sync
+inside, after warm-up.
 
 Usage (GPU): python benchmarks/launch_overhead.py [--n 2000]
 """
@@ -27,6 +29,7 @@ import torch  # noqa: E402
 
 import portattn  # noqa: E402
 from portattn.kernels import forward as forward_mod  # noqa: E402
+from portattn.kernels import launcher  # noqa: E402
 from portattn.kernels import plan as plan_mod  # noqa: E402
 from portattn.kernels.buffers import descriptor_scratch  # noqa: E402
 
@@ -130,13 +133,27 @@ def time_case(name: str, lengths: list[int], heads: int, dim: int, causal: bool,
 
     def call():
         with torch.no_grad():
-            return portattn.varlen_attention(q, k, v, cu, cu, mx, mx, causal=causal)
+            return portattn.varlen_attention(
+                q, k, v, cu, cu, mx, mx, causal=causal, return_lse=True
+            )
 
     def stream():
         return driver.active.get_current_stream(driver.active.get_current_device())
 
+    def call_run():  # every launch through kernel[grid](...)
+        launcher.PREPARED_LAUNCHES = False
+        try:
+            return call()
+        finally:
+            launcher.PREPARED_LAUNCHES = True
+
+    want = call_run()
+    call()  # the first call of each signature goes through run and keeps its kernel
+    got = call()
+    same = all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    print(f"| {name} | kept launches give run's bits | {same} |", flush=True)
     launches = capture_launches(call)
-    rows = [("public call (no grad)", call)]
+    rows = [("public call (no grad)", call), ("public call, launches through run", call_run)]
     rows.append(("run_launches (all)", lambda: plan_mod.run_launches(launches, device)))
     for i, launch in enumerate(launches):
         for piece, fn in launch_pieces(launch, device).items():

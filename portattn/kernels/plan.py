@@ -38,6 +38,7 @@ from portattn.configs import (
 )
 from portattn.kernels.buffers import descriptor_scratch
 from portattn.kernels.host_checks import checks_at_launch
+from portattn.kernels.launcher import launch_kernel
 from portattn.kernels.ptx_jit import launch_through_ptx
 from portattn.options import AttentionOptions
 
@@ -267,7 +268,7 @@ def run_launches(
             scratch = descriptor_scratch(device, True) if launch.tma else contextlib.nullcontext()
             with scratch:
                 if override is None:
-                    launch.kernel[launch.grid](*launch.args, **launch.params)
+                    launch_kernel(launch)  # kernel[grid](*args, **params), with less host work
                 else:  # an older NVIDIA family's entries, as its PTX (family override)
                     launch_through_ptx(launch, override)
 

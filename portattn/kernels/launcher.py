@@ -1,0 +1,186 @@
+"""Launch a planned kernel with less host work than ``kernel[grid](...)`` (issue 37 item 3).
+
+Triton's ``JITFunction.run`` does, on every call: read its debug knobs, bind the arguments and
+specialise each one (its binder), turn the specialisation and the options into a cache key
+(``str`` of the options), find the compiled kernel, check the kernel's globals, build the
+launch metadata, and call the compiled kernel's launcher. Here the compiled kernel that ``run``
+returned the first time is kept per **launch signature**, and later calls with that signature
+go straight to its launcher with the values ``run`` would pass (every signature parameter in
+order: the positional arguments, then each keyword's value or the default).
+
+A launch signature holds everything Triton's choice of compiled kernel depends on, made finer:
+the JIT function, the current device, the debug knobs, the keywords' names, every value's type,
+the values that are not tensors as they are (a new int is a new signature, which ``run`` serves
+once), and the tensors' dtypes and whether each address is a multiple of 16 (Triton's
+alignment specialisation). The first call of a signature goes through ``run``, which compiles
+or finds the kernel, so a kept kernel is always one ``run`` picked for an equal signature. An
+unhashable value, or the interpreter, takes ``run`` every time.
+
+The kernels are module-level objects, never freed: tables here know them by ``id``.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from portattn.kernels.plan import KernelLaunch
+
+# Off only for tests and measurements: every launch then goes through ``kernel[grid](...)``.
+PREPARED_LAUNCHES = True
+
+Picker = Callable[[tuple], tuple]
+
+
+def _picker(positions: list[int]) -> Picker:
+    """``values -> tuple(values[i] for i in positions)``, at C speed."""
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    if positions:
+        only = positions[0]
+        return lambda values: (values[only],)
+    return lambda values: ()
+
+
+@dataclass(frozen=True)
+class _Template:
+    """One kernel's launches with one sequence of value types and keywords: where the
+    tensors are (their dtypes and addresses go into the signature, the other values as they
+    are) and how the launcher's values are gathered."""
+
+    tensors_in_args: Picker
+    others_in_args: Picker
+    tensors_in_params: Picker
+    others_in_params: Picker
+    # the signature parameters after the positional ones: their positions among the keywords'
+    # values (None: a default is used, see ``defaults``)
+    tail: Picker | None
+    tail_names: tuple[str, ...]
+    tail_defaults: dict[str, Any]
+
+
+def _make_template(jit: Any, arg_types: tuple, names: tuple, param_types: tuple) -> _Template:
+    def split(types: tuple) -> tuple[Picker, Picker]:
+        is_tensor = [issubclass(t, torch.Tensor) for t in types]
+        tensors = [i for i, yes in enumerate(is_tensor) if yes]
+        return _picker(tensors), _picker([i for i, yes in enumerate(is_tensor) if not yes])
+
+    params = jit.params  # Triton's KernelParam list, in signature order
+    tail = params[len(arg_types) :]
+    tail_names = tuple(p.name for p in tail)
+    defaults = {p.name: p.default for p in tail if p.has_default and p.name not in names}
+    at = {name: i for i, name in enumerate(names)}
+    picker = _picker([at[n] for n in tail_names]) if set(tail_names) <= set(at) else None
+    return _Template(*split(arg_types), *split(param_types), picker, tail_names, defaults)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A compiled kernel found by ``run`` for one signature, with what its launcher takes."""
+
+    compiled: Any
+    launcher: Any
+    function: Any
+    packed_metadata: Any
+
+
+_TEMPLATES: dict[tuple, _Template] = {}
+_KEPT: dict[tuple, _Prepared] = {}
+_KEPT_MAX = 4096  # signatures; past it, start again (a run of many pack shapes)
+
+
+def kept_launches() -> int:
+    """How many signatures have a kept kernel."""
+    return len(_KEPT)
+
+
+def forget_launches() -> None:
+    """Drop every kept kernel: the next launch of each signature goes through ``run``."""
+    _KEPT.clear()
+
+
+def launch_kernel(launch: KernelLaunch) -> None:
+    """``launch.kernel[launch.grid](*launch.args, **launch.params)``, through the kept
+    compiled kernel of its signature when there is one."""
+    from triton import knobs
+
+    jit, args, params = launch.kernel, launch.args, launch.params
+    if not PREPARED_LAUNCHES or not hasattr(jit, "device_caches"):  # the interpreter's
+        jit[launch.grid](*args, **params)
+        return
+    device, stream = device_and_stream()
+    values = tuple(params.values())
+    try:
+        key, template = launch_signature(jit, device, args, params, values, knobs)
+        kept = _KEPT.get(key)
+    except TypeError:  # an unhashable value
+        key = kept = None
+    if kept is None:
+        compiled = jit[launch.grid](*args, **params)
+        if key is not None and compiled is not None and hasattr(compiled, "packed_metadata"):
+            if len(_KEPT) >= _KEPT_MAX:
+                _KEPT.clear()
+            _KEPT[key] = _Prepared(compiled, compiled.run, compiled.function,
+                                   compiled.packed_metadata)
+        return
+    everything = launcher_values(template, args, params, values)
+    grid = launch.grid
+    grid_1 = grid[1] if len(grid) > 1 else 1
+    grid_2 = grid[2] if len(grid) > 2 else 1
+    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    metadata = kept.compiled.launch_metadata(grid, stream, *everything)  # None without a hook
+    kept.launcher(grid[0], grid_1, grid_2, stream, kept.function, kept.packed_metadata,
+                  metadata, enter, exit_, *everything)
+
+
+def launcher_values(template: _Template, args: tuple, params: dict, values: tuple) -> tuple:
+    """What ``run`` passes the launcher after its handles: every signature parameter in order
+    (Triton's binder: the positional arguments, then each keyword's value or the default)."""
+    if template.tail is not None:
+        return args + template.tail(values)
+    defaults = template.tail_defaults
+    return args + tuple(params[n] if n in params else defaults[n] for n in template.tail_names)
+
+
+def device_and_stream() -> tuple[int, int]:
+    """Triton's current device and its current stream, as ``run`` reads them."""
+    from triton.runtime.driver import driver
+
+    device = driver.active.get_current_device()
+    return device, driver.active.get_current_stream(device)
+
+
+def launch_signature(
+    jit: Any, device: int, args: tuple, params: dict, values: tuple, knobs: Any
+) -> tuple[tuple, _Template]:
+    """The launch signature (module docstring) of ``kernel[grid](*args, **params)``, whose
+    keywords' values are ``values``, with its template."""
+    arg_types = tuple(map(type, args))
+    param_types = tuple(map(type, values))
+    shape = (id(jit), arg_types, tuple(params), param_types)
+    template = _TEMPLATES.get(shape)
+    if template is None:
+        template = _TEMPLATES[shape] = _make_template(jit, arg_types, shape[2], param_types)
+    tensors = template.tensors_in_args(args) + template.tensors_in_params(values)
+    addresses = tuple(map(torch.Tensor.data_ptr, tensors))
+    aligned = not functools.reduce(operator.or_, addresses, 0) % 16
+    key = (
+        shape,
+        device,
+        knobs.runtime.debug,  # run's options
+        knobs.compilation.instrumentation_mode,
+        template.others_in_args(args),
+        template.others_in_params(values),
+        tuple(map(_DTYPE, tensors)),
+        True if aligned else tuple(a % 16 == 0 for a in addresses),
+    )
+    return key, template
+
+
+_DTYPE = operator.attrgetter("dtype")
