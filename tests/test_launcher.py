@@ -73,10 +73,10 @@ def test_second_launch_calls_the_kept_launcher(fake_device):
     assert len(jit.jit_calls) == 1 and jit.compiled.calls == []
     launcher.launch_kernel(planned)
     assert len(jit.jit_calls) == 1
-    # grid padded to 3, the stream, the kernel's handles, no metadata, Triton's hooks, then
-    # every signature parameter in order (the default for EXTRA), no launch option
-    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
-    expected = (8, 2, 1, 1234, "function", "packed", None, *hooks, x, 32, 0.5, 64, 7)
+    # grid padded to 3, the stream, the kernel's handles, no metadata and no hook (Triton's
+    # chains are empty), then every signature parameter in order (the default for EXTRA), no
+    # launch option
+    expected = (8, 2, 1, 1234, "function", "packed", None, None, None, x, 32, 0.5, 64, 7)
     assert len(jit.compiled.calls) == 1
     call = jit.compiled.calls[0]
     assert call[:9] == expected[:9] and call[9] is x and call[10:] == expected[10:]
@@ -115,6 +115,28 @@ def test_signature_changes_take_triton_run(fake_device, change):
         params = dict(BLOCK=64, num_warps=8)
     launcher.launch_kernel(KernelLaunch("fwd", jit, (1,), args, params))
     assert len(jit.jit_calls) == 2 and jit.compiled.calls == []
+
+
+def test_a_launch_hook_gets_its_metadata(fake_device):
+    """With a hook in Triton's enter chain (``host_checks.checks_at_launch``), the launcher
+    gets the chains and the metadata, as from ``run``."""
+    jit, x = Jit(), torch.ones(64)
+    planned = KernelLaunch("fwd", jit, (8,), (x, 32, 0.5), dict(BLOCK=64))
+    launcher.launch_kernel(planned)
+    chain = knobs.runtime.launch_enter_hook
+
+    def hook(metadata):
+        pass
+
+    chain.add(hook)
+    try:
+        jit.compiled.launch_metadata = lambda grid, stream, *values: ("metadata", grid)
+        launcher.launch_kernel(planned)
+    finally:
+        chain.remove(hook)
+    call = jit.compiled.calls[0]
+    assert call[6] == ("metadata", (8,)) and call[7] is chain
+    assert call[8] is knobs.runtime.launch_exit_hook
 
 
 def test_same_signature_other_values_keep_the_kernel(fake_device):
