@@ -5,9 +5,10 @@
 # tune rounds (no variant beat the table), portattn vs FA4 on the 12 bench workloads, and
 # host_overhead (varlen no-grad 339 µs per eager call on the H200 host, 70 µs with the
 # launches stubbed on a CPU). What is left:
-#   1. bash ci/gpu_next.sh 1   # where the eager call's host time goes: launch_overhead.py
-#                              # (JIT launch vs binder vs compiled launcher per launch) and
-#                              # host_overhead --profile (cProfile by own time)      (~3 min)
+#   1. bash ci/gpu_next.sh 1   # kernels.launcher (landed after this session's GPU time):
+#                              # its GPU test, launch_overhead.py (public call with and
+#                              # without it, bits; JIT launch vs binder vs compiled launcher
+#                              # per launch) and host_overhead --profile            (~4 min)
 #   2. bash ci/gpu_next.sh 2   # tests test_a* .. test_h*, golden verify            (~9 min)
 #   3. bash ci/gpu_next.sh 3   # docs/bench-h200.* re-recorded with the FA4 peers (issue
 #                              # 36 item 1); run() with carry [".fa4"]                (~9 min)
@@ -19,6 +20,9 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 if [ "$PART" = 1 ]; then
+  step launcher 120 python3 -m pytest tests/test_launcher.py tests/test_cuda_graphs.py -v \
+    -p no:cacheprovider -W ignore::DeprecationWarning -rfE
+  grep -E "FAILED|ERROR|passed|failed" "$OUT/launcher.log" | grep -v PASSED | tail -n 8
   step launch 150 python3 benchmarks/launch_overhead.py --n 2000
   grep -E "^\|" "$OUT/launch.log"
   step host 120 python3 benchmarks/host_overhead.py --gpu --n 1000 --profile --sort tottime \
