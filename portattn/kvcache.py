@@ -195,7 +195,27 @@ def _check_values(
     n_cache_rows: int,
 ) -> None:
     """The eager checks of the index tensors' values (host copies, once per tensor version;
-    an int ``cache_seqlens`` is its own host value), before anything is written."""
+    an int ``cache_seqlens`` is its own host value), before anything is written. Run once per
+    version of the index tensors and these sizes (``tensor_memo.derived``): the layers of a
+    decode step check the step's indices at the first (loops over sequences and pages)."""
+    as_int = isinstance(cache_seqlens, int)
+    tensors = (None if as_int else cache_seqlens, block_table, batch_idx)
+    sizes = (cache_seqlens if as_int else None, batch, new, capacity, page_size, num_pages)
+    args = (cache_seqlens, batch, new, capacity, block_table, page_size, num_pages, batch_idx)
+    derived("kvcache_values", tensors, (*sizes, n_cache_rows), lambda: _values(*args, n_cache_rows))
+
+
+def _values(
+    cache_seqlens: torch.Tensor | int,
+    batch: int,
+    new: int,
+    capacity: int,
+    block_table,
+    page_size: int,
+    num_pages: int,
+    batch_idx,
+    n_cache_rows: int,
+) -> bool:
     lens = [cache_seqlens] * batch if isinstance(cache_seqlens, int) else host_values(cache_seqlens)
     bad = [n for n in lens if n < 0]
     if bad:
@@ -220,6 +240,7 @@ def _check_values(
             )
         if new and len(set(rows)) != len(rows):
             raise ValueError("cache_batch_idx must not repeat a row when new keys are appended")
+    return True
 
 
 def _check_launchable(q_rows, k_cache, v_cache, kernel: str) -> None:

@@ -314,3 +314,58 @@ def test_forget_host_values_drops_derived_index_tensors():
         got = _paged_call(lens, table, new_kv=False)
         want = _fresh(lens, table, new_kv=False)
     assert_same_results(got, want)
+
+
+@pytest.mark.parametrize("change", ["page_outside", "too_many_keys", "negative_length"])
+def test_kept_value_checks_follow_in_place_writes(change):
+    """flash_attn_with_kvcache checks the index tensors' values once per version (a decode
+    step's layers share them): a call after an in-place write to a bad value raises as the
+    first call would, and writes nothing."""
+    from portattn.validation import CacheIndexError
+
+    table = torch.tensor([[3, 1, 0], [2, 5, 7]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([15, 3], dtype=torch.int32, device=DEVICE)
+    k_cache, v_cache = seeded_tensor(8, PAGE, HKV, D), seeded_tensor(8, PAGE, HKV, D, seed=1)
+    q, new = seeded_tensor(2, 1, HQ, D), seeded_tensor(2, 1, HKV, D, seed=2)
+    with torch.no_grad():
+        for _ in range(2):  # checked, then kept
+            portattn.flash_attn_with_kvcache(
+                q, k_cache, v_cache, new, new, cache_seqlens=lens, block_table=table
+            )
+        before = k_cache.clone()
+        if change == "page_outside":
+            table[0, 0] = 8
+        elif change == "too_many_keys":
+            lens[1] = 3 * PAGE
+        else:
+            lens[0] = -1
+        error = ValueError if change == "negative_length" else CacheIndexError
+        with pytest.raises(error):
+            portattn.flash_attn_with_kvcache(
+                q, k_cache, v_cache, new, new, cache_seqlens=lens, block_table=table
+            )
+    assert torch.equal(k_cache, before)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kept_varlen_value_checks_follow_in_place_writes(paged):
+    """varlen_attention checks cu_seqlens' values once per version and sizes: a decreasing
+    cu_seqlens written in place after two good calls raises."""
+    cu = cu_seqlens([5, 11])
+    q = seeded_tensor(16, HQ, D)
+    if paged:
+        k = seeded_tensor(4, PAGE, HKV, D)
+        table = torch.tensor([[0], [1]], dtype=torch.int32, device=DEVICE)
+        kv = dict(block_table=table)
+        cu_k = cu_seqlens([5, 11])
+    else:
+        k, kv, cu_k = seeded_tensor(16, HKV, D), {}, cu
+    with torch.no_grad():
+        for _ in range(2):
+            portattn.varlen_attention(q, k, k, cu, cu_k, 11, 11, **kv)
+        cu[1] = 12  # sequences of 12 and 4: longer than max_seqlen_q
+        with pytest.raises(ValueError, match="max_seqlen_q"):
+            portattn.varlen_attention(q, k, k, cu, cu_k, 11, 11, **kv)
+        cu[1] = 17  # 0, 17, 16
+        with pytest.raises(ValueError, match="non-decreasing"):
+            portattn.varlen_attention(q, k, k, cu, cu_k, 11, 11, **kv)
