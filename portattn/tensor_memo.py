@@ -1,5 +1,6 @@
 """Values derived from index tensors, made once per tensor version: ``validation.host_values``
-(their host copies) and the device tensors ``flash_attn_with_kvcache`` derives.
+(their host copies), the results of the value checks, and the device tensors
+``flash_attn_with_kvcache`` derives.
 
 A decode step calls ``flash_attn_with_kvcache`` once per layer with the same ``cache_seqlens``
 (and ``block_table``) tensor, bumped in place once per step (rollout engines, transformers'
