@@ -101,5 +101,5 @@ def run_forward(
         return out, lse
     # With no autograd here, nothing but the caller could read the lse.
     scratch = None if lse_needed or capturing(q) else lse_scratch(q.shape[0], q.shape[1], q.device)
-    out, lse, _ = fwd_impl(*args, lse=scratch)
+    out, lse, _ = fwd_impl(*args, lse=scratch, options=options)
     return out, lse

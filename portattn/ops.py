@@ -190,13 +190,14 @@ def varlen_fwd(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def fwd_impl(
-    *args, lse: torch.Tensor | None = None
+    *args, lse: torch.Tensor | None = None, options: AttentionOptions | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """:func:`varlen_fwd`'s implementation, the op's body but for its placeholder out32: returns
     (out, lse, out32 or None). An eager call with nothing to trace, differentiate, cast or
     redispatch gets the same result from it as from the op, without the dispatcher's Python
     layers (``forward_entry.run_forward`` decides when). ``lse``: a float32 [total_q, Hq]
-    buffer to write the lse to in place of a new one (a scratch the caller never reads)."""
+    buffer to write the lse to in place of a new one (a scratch the caller never reads).
+    ``options``: the record ``args`` were bound from (a direct call has it), else rebuilt."""
     a = FwdArgs(*args)
     cu_q, cu_k, max_q, max_k = a.cu_seqlens_q, a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k
     problem = plan_problem(
@@ -205,7 +206,7 @@ def fwd_impl(
         cu_q,
         max_q,
         max_k,
-        _options(a),
+        _options(a) if options is None else options,
         block_table=a.block_table,
         head_dim_v=a.v.shape[-1],
     )

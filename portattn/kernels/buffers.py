@@ -48,11 +48,13 @@ def rows_aligned(*tensors: torch.Tensor) -> bool:
     Broadcast dimensions (stride 0, e.g. an expanded output gradient) are left to the pointer
     path too: a descriptor's strides describe distinct rows."""
     for x in tensors:
+        strides = x.stride()  # one call: this runs on every launch's host path
+        if strides[-1] != 1 or x.data_ptr() % 16:
+            return False
         size = x.element_size()
-        if x.stride(-1) != 1 or x.data_ptr() % 16:
-            return False
-        if any(x.stride(i) <= 0 or (x.stride(i) * size) % 16 for i in range(x.dim() - 1)):
-            return False
+        for stride in strides[:-1]:
+            if stride <= 0 or (stride * size) % 16:
+                return False
     return True
 
 

@@ -263,14 +263,13 @@ def run_launches(
     right before the first launch, or at the end when nothing is launched."""
     override = _override_arch(device)
     checks = contextlib.nullcontext() if before_launch is None else checks_at_launch(before_launch)
-    with checks:
+    # One descriptor allocator for the sequence: Triton asks it only for kernels with scratch.
+    with checks, descriptor_scratch(device, any(launch.tma for launch in launches)):
         for launch in launches:
-            scratch = descriptor_scratch(device, True) if launch.tma else contextlib.nullcontext()
-            with scratch:
-                if override is None:
-                    launch_kernel(launch)  # kernel[grid](*args, **params), with less host work
-                else:  # an older NVIDIA family's entries, as its PTX (family override)
-                    launch_through_ptx(launch, override)
+            if override is None:
+                launch_kernel(launch)  # kernel[grid](*args, **params), with less host work
+            else:  # an older NVIDIA family's entries, as its PTX (family override)
+                launch_through_ptx(launch, override)
 
 
 def _override_arch(device: torch.device) -> int | None:
