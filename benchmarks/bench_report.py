@@ -45,6 +45,7 @@ SHORT = {
 # peer time / varlen time: a speedup of portattn varlen over the peer, which is the same number
 # as varlen's throughput as a fraction of the peer's (> 1: portattn is faster). The last is
 # fixed_order time / varlen time: what the strict kernel costs (> 1: fixed_order is slower).
+SPREAD = "varlen spread between passes"
 RATIOS = (
     ("varlen / FA4 det throughput", FA4_DET, VARLEN),
     ("varlen speedup vs Flex", FLEX, VARLEN),
@@ -130,6 +131,18 @@ def ratios(cell: dict[str, Row]) -> dict[str, float | None]:
     return {title: time_ratio(cell, num, den) for title, num, den in RATIOS}
 
 
+def pass_spread(rows: list[Row], key: Key, impl: str = VARLEN) -> float | None:
+    """How much ``impl``'s medians of one (workload, mode) differ between the passes: the
+    slowest over the fastest, minus 1 (issue 36: at most 5% between identical calls); None
+    with fewer than two timed passes."""
+    times = [
+        r["ms"]
+        for r in rows
+        if (r["workload"], r["mode"]) == key and r["impl"] == impl and r.get("ms") is not None
+    ]
+    return max(times) / min(times) - 1 if len(times) > 1 and min(times) > 0 else None
+
+
 def _cell_text(row: Row | None, field: str, fmt: str) -> str:
     if row is None:
         return NOT_RUN
@@ -157,6 +170,7 @@ def markdown(data: dict[str, Any]) -> str:
     short = [SHORT.get(i, i) for i in impls]
     # A ratio column where the run has its peer (FA4 only where it imports).
     shown = [t for t, num, den in RATIOS if num in impls and den in impls]
+    spread = [SPREAD] if VARLEN in impls else []  # the varlen medians' spread between passes
     meta = [
         ("device", data.get("device")),
         ("torch", data.get("torch")),
@@ -174,19 +188,23 @@ def markdown(data: dict[str, Any]) -> str:
         "causal; forward+backward 3.5× forward); each figure is the better of two medians of "
         "`triton.testing.do_bench` (implementations timed in alternating order). Ratios are of "
         "times: peer time / varlen time (> 1: portattn varlen is faster), and fixed_order time "
-        f"/ varlen time. {NOT_RUN}: not run on this workload; {FAILED}: failed (listed below).",
+        f"/ varlen time; the spread is varlen's slower median over its faster one, minus 1. "
+        f"{NOT_RUN}: not run on this workload; {FAILED}: failed (listed below).",
         "",
         "| workload | mode | "
         + " | ".join(f"{s} TF/s" for s in short)
         + " | "
-        + " | ".join(shown)
+        + " | ".join(shown + spread)
         + " |",
-        "| --- | --- |" + " ---: |" * (len(impls) + len(shown)),
+        "| --- | --- |" + " ---: |" * (len(impls) + len(shown) + len(spread)),
     ]
     for key in keys:
         cell = table[key]
         tf = [_cell_text(cell.get(i), "tflops", ".0f") for i in impls]
         rt = [NOT_RUN if r is None else f"{r:.2f}x" for t, r in ratios(cell).items() if t in shown]
+        if spread:
+            gap = pass_spread(rows, key)
+            rt.append(NOT_RUN if gap is None else f"{100 * gap:.1f}%")
         out.append(f"| {key[0]} | {key[1]} | " + " | ".join(tf + rt) + " |")
 
     compile_s = data.get("flex_compile_s", {})

@@ -325,7 +325,7 @@ def test_markdown_table():
         assert (column in header) == (num != FA4_DET)  # no FA4 rows: no FA4 ratio column
     eq_fwd = next(line for line in table if line.startswith("| equal 2x8192 h16 d128 full | fwd |"))
     cells = [c.strip() for c in eq_fwd.strip("|").split("|")]
-    # workload, mode, 5 x TF/s (1e12 FLOPs / ms), 4 ratios
+    # workload, mode, 5 x TF/s (1e12 FLOPs / ms), 4 ratios, varlen's spread (2.1 / 2.0 ms)
     assert cells == [
         "equal 2x8192 h16 d128 full",
         "fwd",
@@ -338,11 +338,12 @@ def test_markdown_table():
         "0.75x",
         "—",
         "1.50x",
+        "5.0%",
     ]
     sk = next(line for line in table if line.startswith("| skewed 32k h16 d128 full | fwd+bwd |"))
     cells = [c.strip() for c in sk.strip("|").split("|")]
     assert cells[4:7] == ["—", "—", "error"]  # SDPA not run on a skewed pack; Flex failed
-    assert cells[-1] == "1.25x"
+    assert cells[-2:] == ["1.25x", "0.8%"]
     # one row per (workload, mode) in each of the two tables, in workload order
     keys = [tuple(c.strip() for c in line.strip("|").split("|")[:2]) for line in table]
     wanted = [
