@@ -12,9 +12,11 @@
 #   2. bash ci/gpu_next.sh 2   # tests test_a* .. test_h*, golden verify            (~9 min)
 #   3. bash ci/gpu_next.sh 3   # docs/bench-h200.* re-recorded with the FA4 peers (issue
 #                              # 36 item 1); run() with carry [".fa4"]                (~9 min)
+#   4. bash ci/gpu_next.sh 4   # docs/bench-decode-h200.* re-recorded with the FA4 peers
+#                              # (issue 37 item 4); run() with carry [".fa4"]       (~8 min)
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -41,5 +43,11 @@ elif [ "$PART" = 3 ]; then
   step bench 560 python3 benchmarks/bench.py --json "$OUT/bench-h200.json" \
     --markdown "$OUT/bench-h200.md" --png "$OUT/bench-h200.png"
   grep -E "^\| (workload|skewed|equal)" "$OUT/bench.log" | head -n 26
+elif [ "$PART" = 4 ]; then
+  # shellcheck disable=SC1091
+  source .fa4/install.sh || echo "FA4 not installed: the bench runs without its peer"
+  step decode 540 python3 benchmarks/bench.py --decode --json "$OUT/bench-decode-h200.json" \
+    --markdown "$OUT/bench-decode-h200.md"
+  grep -E "^\|" "$OUT/decode.log" | head -n 30
 fi
 printf '%s\n' "${summary[@]}"
