@@ -3,7 +3,8 @@ backward with and without them, in one process, alternating, best of passes (do_
 medians), and the bitwise checks of tests/unseen_checks.py at sizes that reach every kernel's
 masked tiles. Prints one table.
 
-Usage: python ci/bench_repair.py [--tokens 8x2048,1x32768] [--heads 16] [--head-dims 128,64]
+Usage: python ci/bench_repair.py [--tokens 8x2048,1x32768,skewed16k] [--heads 16]
+[--head-dims 128,64]
 """
 
 from __future__ import annotations
@@ -19,7 +20,36 @@ import portattn  # noqa: E402
 from portattn.kernels import plan as plan_mod  # noqa: E402
 
 
-def timed(batch: int, seqlen: int, heads: int, dim: int, kernel: str, repair: bool):
+def pack_lengths(spec: str) -> list[int]:
+    """``BxL`` (B sequences of L tokens) or ``skewedN`` / ``skewedNk`` (the bench's skewed pack
+    of N tokens, ``benchmarks.bench.skewed_lengths``)."""
+    if spec.startswith("skewed"):
+        from benchmarks.bench import skewed_lengths
+
+        size = spec[len("skewed") :]
+        total = int(size[:-1]) * 1024 if size.endswith("k") else int(size)
+        return list(skewed_lengths(total))
+    batch, seqlen = map(int, spec.split("x"))
+    return [seqlen] * batch
+
+
+def captured(fn):
+    """``fn`` captured in a CUDA graph after three warm-up calls on a side stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def timed(lengths: list[int], heads: int, dim: int, kernel: str, repair: bool):
+    """ms of the causal forward and forward + backward, eager and replayed, with or without
+    the repair passes (``has_unseen_keys`` forced off)."""
     from triton.testing import do_bench
 
     orig = plan_mod.VarlenProblem.has_unseen_keys
@@ -27,39 +57,32 @@ def timed(batch: int, seqlen: int, heads: int, dim: int, kernel: str, repair: bo
         plan_mod.VarlenProblem.has_unseen_keys = property(lambda self: False)
     try:
         g = torch.Generator(device="cuda").manual_seed(0)
-        n = batch * seqlen
+        n, longest = sum(lengths), max(lengths)
 
         def rand():
             return torch.randn(n, heads, dim, device="cuda", dtype=torch.bfloat16, generator=g)
 
         q, k, v = (rand().requires_grad_() for _ in range(3))
         do = rand()
-        cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * seqlen
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        cu = cu.cuda()
 
         def fwd():
             with torch.no_grad():
                 portattn.varlen_attention(
-                    q, k, v, cu, cu, seqlen, seqlen, causal=True, kernel=kernel
+                    q, k, v, cu, cu, longest, longest, causal=True, kernel=kernel
                 )
 
         def step():
             out = portattn.varlen_attention(
-                q, k, v, cu, cu, seqlen, seqlen, causal=True, kernel=kernel
+                q, k, v, cu, cu, longest, longest, causal=True, kernel=kernel
             )
-            out.backward(do)
+            torch.autograd.grad(out, (q, k, v), do)
 
         plan_mod.forget_problems()
         eager = do_bench(fwd, warmup=25, rep=200), do_bench(step, warmup=25, rep=200)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fwd()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fwd()
-        return (*eager, do_bench(graph.replay, warmup=25, rep=200))
+        replays = captured(fwd), captured(step)
+        return (*eager, *(do_bench(r, warmup=25, rep=200) for r in replays))
     finally:
         plan_mod.VarlenProblem.has_unseen_keys = orig
 
@@ -73,18 +96,21 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for spec in args.tokens.split(","):
-        batch, seqlen = map(int, spec.split("x"))
+        lengths = pack_lengths(spec)
         for dim in map(int, args.head_dims.split(",")):
             for kernel in ("varlen", "fixed_order"):
                 best = {}
                 for _ in range(args.passes):
                     for repair in (False, True):  # alternating
-                        t = timed(batch, seqlen, args.heads, dim, kernel, repair)
-                        old = best.get(repair, (float("inf"),) * 3)
+                        t = timed(lengths, args.heads, dim, kernel, repair)
+                        old = best.get(repair, (float("inf"),) * len(t))
                         best[repair] = tuple(min(a, b) for a, b in zip(old, t))
                 rows.append((spec, dim, kernel, best[False], best[True]))
-    print("| tokens | d | kernel | fwd ms (no repair / repair) | fwd+bwd ms | fwd graph ms |")
-    print("| --- | ---: | --- | --- | --- | --- |")
+    print(
+        "| tokens | d | kernel | fwd ms (no repair / repair) | fwd+bwd ms | fwd graph ms |"
+        " fwd+bwd graph ms |"
+    )
+    print("| --- | ---: | --- | --- | --- | --- | --- |")
     for spec, dim, kernel, off, on in rows:
         cells = [f"{a:.3f} / {b:.3f} ({b / a - 1:+.1%})" for a, b in zip(off, on)]
         print(f"| {spec} | {dim} | {kernel} | " + " | ".join(cells) + " |")

@@ -8,7 +8,10 @@
 #   1. bash ci/gpu_next.sh 1   # kernels.launcher (landed after this session's GPU time):
 #                              # its GPU test, launch_overhead.py (public call with and
 #                              # without it, bits; JIT launch vs binder vs compiled launcher
-#                              # per launch) and host_overhead --profile            (~4 min)
+#                              # per launch), host_overhead --profile, and the repair
+#                              # passes' cost on the skewed 16k pack, eager and replayed,
+#                              # forward and forward+backward (perf-notes row 72: the d64
+#                              # causal row fell from 292 to 175 TF/s fwd+bwd)      (~8 min)
 #   2. bash ci/gpu_next.sh 2   # tests test_a* .. test_h*, golden verify            (~9 min)
 #   3. bash ci/gpu_next.sh 3   # docs/bench-h200.* re-recorded with the FA4 peers (issue
 #                              # 36 item 1); run() with carry [".fa4"]                (~9 min)
@@ -22,14 +25,16 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 if [ "$PART" = 1 ]; then
-  step launcher 120 python3 -m pytest tests/test_launcher.py tests/test_cuda_graphs.py -v \
+  step launcher 100 python3 -m pytest tests/test_launcher.py tests/test_cuda_graphs.py -v \
     -p no:cacheprovider -W ignore::DeprecationWarning -rfE
   grep -E "FAILED|ERROR|passed|failed" "$OUT/launcher.log" | grep -v PASSED | tail -n 8
-  step launch 150 python3 benchmarks/launch_overhead.py --n 2000
+  step launch 120 python3 benchmarks/launch_overhead.py --n 2000
   grep -E "^\|" "$OUT/launch.log"
-  step host 120 python3 benchmarks/host_overhead.py --gpu --n 1000 --profile --sort tottime \
+  step host 100 python3 benchmarks/host_overhead.py --gpu --n 1000 --profile --sort tottime \
     --cases varlen_nograd,paged_append_i
   grep -E "^\|" "$OUT/host.log"
+  step repair 150 python3 ci/bench_repair.py --tokens skewed16k --head-dims 64,128 --passes 2
+  grep -E "^\|" "$OUT/repair.log"
 elif [ "$PART" = 2 ]; then
   # -v: a run cut by its limit still names its failures (session 23 lost one that way)
   # shellcheck disable=SC2046
