@@ -7,6 +7,7 @@ kernel, head_dim, dtype) (:class:`KernelConfig`, with its content hash), the axe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -63,11 +64,18 @@ class Tiles:
     kpack: int | None = None
 
     def launch_kwargs(self) -> dict[str, int]:
-        return {"num_warps": self.num_warps, "num_stages": self.num_stages} | self.amd_knobs()
+        """Triton's launch options of these tiles (a new dict; made once per tiles)."""
+        return dict(_launch_kwargs(self))
 
     def amd_knobs(self) -> dict[str, int]:
         """The AMD launch knobs that are set (empty on CUDA)."""
         return {k: getattr(self, k) for k in AMD_KNOBS if getattr(self, k) is not None}
+
+
+@functools.cache
+def _launch_kwargs(tiles: Tiles) -> tuple[tuple[str, int], ...]:
+    options = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
+    return tuple((options | tiles.amd_knobs()).items())
 
 
 @dataclass(frozen=True)

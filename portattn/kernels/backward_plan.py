@@ -14,10 +14,15 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import triton
 
 from portattn.kernels.buffers import check_row_strides, dense_specialized, new_buffer, rows_aligned
-from portattn.kernels.plan import KernelLaunch, VarlenProblem, gluon_applies, repair_tiles
+from portattn.kernels.plan import (
+    KernelLaunch,
+    VarlenProblem,
+    ceil_div,
+    gluon_applies,
+    repair_tiles,
+)
 from portattn.kernels.ws_kernels import (
     attn_bwd_dkdv_ws_kernel,
     attn_bwd_dq_ws_kernel,
@@ -95,7 +100,7 @@ def plan_backward_launches(kernels: BackwardKernels, problem: VarlenProblem, do,
     # Written by the preprocess kernel, head-major: [Hq, stride_hm]. For dK/dV's descriptors
     # every sequence starts 16-byte aligned (``head_major_start``); the padding is never read.
     padded = tma_dkdv
-    stride_hm = triton.cdiv(p.total_q, 4) * 4 + 4 * p.batch if padded else p.total_q
+    stride_hm = ceil_div(p.total_q, 4) * 4 + 4 * p.batch if padded else p.total_q
     lse2 = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
     delta = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
     common = dict(HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, **p.value_flags())
@@ -114,7 +119,7 @@ def plan_backward_launches(kernels: BackwardKernels, problem: VarlenProblem, do,
         # delta = rowsum(O * dO) over v's head dim (O and dO have it)
         params = dict(BLOCK_M=pre.block_m, HAS_DLSE=dlse is not None, PADDED=padded,
                       HEAD_DIM=p.value_dim, BLOCK_D=p.block_dv, **pre.launch_kwargs())
-        grid = (triton.cdiv(p.grid_rows_q, pre.block_m) * p.batch, p.n_heads_q)
+        grid = (ceil_div(p.grid_rows_q, pre.block_m) * p.batch, p.n_heads_q)
         launches.append(KernelLaunch("bwd_pre", kernels.preprocess, grid, args, params))
     if p.total_k > 0:
         args = (
@@ -126,7 +131,7 @@ def plan_backward_launches(kernels: BackwardKernels, problem: VarlenProblem, do,
         launches += _plan_dkdv(kernels, p, args, common, kernel_flags, tma_dkdv)
     if p.total_q > 0:
         t = cfg.bwd_dq
-        grid = (triton.cdiv(p.grid_rows_q, t.block_m) * p.batch, p.n_heads_q)
+        grid = (ceil_div(p.grid_rows_q, t.block_m) * p.batch, p.n_heads_q)
         args = (
             q, k, v, do, lse2, delta, dq, cu_seqlens_q, cu_seqlens_k,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -146,7 +151,7 @@ def plan_backward_launches(kernels: BackwardKernels, problem: VarlenProblem, do,
                                          tma_dq))
         if p.has_unseen_keys:  # design §3.2: the Triton kernel of the same key tiles
             t = repair_tiles(t)
-            grid = (triton.cdiv(p.grid_rows_q, t.block_m) * p.batch, p.n_heads_q)
+            grid = (ceil_div(p.grid_rows_q, t.block_m) * p.batch, p.n_heads_q)
             params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded,
                           REPAIR=cfg.repair_products, **common, **kernel_flags,
                           **t.launch_kwargs())
@@ -168,7 +173,7 @@ def _plan_dkdv(kernels: BackwardKernels, p: VarlenProblem, args: tuple, common: 
     launches = []
     for want_dk, want_dv, chunks in passes:
         t = cfg.dkdv_launch_tiles(want_dk)
-        grid = (triton.cdiv(p.grid_rows_k, t.block_n) * p.batch, p.n_heads_k, chunks)
+        grid = (ceil_div(p.grid_rows_k, t.block_n) * p.batch, p.n_heads_k, chunks)
         repair = []
         # Design §3.2: after this pass, its repair, one gradient per launch (mma_visible keeps
         # two accumulators per gradient: four did not fit sm100's tensor memory, the kernel
@@ -177,7 +182,7 @@ def _plan_dkdv(kernels: BackwardKernels, p: VarlenProblem, args: tuple, common: 
             if not p.has_unseen_keys or not (repair_dk or repair_dv):
                 continue
             r = repair_tiles(t)  # the pass's tiles: dV's bits depend on its BLOCK_M
-            r_grid = (triton.cdiv(p.grid_rows_k, r.block_n) * p.batch, p.n_heads_k, chunks)
+            r_grid = (ceil_div(p.grid_rows_k, r.block_n) * p.batch, p.n_heads_k, chunks)
             params = dict(BLOCK_M=r.block_m, BLOCK_N=r.block_n, WANT_DK=repair_dk,
                           WANT_DV=repair_dv, D_CHUNKS=chunks, TMA=tma,
                           REPAIR=cfg.repair_products, **common, **kernel_flags,

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import triton
 
 from portattn.configs import (
     HEAD_DIMS,
@@ -44,6 +43,17 @@ from portattn.options import AttentionOptions
 
 LOG2E = 1.4426950408889634  # scores travel in log2 units: exp2 replaces exp in the kernels
 SPLIT_P_KERNELS = {"varlen": False, "fixed_order": True}  # kernel name -> split-P products
+
+
+def ceil_div(a: int, b: int) -> int:
+    """``triton.cdiv`` for the planners' host ints: Triton's is a constexpr function, whose
+    call costs more host time than the division (about 1.5 µs on a CPU, several per plan)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """``triton.next_power_of_2`` for host ints >= 1 (same reason as :func:`ceil_div`)."""
+    return 1 << (n - 1).bit_length()
 
 
 def splits_p(kernel: str) -> bool:
@@ -79,22 +89,22 @@ class VarlenProblem:
     # ``plan_problem``; read as ``value_dim``.
     head_dim_v: int = 0
 
-    @property
+    @functools.cached_property
     def block_d(self) -> int:
         """The head dim padded for the kernels' blocks: the next power of two, at least 16 (the
         matrix instructions' smallest K); the columns past ``head_dim`` are masked."""
-        return max(16, triton.next_power_of_2(self.head_dim))
+        return max(16, next_pow2(self.head_dim))
 
     @property
     def value_dim(self) -> int:
         """v's head dim (Dv): ``head_dim_v``, or ``head_dim`` where v has q's."""
         return self.head_dim_v or self.head_dim
 
-    @property
+    @functools.cached_property
     def block_dv(self) -> int:
         """The value head dim padded as ``block_d`` pads q's: the width of the kernels' V, O,
         dO and dV blocks (``block_d`` where Dv == D)."""
-        return max(16, triton.next_power_of_2(self.value_dim))
+        return max(16, next_pow2(self.value_dim))
 
     @property
     def split_dv(self) -> bool:
@@ -231,6 +241,7 @@ def forget_problems() -> None:
     _PROBLEMS.clear()
 
 
+@functools.cache
 def repair_tiles(tiles: Tiles) -> Tiles:
     """The tiles of a repair pass (design §3.2) after a pass of ``tiles``: the same, in one
     stage (no bit depends on the stages). ``mma_visible``'s second product spills registers
