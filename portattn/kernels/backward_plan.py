@@ -70,6 +70,18 @@ class BackwardPlan:
     launches: tuple[KernelLaunch, ...]
 
 
+class _Stage(NamedTuple):
+    """One launch of the backward without its arguments: what depends on the problem alone
+    (kept in its memo); ``reads``: which argument tuple it takes (``pre``, ``dkdv``, ``dq``)."""
+
+    stage: str
+    kernel: object
+    grid: tuple
+    params: dict
+    tma: bool
+    reads: str
+
+
 def plan_backward_launches(kernels: BackwardKernels, problem: VarlenProblem, do, q, k, v,
                            o_for_delta, lse, dlse, cu_seqlens_q, cu_seqlens_k) -> BackwardPlan:
     """Allocate the gradients and the scratch (lse2, delta) and plan the backward's launches
@@ -103,65 +115,80 @@ def plan_backward_launches(kernels: BackwardKernels, problem: VarlenProblem, do,
     stride_hm = ceil_div(p.total_q, 4) * 4 + 4 * p.batch if padded else p.total_q
     lse2 = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
     delta = new_buffer((p.n_heads_q, stride_hm), torch.float32, q.device)
-    common = dict(HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, **p.value_flags())
-    kernel_flags = dict(CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret,
-                        **p.feature_flags())
-    launches = []
+    key = ("bwd", kernels, tma_dkdv, tma_dq, dlse is not None)  # padded is tma_dkdv
+    stages = p.memo.get(key)
+    if stages is None:  # grids, kernels and compile-time parameters: the problem's alone
+        stages = p.memo[key] = _backward_stages(kernels, p, tma_dkdv, tma_dq, dlse is not None)
+    args = {}
     if p.total_q > 0:
-        pre = cfg.bwd_pre
         dlse_arg = dlse if dlse is not None else lse
-        args = (
+        args["pre"] = (
             o_for_delta, do, lse, dlse_arg, lse2, delta, cu_seqlens_q,
             o_for_delta.stride(0), o_for_delta.stride(1), do.stride(0), do.stride(1),
             dlse_arg.stride(0), dlse_arg.stride(1),
             p.batch, p.n_heads_q, stride_hm,
         )
-        # delta = rowsum(O * dO) over v's head dim (O and dO have it)
-        params = dict(BLOCK_M=pre.block_m, HAS_DLSE=dlse is not None, PADDED=padded,
-                      HEAD_DIM=p.value_dim, BLOCK_D=p.block_dv, **pre.launch_kwargs())
-        grid = (ceil_div(p.grid_rows_q, pre.block_m) * p.batch, p.n_heads_q)
-        launches.append(KernelLaunch("bwd_pre", kernels.preprocess, grid, args, params))
-    if p.total_k > 0:
-        args = (
-            q, k, v, do, lse2, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-            p.batch, stride_hm, p.group, p.softmax_scale, p.scale_log2,
-        )
-        launches += _plan_dkdv(kernels, p, args, common, kernel_flags, tma_dkdv)
-    if p.total_q > 0:
-        t = cfg.bwd_dq
-        grid = (ceil_div(p.grid_rows_q, t.block_m) * p.batch, p.n_heads_q)
-        args = (
+        args["dq"] = (
             q, k, v, do, lse2, delta, dq, cu_seqlens_q, cu_seqlens_k,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
             p.batch, stride_hm, p.group, p.softmax_scale, p.scale_log2,
         )
-        if use_warp_specialized_dq(p, tma_dq):
-            params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-                          CAUSAL=p.causal, SPLIT_P=p.split_p, PADDED=padded,
-                          STAGES=t.num_stages, **ws_launch_options(t))
-            launches.append(KernelLaunch("bwd_dq", attn_bwd_dq_ws_kernel, grid, args, params,
-                                         tma_dq))
-        else:
-            params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded,
-                          **common, **kernel_flags, **t.launch_kwargs())
-            launches.append(KernelLaunch("bwd_dq", kernels.dq, grid, args, params,
-                                         tma_dq))
-        if p.has_unseen_keys:  # design §3.2: the Triton kernel of the same key tiles
-            t = repair_tiles(t)
-            grid = (ceil_div(p.grid_rows_q, t.block_m) * p.batch, p.n_heads_q)
-            params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded,
-                          REPAIR=cfg.repair_products, **common, **kernel_flags,
-                          **t.launch_kwargs())
-            launches.append(KernelLaunch("bwd_dq_repair", kernels.dq, grid, args, params,
-                                         tma_dq))
-    return BackwardPlan(dq, dk, dv, tuple(launches))
+    if p.total_k > 0:
+        args["dkdv"] = (
+            q, k, v, do, lse2, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            p.batch, stride_hm, p.group, p.softmax_scale, p.scale_log2,
+        )
+    launches = tuple(
+        KernelLaunch(st.stage, st.kernel, st.grid, args[st.reads], dict(st.params), st.tma)
+        for st in stages
+    )
+    return BackwardPlan(dq, dk, dv, launches)
 
 
-def _plan_dkdv(kernels: BackwardKernels, p: VarlenProblem, args: tuple, common: dict,
-               kernel_flags: dict, tma: bool) -> list[KernelLaunch]:
+def _backward_stages(kernels: BackwardKernels, p: VarlenProblem, tma_dkdv: bool, tma_dq: bool,
+                     has_dlse: bool) -> tuple[_Stage, ...]:
+    """The backward's launches in order, without their arguments: preprocess, dK/dV (and
+    their repairs), dQ (and its repair); none on a side with no rows (no query rows: no
+    preprocess and no dQ; no keys: no dK/dV)."""
+    cfg, padded = p.cfg, tma_dkdv
+    common = dict(HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, **p.value_flags())
+    kernel_flags = dict(CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret,
+                        **p.feature_flags())
+    stages = _plan_dkdv(kernels, p, common, kernel_flags, tma_dkdv) if p.total_k > 0 else []
+    if p.total_q == 0:
+        return tuple(stages)
+    pre = cfg.bwd_pre
+    # delta = rowsum(O * dO) over v's head dim (O and dO have it)
+    params = dict(BLOCK_M=pre.block_m, HAS_DLSE=has_dlse, PADDED=padded,
+                  HEAD_DIM=p.value_dim, BLOCK_D=p.block_dv, **pre.launch_kwargs())
+    grid = (ceil_div(p.grid_rows_q, pre.block_m) * p.batch, p.n_heads_q)
+    stages.insert(0, _Stage("bwd_pre", kernels.preprocess, grid, params, False, "pre"))
+    t = cfg.bwd_dq
+    grid = (ceil_div(p.grid_rows_q, t.block_m) * p.batch, p.n_heads_q)
+    if use_warp_specialized_dq(p, tma_dq):
+        params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                      CAUSAL=p.causal, SPLIT_P=p.split_p, PADDED=padded,
+                      STAGES=t.num_stages, **ws_launch_options(t))
+        stages.append(_Stage("bwd_dq", attn_bwd_dq_ws_kernel, grid, params, tma_dq, "dq"))
+    else:
+        params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded,
+                      **common, **kernel_flags, **t.launch_kwargs())
+        stages.append(_Stage("bwd_dq", kernels.dq, grid, params, tma_dq, "dq"))
+    if p.has_unseen_keys:  # design §3.2: the Triton kernel of the same key tiles
+        t = repair_tiles(t)
+        grid = (ceil_div(p.grid_rows_q, t.block_m) * p.batch, p.n_heads_q)
+        params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded,
+                      REPAIR=cfg.repair_products, **common, **kernel_flags,
+                      **t.launch_kwargs())
+        stages.append(_Stage("bwd_dq_repair", kernels.dq, grid, params, tma_dq, "dq"))
+    return tuple(stages)
+
+
+def _plan_dkdv(kernels: BackwardKernels, p: VarlenProblem, common: dict,
+               kernel_flags: dict, tma: bool) -> list[_Stage]:
     """The dK/dV launches. dkdv_passes 1: one launch for dK and dV; 2: dV, then dK; 4: as 2,
     each launch with two programs per key tile (half of the head dim each)."""
     cfg = p.cfg
@@ -187,18 +214,17 @@ def _plan_dkdv(kernels: BackwardKernels, p: VarlenProblem, args: tuple, common: 
                           WANT_DV=repair_dv, D_CHUNKS=chunks, TMA=tma,
                           REPAIR=cfg.repair_products, **common, **kernel_flags,
                           **r.launch_kwargs())
-            repair.append(KernelLaunch("bwd_dkdv_repair", kernels.dkdv, r_grid, args, params,
-                                       tma))
+            repair.append(_Stage("bwd_dkdv_repair", kernels.dkdv, r_grid, params, tma, "dkdv"))
         if use_warp_specialized_dkdv(p, tma):
             params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                           CAUSAL=p.causal, SPLIT_P=p.split_p, STAGES=t.num_stages,
                           **ws_launch_options(t))
-            launches.append(KernelLaunch("bwd_dkdv", attn_bwd_dkdv_ws_kernel, grid[:2], args,
-                                         params, tma))
+            launches.append(_Stage("bwd_dkdv", attn_bwd_dkdv_ws_kernel, grid[:2], params, tma,
+                                   "dkdv"))
             launches += repair
             continue
         params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, WANT_DK=want_dk, WANT_DV=want_dv,
                       D_CHUNKS=chunks, TMA=tma, **common, **kernel_flags, **t.launch_kwargs())
-        launches.append(KernelLaunch("bwd_dkdv", kernels.dkdv, grid, args, params, tma))
+        launches.append(_Stage("bwd_dkdv", kernels.dkdv, grid, params, tma, "dkdv"))
         launches += repair
     return launches
