@@ -311,6 +311,21 @@ Step = Callable[[], object]
 Timer = Callable[[Step], tuple[float, float | None, float | None]]  # ms, peak GiB, resident GiB
 
 
+def cuda_graph(fn: Callable[[], Any], warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """``fn`` captured in a CUDA graph after ``warmup`` calls on a side stream (as
+    ``torch.cuda.graph``'s docs ask); returns the graph and the captured call's output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def attempt(fn: Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
     """``(fn(*args), None)``, or ``(None, message)`` if it raised. The message includes the
     warnings raised meanwhile: SDPA gives the reasons why a backend cannot run only as

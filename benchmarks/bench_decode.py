@@ -337,15 +337,7 @@ def _flex(w: DecodeWorkload, inp: DecodeInputs) -> DecodeImpl:
 def graphed(impl: DecodeImpl) -> DecodeImpl:
     """``impl`` captured in a CUDA graph after two eager calls on a side stream (as
     ``torch.cuda.graphs`` recommends); ``fn`` replays it and returns the graph's output."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            impl.fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = impl.fn()
+    graph, out = bench.cuda_graph(impl.fn, warmup=2)
 
     def replay():
         graph.replay()

@@ -45,6 +45,7 @@ if not __package__:  # run as `python benchmarks/host_overhead.py`: the checkout
 import torch  # noqa: E402
 
 import portattn  # noqa: E402
+from benchmarks.bench import cuda_graph  # noqa: E402
 
 B, HQ, HKV, D, PAGE, PAGES, CACHED = 1, 32, 8, 128, 64, 64, 1000
 LAYERS = 32  # calls per step of the *_step cases
@@ -203,16 +204,8 @@ def gpu_times(call, n: int) -> dict[str, float]:
         row["syncs"] = f"yes ({str(err).splitlines()[0][:60]})"
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    side = torch.cuda.Stream()  # warm-up on a side stream, as torch.cuda.graph's docs ask
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
-            call()
+        graph, _ = cuda_graph(call)
     except Exception as err:  # report and go on: the eager numbers stand on their own
         print(f"  graph capture failed: {type(err).__name__}: {err}", file=sys.stderr)
         return row

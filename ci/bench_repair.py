@@ -17,6 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import portattn  # noqa: E402
+from benchmarks.bench import cuda_graph, skewed_lengths  # noqa: E402
 from portattn.kernels import plan as plan_mod  # noqa: E402
 
 
@@ -24,27 +25,11 @@ def pack_lengths(spec: str) -> list[int]:
     """``BxL`` (B sequences of L tokens) or ``skewedN`` / ``skewedNk`` (the bench's skewed pack
     of N tokens, ``benchmarks.bench.skewed_lengths``)."""
     if spec.startswith("skewed"):
-        from benchmarks.bench import skewed_lengths
-
         size = spec[len("skewed") :]
         total = int(size[:-1]) * 1024 if size.endswith("k") else int(size)
         return list(skewed_lengths(total))
     batch, seqlen = map(int, spec.split("x"))
     return [seqlen] * batch
-
-
-def captured(fn):
-    """``fn`` captured in a CUDA graph after three warm-up calls on a side stream."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def timed(lengths: list[int], heads: int, dim: int, kernel: str, repair: bool):
@@ -81,7 +66,7 @@ def timed(lengths: list[int], heads: int, dim: int, kernel: str, repair: bool):
 
         plan_mod.forget_problems()
         eager = do_bench(fwd, warmup=25, rep=200), do_bench(step, warmup=25, rep=200)
-        replays = captured(fwd), captured(step)
+        replays = (cuda_graph(fwd)[0].replay, cuda_graph(step)[0].replay)
         return (*eager, *(do_bench(r, warmup=25, rep=200) for r in replays))
     finally:
         plan_mod.VarlenProblem.has_unseen_keys = orig

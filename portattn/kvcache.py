@@ -27,7 +27,7 @@ from portattn.forward_entry import run_forward
 from portattn.kernels.buffers import check_row_strides
 from portattn.kvcache_checks import check_append_memory, check_written_slots
 from portattn.options import capturing, check_options, needs_grad
-from portattn.tensor_memo import derived, stream_key
+from portattn.tensor_memo import derived, once_per_version, stream_key
 from portattn.validation import (
     INT32_MAX,
     DTypeError,
@@ -183,6 +183,7 @@ def _check_new_kv(k, v, q, k_cache, v_cache) -> int:
     return k.shape[1]
 
 
+@once_per_version("kvcache_values")
 def _check_values(
     cache_seqlens: torch.Tensor | int,
     batch: int,
@@ -193,29 +194,11 @@ def _check_values(
     num_pages: int,
     batch_idx,
     n_cache_rows: int,
-) -> None:
+) -> bool:
     """The eager checks of the index tensors' values (host copies, once per tensor version;
     an int ``cache_seqlens`` is its own host value), before anything is written. Run once per
     version of the index tensors and these sizes (``tensor_memo.derived``): the layers of a
     decode step check the step's indices at the first (loops over sequences and pages)."""
-    as_int = isinstance(cache_seqlens, int)
-    tensors = (None if as_int else cache_seqlens, block_table, batch_idx)
-    sizes = (cache_seqlens if as_int else None, batch, new, capacity, page_size, num_pages)
-    args = (cache_seqlens, batch, new, capacity, block_table, page_size, num_pages, batch_idx)
-    derived("kvcache_values", tensors, (*sizes, n_cache_rows), lambda: _values(*args, n_cache_rows))
-
-
-def _values(
-    cache_seqlens: torch.Tensor | int,
-    batch: int,
-    new: int,
-    capacity: int,
-    block_table,
-    page_size: int,
-    num_pages: int,
-    batch_idx,
-    n_cache_rows: int,
-) -> bool:
     lens = [cache_seqlens] * batch if isinstance(cache_seqlens, int) else host_values(cache_seqlens)
     bad = [n for n in lens if n < 0]
     if bad:

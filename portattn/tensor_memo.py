@@ -23,6 +23,7 @@ capture must record the ops: the callers pass ``use=False``) or while ``torch.co
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import TypeVar
@@ -69,6 +70,24 @@ def derived(
     refs = [None if t is None else weakref.ref(t) for t in tensors]
     _DERIVED[key] = (refs, stamps, value)
     return value
+
+
+def once_per_version(tag: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """A function of positional arguments made :func:`derived`: its result is kept per version
+    of its tensor arguments and value of the others (which must be hashable), so a call like
+    the last one returns that result without running. For checks: one that raises keeps
+    nothing, and runs again on the next call."""
+
+    def decorate(fn: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(fn)
+        def kept(*args):
+            tensors = tuple(a if isinstance(a, torch.Tensor) else None for a in args)
+            values = tuple(None if isinstance(a, torch.Tensor) else a for a in args)
+            return derived(tag, tensors, values, lambda: fn(*args))
+
+        return kept
+
+    return decorate
 
 
 def _alive(refs: list, tensors: tuple) -> bool:

@@ -16,7 +16,7 @@ from portattn.configs import (
     VALUE_HEAD_DIM_PAIRS,
     interpreter_active,
 )
-from portattn.tensor_memo import derived, forget_derived
+from portattn.tensor_memo import derived, forget_derived, once_per_version
 from portattn.validation_params import (  # noqa: F401 (re-exported: validation's checks)
     FLOAT32_TINY,
     LOG2E,
@@ -340,6 +340,7 @@ def check_varlen_without_values(
     )
 
 
+@once_per_version("varlen_values")
 def check_varlen_values(
     cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q, max_seqlen_k
 ) -> VarlenShape:
@@ -349,18 +350,6 @@ def check_varlen_values(
     at least the longest sequence and within the kernels' bounds. Run once per version of the
     two tensors and these sizes (``tensor_memo.derived``, as :func:`host_values`): the layers
     of a model that share a pack check it at the first (a loop over its sequences)."""
-    sizes = (total_q, total_k, max_seqlen_q, max_seqlen_k)
-    return derived(
-        "varlen_values",
-        (cu_seqlens_q, cu_seqlens_k),
-        sizes,
-        lambda: _varlen_values(cu_seqlens_q, cu_seqlens_k, *sizes),
-    )
-
-
-def _varlen_values(
-    cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q, max_seqlen_k
-) -> VarlenShape:
     values_q = _check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, total_q)
     if cu_seqlens_k is cu_seqlens_q and total_k == total_q:
         values_k = values_q  # one tensor for both: its values are checked, no second host sync
@@ -439,6 +428,7 @@ def check_pages(
             )
 
 
+@once_per_version("paged_values")
 def check_paged_values(
     cu_seqlens_q,
     cu_seqlens_k,
@@ -453,25 +443,6 @@ def check_paged_values(
     each sequence's keys (0 first, non-decreasing), each count within its block-table row's
     capacity, the pages it uses inside the cache; max_seqlen as always. Once per version of
     the three tensors and these sizes (as :func:`check_varlen_values`)."""
-    sizes = (total_q, num_pages, page_size, max_seqlen_q, max_seqlen_k)
-    return derived(
-        "paged_values",
-        (cu_seqlens_q, cu_seqlens_k, block_table),
-        sizes,
-        lambda: _paged_values(cu_seqlens_q, cu_seqlens_k, block_table, *sizes),
-    )
-
-
-def _paged_values(
-    cu_seqlens_q,
-    cu_seqlens_k,
-    block_table,
-    total_q: int,
-    num_pages: int,
-    page_size: int,
-    max_seqlen_q,
-    max_seqlen_k,
-) -> VarlenShape:
     values_q = _check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, total_q)
     values_k = _check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, None)
     counts = [b - a for a, b in zip(values_k, values_k[1:])]
