@@ -269,7 +269,7 @@ def attention(
             f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}"
         )
     layout = dense_layout(q, k, v, options.sinks)
-    cu_seqlens_q, cu_seqlens_k = layout.cu_seqlens(q.device)
+    cu_seqlens_q, cu_seqlens_k = layout.cu_seqlens(q.device, compiling or capturing(q))
     out, lse = run_forward(
         layout.packed(q),
         layout.packed(k),

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from portattn.tensor_memo import ramp
+
 MAX_GRID_HEADS = 65535  # the launch grid's head dim (CUDA's grid y), as validation's Hq limit
 
 
@@ -57,11 +59,16 @@ class DenseLayout:
             x = x.transpose(1, 2).contiguous().transpose(1, 2)  # [B, H, S, D] in memory
         return x.permute(1, 0, 2, 3).reshape(seqlen, batch * heads, dim)
 
-    def cu_seqlens(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """int32 ``cu_seqlens_q``, ``cu_seqlens_k`` of the packed call."""
+    def cu_seqlens(
+        self, device: torch.device, capturing: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """int32 ``cu_seqlens_q``, ``cu_seqlens_k`` of the packed call: kept ramps
+        (``tensor_memo.ramp``), made anew while ``capturing`` (a CUDA graph, or tracing)."""
         sequences = 1 if self.heads else self.batch
-        steps = torch.arange(sequences + 1, dtype=torch.int32, device=device)
-        return steps * self.seqlen_q, steps * self.seqlen_k
+        return (
+            ramp(sequences + 1, self.seqlen_q, device, capturing),
+            ramp(sequences + 1, self.seqlen_k, device, capturing),
+        )
 
     def output(self, out: torch.Tensor, heads_q: int) -> torch.Tensor:
         """The packed output ``[tokens, B * Hq or Hq, Dv]`` as ``[B, Sq, Hq, Dv]`` (a view)."""

@@ -27,7 +27,7 @@ from portattn.forward_entry import run_forward
 from portattn.kernels.buffers import check_row_strides
 from portattn.kvcache_checks import check_append_memory, check_written_slots
 from portattn.options import capturing, check_options, needs_grad
-from portattn.tensor_memo import derived, once_per_version, stream_key
+from portattn.tensor_memo import derived, once_per_version, ramp, stream_key
 from portattn.validation import (
     INT32_MAX,
     DTypeError,
@@ -112,26 +112,6 @@ def _cache_seqlens(cache_seqlens, batch: int, capacity: int, device) -> torch.Te
     return _index_tensor("cache_seqlens", cache_seqlens, batch, device)
 
 
-# Ramps ``0, step, 2 * step, ...`` (int32) by (length, step, device, stream): cu_seqlens_q and
-# the default cache rows are the same few per model, made once in eager mode. They are only
-# ever read. Keyed by stream, a ramp is read only after its own making, in stream order; none is
-# ever dropped (once full, new ones are not kept), so no kernel can read a freed one. While a
-# CUDA graph is captured they are made anew, in the graph's memory.
-_RAMPS: dict[tuple, torch.Tensor] = {}
-_RAMPS_MAX = 256
-
-
-def _ramp(length: int, step: int, device: torch.device, capturing: bool) -> torch.Tensor:
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-    key = (length, step, device, stream)
-    ramp = None if capturing else _RAMPS.get(key)
-    if ramp is None:
-        ramp = torch.arange(length, dtype=torch.int32, device=device) * step
-        if not capturing and len(_RAMPS) < _RAMPS_MAX:
-            _RAMPS[key] = ramp
-    return ramp
-
-
 def _cu_seqlens_k(seqlens: torch.Tensor | int, new: int, batch: int, device, capturing: bool):
     """int32 [B + 1]: 0, then the running sum of each sequence's keys (cache plus new). The
     same for every layer of a decode step: made once per ``cache_seqlens`` version (or int
@@ -142,7 +122,7 @@ def _cu_seqlens_k(seqlens: torch.Tensor | int, new: int, batch: int, device, cap
             "cu_seqlens_k_int",
             (),
             (seqlens, *extra),
-            lambda: _ramp(batch + 1, 1, device, capturing) * (seqlens + new),
+            lambda: ramp(batch + 1, 1, device, capturing) * (seqlens + new),
             use=not capturing,
         )
 
@@ -150,7 +130,7 @@ def _cu_seqlens_k(seqlens: torch.Tensor | int, new: int, batch: int, device, cap
         counts = seqlens + new if new else seqlens
         # int32 sums: the same bits as int64 sums stored to int32 (both wrap mod 2**32)
         total = torch.cumsum(counts, 0, dtype=torch.int32)
-        return torch.cat((_ramp(1, 0, device, capturing), total))  # a leading 0
+        return torch.cat((ramp(1, 0, device, capturing), total))  # a leading 0
 
     return derived("cu_seqlens_k", (seqlens,), extra, make, use=not capturing)
 
@@ -271,10 +251,10 @@ def _append(
         else:
             pos = cache_seqlens.long()[:, None]  # [B, 1]
         if new > 1:
-            pos = pos + _ramp(new, 1, device, capturing)  # [B, S_new]
+            pos = pos + ramp(new, 1, device, capturing)  # [B, S_new]
         if block_table is not None:
             return torch.gather(block_table, 1, pos // page_size), pos % page_size  # int32 pages
-        rows = _ramp(batch, 1, device, capturing) if batch_idx is None else batch_idx
+        rows = ramp(batch, 1, device, capturing) if batch_idx is None else batch_idx
         return rows[:, None], pos
 
     # The slots are the same for every layer of a decode step: made once per version of the
@@ -416,7 +396,7 @@ def flash_attn_with_kvcache(
                     f"k_cache has {k_cache.shape[0]} rows for a batch of {batch}: pass "
                     "cache_batch_idx, or a cache with a row per sequence"
                 )
-            batch_idx = _ramp(batch, 1, q.device, in_graph)
+            batch_idx = ramp(batch, 1, q.device, in_graph)
         else:
             batch_idx = _index_tensor("cache_batch_idx", cache_batch_idx, batch, q.device)
         # A dense cache: one page of S_cache rows per sequence (a view, kept per tensor).
@@ -441,7 +421,7 @@ def flash_attn_with_kvcache(
         rows = None if cache_batch_idx is None else batch_idx
         _append(k_cache, v_cache, k, v, seqlens, block_table, page_size, rows, in_graph)
     cu_seqlens_k = _cu_seqlens_k(seqlens, new, batch, q.device, in_graph)
-    cu_seqlens_q = _ramp(batch + 1, seqlen_q, q.device, in_graph)
+    cu_seqlens_q = ramp(batch + 1, seqlen_q, q.device, in_graph)
     out, lse = run_forward(
         q_rows,
         k_cache,

@@ -102,3 +102,28 @@ def _alive(refs: list, tensors: tuple) -> bool:
 def forget_derived() -> None:
     """Drop every memoized tensor (:func:`derived`): the next calls make them again."""
     _DERIVED.clear()
+
+
+# Ramps ``0, step, 2 * step, ...`` (int32) by (length, step, device, stream): cu_seqlens of
+# equal sequences (dense calls, a decode batch's queries) and the default cache rows are the
+# same few per model, made once in eager mode instead of by two aten ops a call. They are only
+# ever read. Keyed by stream, a ramp is read only after its own making, in stream order; none
+# is ever dropped (once full, new ones are not kept), so no kernel can read a freed one. While
+# a CUDA graph is captured (or torch.compile traces) they are made anew.
+_RAMPS: dict[tuple, torch.Tensor] = {}
+_RAMPS_MAX = 256
+
+
+def ramp(length: int, step: int, device: torch.device, capturing: bool) -> torch.Tensor:
+    """``arange(length) * step`` as int32 on ``device``, kept per stream (read only there,
+    after its making); while a CUDA graph is captured or ``torch.compile`` traces (
+    ``capturing``), made and not kept."""
+    if capturing:  # nothing read from or written to the kept ones (a trace would guard on them)
+        return torch.arange(length, dtype=torch.int32, device=device) * step
+    key = (length, step, device, stream_key(device))
+    kept = _RAMPS.get(key)
+    if kept is None:
+        kept = torch.arange(length, dtype=torch.int32, device=device) * step
+        if len(_RAMPS) < _RAMPS_MAX:
+            _RAMPS[key] = kept
+    return kept
