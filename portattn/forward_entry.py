@@ -15,11 +15,10 @@ import torch
 from portattn.kernels.buffers import lse_scratch
 from portattn.kernels.plan import splits_p
 from portattn.ops import EagerAttention, FwdArgs, fwd_impl, varlen_fwd
-from portattn.options import AttentionOptions, capturing, needs_grad
+from portattn.options import PLAIN_TENSORS, AttentionOptions, capturing, needs_grad
 
 # Off only for tests and measurements: every call then goes through the custom op.
 DIRECT_CALLS = True
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # Parameter: a Tensor with no __torch_function__
 
 
 def direct_call(tensors: tuple, compiling: bool) -> str | None:
@@ -38,7 +37,7 @@ def direct_call(tensors: tuple, compiling: bool) -> str | None:
         return None
     q = tensors[0]
     for t in tensors:
-        if t is not None and type(t) not in _PLAIN:
+        if t is not None and type(t) not in PLAIN_TENSORS:
             return None
     device_type = q.device.type
     if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) != q.dtype:

@@ -129,7 +129,8 @@ def check_options(
 # the checks passes them again, with the same record.
 _CHECKED: dict[tuple, AttentionOptions] = {}
 _CHECKED_MAX = 1024
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+# Tensors with nothing to redispatch to (Parameter: a Tensor with no __torch_function__)
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _KEYED_SCALARS = (bool, int, float, str, type(None))  # not a tensor or an array: they change
 
 
@@ -146,7 +147,7 @@ def _signature(q, k, v, scalars: tuple, token_dims: int, kv_token_dims) -> tuple
     if not all(t in _KEYED_SCALARS for t in types):
         return None
     tensors = (q, k, v)
-    if not all(type(t) in _PLAIN_TENSORS for t in tensors):
+    if not all(type(t) in PLAIN_TENSORS for t in tensors):
         return None
     layout = tuple((type(t), t.shape, t.stride(), t.dtype, t.device) for t in tensors)
     return (layout, types, scalars, token_dims, kv_token_dims, interpreter_active())

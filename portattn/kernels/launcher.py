@@ -59,7 +59,7 @@ class _Template:
     tensors_in_params: Picker
     others_in_params: Picker
     # the signature parameters after the positional ones: their positions among the keywords'
-    # values (None: a default is used, see ``defaults``)
+    # values (None: some take their default, ``tail_defaults``)
     tail: Picker | None
     tail_names: tuple[str, ...]
     tail_defaults: dict[str, Any]

@@ -140,8 +140,7 @@ class VarlenProblem:
         """Whether a visited key tile can hold keys that some of its rows do not see, so that
         the passes need their repair launch (design §3.2): causal with more than one query
         row in a sequence, or a sliding window."""
-        o = self.options
-        return (self.causal and self.max_seqlen_q > 1) or o.window_left >= 0 or o.window_right >= 0
+        return (self.causal and self.max_seqlen_q > 1) or self.options.windowed
 
     @property
     def grid_rows_q(self) -> int:
