@@ -19,15 +19,30 @@ import contextlib
 import numbers
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
 from portattn.configs import resolve_config
+from portattn.families import override_setting
 from portattn.forward_entry import run_forward
 from portattn.kernels.buffers import check_row_strides
-from portattn.kvcache_checks import check_append_memory, check_written_slots
-from portattn.options import capturing, check_options, needs_grad
-from portattn.tensor_memo import derived, once_per_version, ramp, stream_key
+from portattn.kvcache_append import append_rows, cache_cu_seqlens
+from portattn.kvcache_checks import (
+    byte_spans,
+    check_append_memory,
+    check_rows_apart,
+    check_written_slots,
+)
+from portattn.options import (
+    PLAIN_TENSORS,
+    AttentionOptions,
+    capturing,
+    check_options,
+    needs_grad,
+    options_signature,
+)
+from portattn.tensor_memo import derived, once_per_version, ramp
 from portattn.validation import (
     INT32_MAX,
     DTypeError,
@@ -110,29 +125,6 @@ def _cache_seqlens(cache_seqlens, batch: int, capacity: int, device) -> torch.Te
             raise ValueError(f"cache_seqlens must be in [0, {capacity}], got {cache_seqlens}")
         return int(cache_seqlens)
     return _index_tensor("cache_seqlens", cache_seqlens, batch, device)
-
-
-def _cu_seqlens_k(seqlens: torch.Tensor | int, new: int, batch: int, device, capturing: bool):
-    """int32 [B + 1]: 0, then the running sum of each sequence's keys (cache plus new). The
-    same for every layer of a decode step: made once per ``cache_seqlens`` version (or int
-    value), see :mod:`portattn.tensor_memo`."""
-    extra = (new, batch, device, stream_key(device))
-    if isinstance(seqlens, int):  # the step changes from step to step: not a kept ramp
-        return derived(
-            "cu_seqlens_k_int",
-            (),
-            (seqlens, *extra),
-            lambda: ramp(batch + 1, 1, device, capturing) * (seqlens + new),
-            use=not capturing,
-        )
-
-    def make() -> torch.Tensor:
-        counts = seqlens + new if new else seqlens
-        # int32 sums: the same bits as int64 sums stored to int32 (both wrap mod 2**32)
-        total = torch.cumsum(counts, 0, dtype=torch.int32)
-        return torch.cat((ramp(1, 0, device, capturing), total))  # a leading 0
-
-    return derived("cu_seqlens_k", (seqlens,), extra, make, use=not capturing)
 
 
 def _check_new_kv(k, v, q, k_cache, v_cache) -> int:
@@ -229,66 +221,91 @@ def _check_writable(caches: dict[str, torch.Tensor]) -> None:
             )
 
 
-def _append(
-    k_cache, v_cache, k, v, cache_seqlens, block_table, page_size, batch_idx, capturing: bool
-) -> None:
-    """Write the new rows in place at positions ``cache_seqlens[b] + i`` (device ops only;
-    ``cache_seqlens`` a [B] tensor or an int for all; ``batch_idx``: a dense cache's rows,
-    None for rows 0..B-1). Every element is written by one copy
-    (no two writes to one slot, checked before), so the few index ops here give the bytes of
-    any other way of writing them."""
-    batch, new = k.shape[:2]
-    caches = ((k_cache, k), (v_cache, v))
-    memo = not (capturing or torch.compiler.is_compiling())
-    if isinstance(cache_seqlens, int) and not memo:  # slices: no index tensors to make
-        _append_at(caches, cache_seqlens, new, block_table, page_size, batch_idx, batch)
-        return
-    device = k.device
+@dataclass(frozen=True)
+class _CheckedCall:
+    """What the checks of a call's layouts and options found (:func:`_check_call`), kept per
+    call signature (:func:`_call_signature`): the layers of a decode step, and the steps after,
+    are checked once. ``cache_spans``: the caches' byte ranges, which the new rows' memory (it
+    moves from call to call) is checked against on every call."""
 
-    def make() -> tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(cache_seqlens, int):
-            pos = torch.full((batch, 1), cache_seqlens, dtype=torch.int64, device=device)
-        else:
-            pos = cache_seqlens.long()[:, None]  # [B, 1]
-        if new > 1:
-            pos = pos + ramp(new, 1, device, capturing)  # [B, S_new]
-        if block_table is not None:
-            return torch.gather(block_table, 1, pos // page_size), pos % page_size  # int32 pages
-        rows = ramp(batch, 1, device, capturing) if batch_idx is None else batch_idx
-        return rows[:, None], pos
+    options: AttentionOptions
+    new: int  # S_new, the rows appended (0: none)
+    page_size: int
+    capacity: int  # the keys a sequence's cache holds
+    cache_spans: tuple[tuple[int, int], ...]
 
-    # The slots are the same for every layer of a decode step: made once per version of the
-    # index tensors (an int cache_seqlens: once per value), see portattn.tensor_memo.
-    if isinstance(cache_seqlens, int):
-        tensors, extra = (block_table, batch_idx), (cache_seqlens,)
+
+_CHECKED_CALLS: dict[tuple, _CheckedCall] = {}
+_CHECKED_CALLS_MAX = 1024
+
+
+def _call_signature(tensors: tuple, no_batch_idx: bool, scalars: tuple) -> tuple | None:
+    """What :func:`_check_call` reads, or None where it is not kept (the checks then run):
+    :func:`check_options`' signature, the new rows' and the block table's layouts (not their
+    addresses), the grad and inference states, the caches' addresses (an append must not write
+    one through the other) and the family override (the configuration lookup)."""
+    q, k_cache, v_cache, k, v, block_table = tensors
+    base = options_signature(q, k_cache, v_cache, scalars, 2, None)
+    if base is None:
+        return None
+    layouts = []
+    for t in (k, v, block_table):
+        if t is not None and type(t) not in PLAIN_TENSORS:
+            return None
+        if t is not None:
+            t = (type(t), t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
+        layouts.append(t)
+    grad = (torch.is_grad_enabled(), q.requires_grad, k_cache.requires_grad, v_cache.requires_grad)
+    inference = (torch.is_inference_mode_enabled(), k_cache.is_inference(), v_cache.is_inference())
+    caches = (k_cache.data_ptr(), v_cache.data_ptr())
+    return (base, *layouts, no_batch_idx, grad, inference, caches, override_setting())
+
+
+def _check_call(tensors: tuple, cache_batch_idx, scalars: tuple, compiling: bool) -> _CheckedCall:
+    """The checks of everything but the index tensors' values (:func:`_check_values`), in
+    order; all of them run before anything is written."""
+    q, k_cache, v_cache, k, v, block_table = tensors
+    causal, softmax_scale, return_lse, kernel, window_size, softcap = scalars
+    with _named_as_here():
+        options = check_options(
+            q,
+            k_cache,
+            v_cache,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            return_lse=return_lse,
+            kernel=kernel,
+            window_size=window_size,
+            softcap=softcap,
+            token_dims=2,
+            compiling=compiling,
+        )
+    if needs_grad(q, k_cache, v_cache, *(x for x in (k, v) if isinstance(x, torch.Tensor))):
+        raise ValueError(
+            "flash_attn_with_kvcache is inference-only: its tensors must not require grad "
+            "(use torch.no_grad(), or detach them)"
+        )
+    batch, seqlen_q, n_heads_q, head_dim = q.shape
+    new = _check_new_kv(k, v, q, k_cache, v_cache)
+    if new:  # from the layouts alone: checked while a CUDA graph is captured too
+        check_append_memory({"k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v})
+    if block_table is not None:
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx applies to dense caches, not with a block_table")
+        with _named_as_here():
+            page_size = check_block_table_meta(block_table, k_cache, batch, q.device)
+        capacity = block_table.shape[1] * page_size
     else:
-        tensors, extra = (cache_seqlens, block_table, batch_idx), ()
-    extra = (*extra, new, page_size, batch, device, stream_key(device))
-    rows, slots = derived("append_slots", tensors, extra, make, use=memo)
-    for cache, x in caches:
-        cache.index_put_((rows, slots), x)
-
-
-def _append_at(caches, start: int, new: int, block_table, page_size: int, batch_idx, batch):
-    """The append at one position ``start`` for every sequence (an int ``cache_seqlens``)
-    while a CUDA graph is captured or torch.compile traces: slices of the caches, one index op
-    per cache and page column written (one per decode step), a plain copy for a dense cache
-    with a row per sequence."""
-    if block_table is None:
-        for cache, x in caches:
-            window = cache[:, start : start + new]
-            if batch_idx is None:  # rows 0..B-1
-                window[:batch].copy_(x)
-            else:
-                window.index_put_((batch_idx,), x)
-        return
-    for col in range(start // page_size, (start + new - 1) // page_size + 1):
-        lo, hi = max(start, col * page_size), min(start + new, (col + 1) * page_size)
-        pages = block_table[:, col]  # [B] int32
-        for cache, x in caches:
-            window = cache[:, lo - col * page_size : hi - col * page_size]
-            part = x if hi - lo == new else x[:, lo - start : hi - start]
-            window.index_put_((pages,), part)
+        page_size = capacity = k_cache.shape[1]
+        if cache_batch_idx is None and k_cache.shape[0] < batch:
+            raise ValueError(
+                f"k_cache has {k_cache.shape[0]} rows for a batch of {batch}: pass "
+                "cache_batch_idx, or a cache with a row per sequence"
+            )
+    _check_launchable(q.reshape(batch * seqlen_q, n_heads_q, head_dim), k_cache, v_cache, kernel)
+    if new:
+        _check_writable({"k_cache": k_cache, "v_cache": v_cache})
+    return _CheckedCall(options, new, page_size, capacity, byte_spans((k_cache, v_cache)))
 
 
 def flash_attn_with_kvcache(
@@ -356,46 +373,27 @@ def flash_attn_with_kvcache(
     _check_features(rotary_cos, rotary_sin, cache_leftpad, alibi_slopes, num_splits)
     check_bool("rotary_interleaved", rotary_interleaved)
     compiling = torch.compiler.is_compiling()  # in this frame: see check_options
-    with _named_as_here():
-        options = check_options(
-            q,
-            k_cache,
-            v_cache,
-            causal=causal,
-            softmax_scale=softmax_scale,
-            return_lse=return_softmax_lse,
-            kernel=kernel,
-            window_size=window_size,
-            softcap=softcap,
-            token_dims=2,
-            compiling=compiling,
-        )
+    scalars = (causal, softmax_scale, return_softmax_lse, kernel, window_size, softcap)
+    tensors = (q, k_cache, v_cache, k, v, block_table)
+    key = None if compiling else _call_signature(tensors, cache_batch_idx is None, scalars)
+    call = _CHECKED_CALLS.get(key)  # None is never a key: a call without one is checked
+    if call is None:
+        call = _check_call(tensors, cache_batch_idx, scalars, compiling)
+        if key is not None:
+            if len(_CHECKED_CALLS) >= _CHECKED_CALLS_MAX:
+                _CHECKED_CALLS.clear()
+            _CHECKED_CALLS[key] = call
+    elif call.new:  # the new rows' memory, which moves from call to call
+        appended = {"k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v}
+        check_rows_apart(call.cache_spans, appended)
+    options, new, page_size, capacity = call.options, call.new, call.page_size, call.capacity
     return_lse = bool(return_softmax_lse)
-    if needs_grad(q, k_cache, v_cache, *(x for x in (k, v) if isinstance(x, torch.Tensor))):
-        raise ValueError(
-            "flash_attn_with_kvcache is inference-only: its tensors must not require grad "
-            "(use torch.no_grad(), or detach them)"
-        )
     batch, seqlen_q, n_heads_q, head_dim = q.shape
     in_graph = capturing(q)
-    new = _check_new_kv(k, v, q, k_cache, v_cache)
-    if new:  # from the layouts alone: checked while a CUDA graph is captured too
-        check_append_memory({"k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v})
     if block_table is not None:
-        if cache_batch_idx is not None:
-            raise ValueError("cache_batch_idx applies to dense caches, not with a block_table")
-        with _named_as_here():
-            page_size = check_block_table_meta(block_table, k_cache, batch, q.device)
-        capacity = block_table.shape[1] * page_size
         table, batch_idx = block_table, None
     else:
-        page_size, capacity = k_cache.shape[1], k_cache.shape[1]
         if cache_batch_idx is None:
-            if k_cache.shape[0] < batch:
-                raise ValueError(
-                    f"k_cache has {k_cache.shape[0]} rows for a batch of {batch}: pass "
-                    "cache_batch_idx, or a cache with a row per sequence"
-                )
             batch_idx = ramp(batch, 1, q.device, in_graph)
         else:
             batch_idx = _index_tensor("cache_batch_idx", cache_batch_idx, batch, q.device)
@@ -415,12 +413,10 @@ def flash_attn_with_kvcache(
             k_cache.shape[0],
         )
     q_rows = q.reshape(batch * seqlen_q, n_heads_q, head_dim)
-    _check_launchable(q_rows, k_cache, v_cache, kernel)
     if new:
-        _check_writable({"k_cache": k_cache, "v_cache": v_cache})
         rows = None if cache_batch_idx is None else batch_idx
-        _append(k_cache, v_cache, k, v, seqlens, block_table, page_size, rows, in_graph)
-    cu_seqlens_k = _cu_seqlens_k(seqlens, new, batch, q.device, in_graph)
+        append_rows(k_cache, v_cache, k, v, seqlens, block_table, page_size, rows, in_graph)
+    cu_seqlens_k = cache_cu_seqlens(seqlens, new, batch, q.device, in_graph)
     cu_seqlens_q = ramp(batch + 1, seqlen_q, q.device, in_graph)
     out, lse = run_forward(
         q_rows,

@@ -70,6 +70,24 @@ def check_append_memory(tensors: dict[str, torch.Tensor]) -> None:
                 )
 
 
+def byte_spans(tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[int, int], ...]:
+    """Each tensor's [first, last + 1) byte addresses."""
+    return tuple(_byte_range(x) for x in tensors)
+
+
+def check_rows_apart(cache_spans: tuple[tuple[int, int], ...], tensors: dict[str, torch.Tensor]):
+    """:func:`check_append_memory` of ``tensors`` (the caches, then the new rows) whose caches
+    passed it with these layouts before (their byte ranges ``cache_spans``, :func:`byte_spans`),
+    where only the new rows' memory is new: the address ranges alone when the rows lie apart
+    from the caches (the common case), else the whole check."""
+    for x in list(tensors.values())[2:]:
+        x0, x1 = _byte_range(x)
+        for c0, c1 in cache_spans:
+            if not (c1 <= x0 or x1 <= c0):
+                check_append_memory(tensors)
+                return
+
+
 def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether some byte of an element of ``a`` is a byte of an element of ``b`` (from their
     layouts, no device work). Exact for two tensors of one element size (the search gives up

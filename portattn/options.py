@@ -114,7 +114,7 @@ def check_options(
     scalars = (causal, softmax_scale, return_lse, kernel, window_size, softcap)
     if compiling or sinks is not None:  # traced: Dynamo would guard on the kept records
         return _check(q, k, v, scalars, sinks, token_dims, kv_token_dims, compiling)
-    key = _signature(q, k, v, scalars, token_dims, kv_token_dims)
+    key = options_signature(q, k, v, scalars, token_dims, kv_token_dims)
     options = _CHECKED.get(key)  # None is never a key: a call without one is checked
     if options is None:
         options = _check(q, k, v, scalars, sinks, token_dims, kv_token_dims, compiling)
@@ -134,11 +134,12 @@ PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _KEYED_SCALARS = (bool, int, float, str, type(None))  # not a tensor or an array: they change
 
 
-def _signature(q, k, v, scalars: tuple, token_dims: int, kv_token_dims) -> tuple | None:
+def options_signature(q, k, v, scalars: tuple, token_dims: int, kv_token_dims) -> tuple | None:
     """What the checks of :func:`check_options` read when there are no sinks, or None for an
-    argument of a kind it does not hold (the checks then run): each tensor's type, shape,
-    strides, dtype and device; each scalar's (the window's two sides) type and value; the
-    interpreter setting."""
+    argument of a kind it does not hold (the checks then run; ``scalars``: its arguments
+    causal, softmax_scale, return_lse, kernel, window_size, softcap, in this order): each
+    tensor's type, shape, strides, dtype and device; each scalar's (the window's two sides)
+    type and value; the interpreter setting."""
     window_size = scalars[4]
     if type(window_size) is not tuple:
         return None

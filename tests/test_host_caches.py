@@ -369,3 +369,57 @@ def test_kept_varlen_value_checks_follow_in_place_writes(paged):
         cu[1] = 17  # 0, 17, 16
         with pytest.raises(ValueError, match="non-decreasing"):
             portattn.varlen_attention(q, k, k, cu, cu_k, 11, 11, **kv)
+
+
+def test_kvcache_checks_kept_per_call_signature(monkeypatch):
+    """``flash_attn_with_kvcache`` checks a call's layouts and options once per signature
+    (kvcache._CHECKED_CALLS): new rows at new addresses, as each decode step brings, are not
+    checked again but for their memory; a change the checks read is checked, and still
+    raises before anything is written; the kept records hold no tensor."""
+    import gc
+    import weakref
+
+    from portattn import kvcache
+
+    checked = []
+    real = kvcache._check_call
+    monkeypatch.setattr(kvcache, "_check_call", lambda *a: checked.append(1) or real(*a))
+    kvcache._CHECKED_CALLS.clear()
+    n_pages = 4
+    # The caches are views of one buffer, whose tail is not cache: rows placed there, or on
+    # a cache, have the layout of rows of their own.
+    cache_elems = n_pages * PAGE * HKV * D
+    buffer = seeded_tensor(2 * cache_elems + 2 * HKV * D, seed=5)
+    k_cache = buffer[:cache_elems].view(n_pages, PAGE, HKV, D)
+    v_cache = buffer[cache_elems : 2 * cache_elems].view(n_pages, PAGE, HKV, D)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([3, 20], dtype=torch.int32, device=DEVICE)
+    q = seeded_tensor(2, 1, HQ, D, seed=1)
+
+    def call(new_k, new_v, q=q):
+        return portattn.flash_attn_with_kvcache(
+            q, k_cache, v_cache, new_k, new_v, cache_seqlens=lens, block_table=table
+        )
+
+    with torch.no_grad():
+        for step in range(3):  # fresh rows each step: one check of the signature
+            call(seeded_tensor(2, 1, HKV, D, seed=step), seeded_tensor(2, 1, HKV, D, seed=9))
+        assert len(checked) == 1
+        tail = buffer[2 * cache_elems :].view(2, 1, HKV, D)  # apart from the caches
+        call(tail, seeded_tensor(2, 1, HKV, D))
+        assert len(checked) == 1
+        before = buffer.clone()
+        for where in (0, cache_elems + HKV * D):  # rows of one layout, on k_cache / v_cache
+            on_cache = buffer[where : where + 2 * HKV * D].view(2, 1, HKV, D)
+            with pytest.raises(ValueError, match="share memory"):
+                call(on_cache, seeded_tensor(2, 1, HKV, D))
+            assert torch.equal(buffer, before)  # nothing written
+        assert len(checked) == 1  # the layout was kept; its memory was checked
+    q_grad = q.clone().requires_grad_()
+    with pytest.raises(ValueError, match="inference-only"):
+        call(seeded_tensor(2, 1, HKV, D), seeded_tensor(2, 1, HKV, D), q=q_grad)
+    assert len(checked) == 2 and torch.equal(buffer, before)
+    alive = weakref.ref(buffer)
+    del buffer, k_cache, v_cache, tail, on_cache, before
+    gc.collect()
+    assert alive() is None  # the kept records hold no tensor

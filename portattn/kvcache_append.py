@@ -1,0 +1,97 @@
+"""The device work of ``flash_attn_with_kvcache`` (:mod:`portattn.kvcache`) around its
+attention: the in-place append of the new keys and values (:func:`append_rows`) and the key
+offsets of the sequences (:func:`cu_seqlens_k`). Index tensors that are the same for every layer
+of a decode step are made once per version of what they come from (:mod:`portattn.tensor_memo`);
+while a CUDA graph is captured or torch.compile traces, they are made anew (or not at all).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from portattn.tensor_memo import derived, ramp, stream_key
+
+
+def cache_cu_seqlens(seqlens: torch.Tensor | int, new: int, batch: int, device, capturing: bool):
+    """int32 [B + 1]: 0, then the running sum of each sequence's keys (cache plus new). The
+    same for every layer of a decode step: made once per ``cache_seqlens`` version (or int
+    value), see :mod:`portattn.tensor_memo`."""
+    extra = (new, batch, device, stream_key(device))
+    if isinstance(seqlens, int):  # the step changes from step to step: not a kept ramp
+        return derived(
+            "cu_seqlens_k_int",
+            (),
+            (seqlens, *extra),
+            lambda: ramp(batch + 1, 1, device, capturing) * (seqlens + new),
+            use=not capturing,
+        )
+
+    def make() -> torch.Tensor:
+        counts = seqlens + new if new else seqlens
+        # int32 sums: the same bits as int64 sums stored to int32 (both wrap mod 2**32)
+        total = torch.cumsum(counts, 0, dtype=torch.int32)
+        return torch.cat((ramp(1, 0, device, capturing), total))  # a leading 0
+
+    return derived("cu_seqlens_k", (seqlens,), extra, make, use=not capturing)
+
+
+def append_rows(
+    k_cache, v_cache, k, v, cache_seqlens, block_table, page_size, batch_idx, capturing: bool
+) -> None:
+    """Write the new rows in place at positions ``cache_seqlens[b] + i`` (device ops only;
+    ``cache_seqlens`` a [B] tensor or an int for all; ``batch_idx``: a dense cache's rows,
+    None for rows 0..B-1). Every element is written by one copy
+    (no two writes to one slot, checked before), so the few index ops here give the bytes of
+    any other way of writing them."""
+    batch, new = k.shape[:2]
+    caches = ((k_cache, k), (v_cache, v))
+    memo = not (capturing or torch.compiler.is_compiling())
+    if isinstance(cache_seqlens, int) and not memo:  # slices: no index tensors to make
+        append_at(caches, cache_seqlens, new, block_table, page_size, batch_idx, batch)
+        return
+    device = k.device
+
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(cache_seqlens, int):
+            pos = torch.full((batch, 1), cache_seqlens, dtype=torch.int64, device=device)
+        else:
+            pos = cache_seqlens.long()[:, None]  # [B, 1]
+        if new > 1:
+            pos = pos + ramp(new, 1, device, capturing)  # [B, S_new]
+        if block_table is not None:
+            return torch.gather(block_table, 1, pos // page_size), pos % page_size  # int32 pages
+        rows = ramp(batch, 1, device, capturing) if batch_idx is None else batch_idx
+        return rows[:, None], pos
+
+    # The slots are the same for every layer of a decode step: made once per version of the
+    # index tensors (an int cache_seqlens: once per value), see portattn.tensor_memo.
+    if isinstance(cache_seqlens, int):
+        tensors, extra = (block_table, batch_idx), (cache_seqlens,)
+    else:
+        tensors, extra = (cache_seqlens, block_table, batch_idx), ()
+    extra = (*extra, new, page_size, batch, device, stream_key(device))
+    rows, slots = derived("append_slots", tensors, extra, make, use=memo)
+    for cache, x in caches:
+        cache.index_put_((rows, slots), x)
+
+
+def append_at(caches, start: int, new: int, block_table, page_size: int, batch_idx, batch):
+    """The append at one position ``start`` for every sequence (an int ``cache_seqlens``)
+    while a CUDA graph is captured or torch.compile traces: slices of the caches, one index op
+    per cache and page column written (one per decode step), a plain copy for a dense cache
+    with a row per sequence."""
+    if block_table is None:
+        for cache, x in caches:
+            window = cache[:, start : start + new]
+            if batch_idx is None:  # rows 0..B-1
+                window[:batch].copy_(x)
+            else:
+                window.index_put_((batch_idx,), x)
+        return
+    for col in range(start // page_size, (start + new - 1) // page_size + 1):
+        lo, hi = max(start, col * page_size), min(start + new, (col + 1) * page_size)
+        pages = block_table[:, col]  # [B] int32
+        for cache, x in caches:
+            window = cache[:, lo - col * page_size : hi - col * page_size]
+            part = x if hi - lo == new else x[:, lo - start : hi - start]
+            window.index_put_((pages,), part)
