@@ -92,7 +92,13 @@ def _options(args: NamedTuple) -> AttentionOptions:
 
 def _option_args(options: AttentionOptions, fields: tuple[str, ...]) -> dict:
     """The options record as an op's keyword arguments (the fields its schema has)."""
-    return {name: getattr(options, name) for name in OPTION_FIELDS if name in fields}
+    names = _OPTION_ARGS.get(fields)
+    if names is None:
+        names = _OPTION_ARGS[fields] = tuple(n for n in OPTION_FIELDS if n in fields)
+    return {name: getattr(options, name) for name in names}
+
+
+_OPTION_ARGS: dict[tuple[str, ...], tuple[str, ...]] = {}  # an op's fields -> its option fields
 
 
 class FwdArgs(NamedTuple):

@@ -272,9 +272,14 @@ def run_launches(
     """Launch in order. ``before_launch``: checks that need a host copy (they may raise), run
     right before the first launch, or at the end when nothing is launched."""
     override = _override_arch(device)
+    tma = any(launch.tma for launch in launches)
+    if before_launch is None and not tma and override is None:  # a decode step: no set-up
+        for launch in launches:
+            launch_kernel(launch)
+        return
     checks = contextlib.nullcontext() if before_launch is None else checks_at_launch(before_launch)
     # One descriptor allocator for the sequence: Triton asks it only for kernels with scratch.
-    with checks, descriptor_scratch(device, any(launch.tma for launch in launches)):
+    with checks, descriptor_scratch(device, tma):
         for launch in launches:
             if override is None:
                 launch_kernel(launch)  # kernel[grid](*args, **params), with less host work
