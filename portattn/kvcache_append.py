@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from portattn.kernels.append import plan_append
+from portattn.kernels.plan import run_launches
 from portattn.tensor_memo import derived, ramp, stream_key
+
+# Off only for measurements and tests: the eager append then runs as two aten index_put_ (its
+# index tensors kept per version of cache_seqlens), as under torch.compile.
+APPEND_KERNEL = True
 
 
 def cache_cu_seqlens(seqlens: torch.Tensor | int, new: int, batch: int, device, capturing: bool):
@@ -38,14 +44,21 @@ def cache_cu_seqlens(seqlens: torch.Tensor | int, new: int, batch: int, device, 
 def append_rows(
     k_cache, v_cache, k, v, cache_seqlens, block_table, page_size, batch_idx, capturing: bool
 ) -> None:
-    """Write the new rows in place at positions ``cache_seqlens[b] + i`` (device ops only;
+    """Write the new rows in place at positions ``cache_seqlens[b] + i`` (device work only;
     ``cache_seqlens`` a [B] tensor or an int for all; ``batch_idx``: a dense cache's rows,
-    None for rows 0..B-1). Every element is written by one copy
-    (no two writes to one slot, checked before), so the few index ops here give the bytes of
-    any other way of writing them."""
+    None for rows 0..B-1): the append kernel (``kernels/append.py``), or the aten index ops
+    under torch.compile. Every element is written by one copy (no two writes to one slot,
+    checked before), so either gives the bytes of any other way of writing them."""
+    compiling = torch.compiler.is_compiling()
+    if APPEND_KERNEL and not compiling:  # one launch for k and v, eager and captured alike
+        launch = plan_append(k_cache, v_cache, k, v, cache_seqlens, block_table, batch_idx)
+        if launch is not None:
+            run_launches((launch,), k.device)
+        return
+    # torch.compile traces the aten ops below (it would break the graph at the launcher)
     batch, new = k.shape[:2]
     caches = ((k_cache, k), (v_cache, v))
-    memo = not (capturing or torch.compiler.is_compiling())
+    memo = not (capturing or compiling)
     if isinstance(cache_seqlens, int) and not memo:  # slices: no index tensors to make
         append_at(caches, cache_seqlens, new, block_table, page_size, batch_idx, batch)
         return

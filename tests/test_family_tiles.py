@@ -48,7 +48,7 @@ from portattn.configs import INTERPRETER, SUPPORTED_HEAD_DIMS, KernelConfig, Til
 from portattn.families import FAMILIES
 from portattn.kernels import backward, forward
 from portattn.tools import harness
-from portattn.tools.compile_launches import WS_KERNELS, _bind, table_mismatches
+from portattn.tools.compile_launches import WS_KERNELS, bind_launch, table_mismatches
 
 pytestmark = [
     pytest.mark.skipif(HAS_GPU, reason="interpreter runs; a GPU runs its own family"),
@@ -199,7 +199,7 @@ def _check_launches(launches, cfg: KernelConfig, expected: set[str]) -> None:
     and the stages run are ``expected``."""
     assert {launch.stage for launch in launches} == expected
     for planned in launches:
-        launch = _bind(planned.stage, planned.kernel, planned.args, planned.params)
+        launch = bind_launch(planned.stage, planned.kernel, planned.args, planned.params)
         assert table_mismatches(launch, cfg) == [], planned.stage
         assert planned.kernel.__name__ not in WS_KERNELS  # no Gluon on the interpreter
 

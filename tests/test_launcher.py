@@ -199,7 +199,7 @@ def test_real_launches_bind_as_triton(entry, monkeypatch):
         planned.append((fn, args, params))
         return SimpleNamespace(stage=stage)
 
-    monkeypatch.setattr(compile_launches, "_bind", capture)
+    monkeypatch.setattr(compile_launches, "bind_launch", capture)
     compile_launches.record_launches(entry)
     assert len(planned) >= 5
     for fn, args, params in planned:

@@ -112,7 +112,7 @@ def compiler_env() -> dict[str, str]:
     return env
 
 
-def _bind(stage: str, fn: Any, args: tuple, params: dict) -> Launch:
+def bind_launch(stage: str, fn: Any, args: tuple, params: dict) -> Launch:
     """Split a planned launch's parameters into bound kernel arguments and launch options."""
     kernel_params = {k: v for k, v in params.items() if k in fn.arg_names}
     options = {k: v for k, v in params.items() if k not in fn.arg_names}
@@ -151,7 +151,7 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
         decode = _plan_paged_decode(entry, cfg, q, k, v, scale)
     launches: dict[str, tuple[Launch, ...]] = {}
     for planned in (*fwd.launches, *bwd.launches, *decode.launches):
-        launch = _bind(planned.stage, planned.kernel, planned.args, planned.params)
+        launch = bind_launch(planned.stage, planned.kernel, planned.args, planned.params)
         launches[launch.stage] = (*launches.get(launch.stage, ()), launch)
     missing = set(STAGES) - set(launches)
     if missing:
