@@ -24,6 +24,7 @@ a warm call waits for the GPU (``torch.cuda.set_sync_debug_mode("error")``), and
 replay of the same call (CUDA events around ``--n`` replays).
 
 Usage: python benchmarks/host_overhead.py [--gpu] [--n 2000] [--profile] [--cases a,b]
+[--aten-append]
 """
 
 from __future__ import annotations
@@ -227,7 +228,13 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile top 25 per case")
     parser.add_argument("--sort", default="cumulative", help="cProfile order (e.g. tottime)")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
+    help_aten = "append with aten index_put_ (kvcache_append.APPEND_KERNEL off), for an A/B"
+    parser.add_argument("--aten-append", action="store_true", help=help_aten)
     args = parser.parse_args()
+    if args.aten_append:
+        from portattn import kvcache_append
+
+        kvcache_append.APPEND_KERNEL = False
     cases = [c for c in args.cases.split(",") if c]
     unknown = sorted(set(cases) - set(CASES))
     if unknown:

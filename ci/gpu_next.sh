@@ -4,9 +4,14 @@
 # tests (63 + 257 + 550 passed), golden verify sm90 30/30, the repair passes' cost, the d64
 # tune rounds (no variant beat the table), portattn vs FA4 on the 12 bench workloads, and
 # host_overhead (varlen no-grad 339 µs per eager call on the H200 host, 70 µs with the
-# launches stubbed on a CPU). What is left:
-#   1. bash ci/gpu_next.sh 1   # kernels.launcher (landed after this session's GPU time):
-#                              # its GPU test, launch_overhead.py (public call with and
+# launches stubbed on a CPU). Session 26 had no device time (a CI retry): it landed the
+# kvcache checks per call signature and the append kernel (perf-notes row 74), CPU-tested
+# only. What is left:
+#   1. bash ci/gpu_next.sh 1   # kernels.launcher and the append kernel (landed without GPU
+#                              # time): their GPU tests with kvcache, host caches, CUDA
+#                              # graphs and rollout; host_overhead with the append kernel
+#                              # and with aten index_put_ (--aten-append), every case;
+#                              # launch_overhead.py (public call with and
 #                              # without it, bits; JIT launch vs binder vs compiled launcher
 #                              # per launch), host_overhead --profile, and the repair
 #                              # passes' cost on the skewed 16k pack, eager and replayed,
@@ -25,14 +30,21 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 if [ "$PART" = 1 ]; then
-  step launcher 100 python3 -m pytest tests/test_launcher.py tests/test_cuda_graphs.py -v \
+  step launcher 150 python3 -m pytest tests/test_launcher.py tests/test_cuda_graphs.py \
+    tests/test_append.py tests/test_kvcache.py tests/test_host_caches.py tests/test_rollout_gpu.py \
+    -n 8 -v \
     -p no:cacheprovider -W ignore::DeprecationWarning -rfE
   grep -E "FAILED|ERROR|passed|failed" "$OUT/launcher.log" | grep -v PASSED | tail -n 8
   step launch 120 python3 benchmarks/launch_overhead.py --n 2000
   grep -E "^\|" "$OUT/launch.log"
   step host 100 python3 benchmarks/host_overhead.py --gpu --n 1000 --profile --sort tottime \
-    --cases varlen_nograd,paged_append_i
+    --cases varlen_nograd,paged_append_t,paged_append_i
   grep -E "^\|" "$OUT/host.log"
+  step host_aten 60 python3 benchmarks/host_overhead.py --gpu --n 1000 --aten-append \
+    --cases paged_append_t,paged_append_i,paged_append_step
+  grep -E "^\|" "$OUT/host_aten.log"
+  step host_all 90 python3 benchmarks/host_overhead.py --gpu --n 1000
+  grep -E "^\|" "$OUT/host_all.log"
   step repair 150 python3 ci/bench_repair.py --tokens skewed16k --head-dims 64,128 --passes 2
   grep -E "^\|" "$OUT/repair.log"
 elif [ "$PART" = 2 ]; then
