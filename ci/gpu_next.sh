@@ -22,9 +22,12 @@
 #                              # 36 item 1); run() with carry [".fa4"]                (~9 min)
 #   4. bash ci/gpu_next.sh 4   # docs/bench-decode-h200.* re-recorded with the FA4 peers
 #                              # (issue 37 item 4); run() with carry [".fa4"]       (~8 min)
+#   5. bash ci/gpu_next.sh 5   # issue 37 item 2: the paged decode against the packed one,
+#                              # pages 16/64/256, bits and graph TB/s, then Nsight Compute
+#                              # of both at B64 (speed of light, warp stalls)       (~5 min)
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|5}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -66,5 +69,13 @@ elif [ "$PART" = 4 ]; then
   step decode 540 python3 benchmarks/bench.py --decode --json "$OUT/bench-decode-h200.json" \
     --markdown "$OUT/bench-decode-h200.md"
   grep -E "^\|" "$OUT/decode.log" | head -n 30
+elif [ "$PART" = 5 ]; then
+  step paged 150 python3 ci/decode_paged_ab.py
+  grep -E "^\|" "$OUT/paged.log"
+  step paged_ncu 240 ncu --clock-control none --kernel-name regex:attn_decode_kernel -c 12 \
+    --section SpeedOfLight --section WarpStateStats --section Occupancy \
+    --section MemoryWorkloadAnalysis python3 ci/decode_paged_ab.py --ncu --workloads "decode B64"
+  grep -E "attn_decode_kernel|Duration|DRAM Throughput|Memory Throughput|Stall|Achieved Occ" \
+    "$OUT/paged_ncu.log" | head -n 60
 fi
 printf '%s\n' "${summary[@]}"
