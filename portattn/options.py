@@ -131,7 +131,8 @@ _CHECKED: dict[tuple, AttentionOptions] = {}
 _CHECKED_MAX = 1024
 # Tensors with nothing to redispatch to (Parameter: a Tensor with no __torch_function__)
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
-_KEYED_SCALARS = (bool, int, float, str, type(None))  # not a tensor or an array: they change
+_PLAIN_TYPES = frozenset(PLAIN_TENSORS)
+_KEYED_SCALARS = frozenset((bool, int, float, str, type(None)))  # not tensors or arrays
 
 
 def options_signature(q, k, v, scalars: tuple, token_dims: int, kv_token_dims) -> tuple | None:
@@ -145,12 +146,15 @@ def options_signature(q, k, v, scalars: tuple, token_dims: int, kv_token_dims) -
         return None
     scalars = scalars[:4] + scalars[5:] + window_size
     types = tuple(map(type, scalars))
-    if not all(t in _KEYED_SCALARS for t in types):
+    if not _KEYED_SCALARS.issuperset(types):
         return None
-    tensors = (q, k, v)
-    if not all(type(t) in PLAIN_TENSORS for t in tensors):
+    if not _PLAIN_TYPES.issuperset((type(q), type(k), type(v))):
         return None
-    layout = tuple((type(t), t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+    layout = (
+        (type(q), q.shape, q.stride(), q.dtype, q.device),
+        (type(k), k.shape, k.stride(), k.dtype, k.device),
+        (type(v), v.shape, v.stride(), v.dtype, v.device),
+    )
     return (layout, types, scalars, token_dims, kv_token_dims, interpreter_active())
 
 
