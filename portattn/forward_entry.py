@@ -96,7 +96,7 @@ def run_forward(
         out, lse, _ = varlen_fwd(*args)
         return out, lse
     if path == "autograd":
-        out, lse, _ = EagerAttention.apply(*args)
+        out, lse, _ = EagerAttention.apply(options, *args)
         return out, lse
     # With no autograd here, nothing but the caller could read the lse.
     scratch = None if lse_needed or capturing(q) else lse_scratch(q.shape[0], q.shape[1], q.device)

@@ -303,7 +303,9 @@ def _varlen_bwd_fake(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return dq, dk, dv
 
 
-def _fwd_setup_context(ctx, inputs, output) -> None:
+def _fwd_setup_context(ctx, inputs, output, options: AttentionOptions | None = None) -> None:
+    """The op's autograd context (``options``: the record ``inputs`` were bound from, else
+    rebuilt from them)."""
     args = FwdArgs(*inputs)
     out, lse, out32 = output
     if out32 is not None:  # EagerAttention's is None where the op's is a placeholder
@@ -315,7 +317,9 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
         args.q, args.k, args.v, o_for_delta, lse, args.cu_seqlens_q, args.cu_seqlens_k, args.sinks
     )
     ctx.max_seqlen_q, ctx.max_seqlen_k = args.max_seqlen_q, args.max_seqlen_k
-    ctx.options = _options(args._replace(sinks=None))  # the sinks: a saved tensor
+    if options is None or options.sinks is not None:  # the sinks: a saved tensor
+        options = _options(args._replace(sinks=None))
+    ctx.options = options
     ctx.missing_o32 = splits_p(args.kernel) and not args.store_o32
     ctx.paged = args.block_table is not None
 
@@ -324,9 +328,10 @@ def _fwd_backward(ctx, dout, dlse, _dout32):
     return _gradients(ctx, dout, dlse, varlen_bwd)
 
 
-def _gradients(ctx, dout, dlse, run_bwd):
+def _gradients(ctx, dout, dlse, run_bwd, needs: FwdArgs | None = None):
     """The gradient of every forward input (``FwdArgs`` order, None where not needed) from the
-    saved context; ``run_bwd``: the backward op, or its implementation (EagerAttention)."""
+    saved context; ``run_bwd``: the backward op, or its implementation (EagerAttention);
+    ``needs``: which inputs need one (default: the context's ``needs_input_grad``)."""
     q, k, v, o_for_delta, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
     if ctx.paged:
         raise RuntimeError("portattn::varlen_fwd with a block_table (paged K/V) has no backward")
@@ -337,7 +342,7 @@ def _gradients(ctx, dout, dlse, run_bwd):
         )
     if dout is None:  # only lse was used downstream
         dout = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
-    needs = FwdArgs(*ctx.needs_input_grad)
+    needs = FwdArgs(*ctx.needs_input_grad) if needs is None else needs
     grads = FwdArgs(*[None] * len(FwdArgs._fields))  # one per input, by name
     if sinks is not None and needs.sinks:
         grads = grads._replace(sinks=sink_grad(sinks, o_for_delta, dout, lse, dlse))
@@ -380,19 +385,21 @@ varlen_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 class EagerAttention(torch.autograd.Function):
     """The forward op and its autograd formula for an eager call that needs a backward, without
-    the dispatcher: ``EagerAttention.apply(*FwdArgs)`` runs :func:`fwd_impl` and, in the
+    the dispatcher: ``EagerAttention.apply(options, *FwdArgs)`` runs :func:`fwd_impl` and, in the
     backward, :func:`bwd_impl` with the very context and gradient code the op registers. The
     op's Python layers (argument defaults filled from the schema, the aliasing check of its
     outputs, the autograd wrapper of ``custom_op``) cost about 110 us of host time per forward
     on the H200's host (``benchmarks/host_overhead.py --gpu``: 370 us with grad against 256
     without), more than a d64 forward of 16k tokens takes on the GPU.
     ``forward_entry.direct_call`` decides when it may stand in for the op (not under
-    ``torch.compile``, a dispatch mode or a functorch transform)."""
+    ``torch.compile``, a dispatch mode or a functorch transform). Its first argument is the
+    options record the arguments were bound from."""
 
     @staticmethod
-    def forward(ctx, *args):
-        output = fwd_impl(*args)  # out32 None when not stored: no placeholder, unlike the op
-        _fwd_setup_context(ctx, args, output)
+    def forward(ctx, options, *args):
+        # options: the record args were bound from (no rebuilding it from them, twice)
+        output = fwd_impl(*args, options=options)  # out32 None when not stored, unlike the op
+        _fwd_setup_context(ctx, args, output, options)
         return output
 
     @staticmethod
@@ -401,7 +408,8 @@ class EagerAttention(torch.autograd.Function):
         # path: its gradients then raise on a second backward (it has no autograd formula)
         # instead of reading as "unused" (once_differentiable's None with allow_unused).
         run_bwd = varlen_bwd if torch.is_grad_enabled() else bwd_impl
-        return _gradients(ctx, dout, dlse, run_bwd)
+        _, *needs = ctx.needs_input_grad  # the options record's, then FwdArgs'
+        return None, *_gradients(ctx, dout, dlse, run_bwd, FwdArgs(*needs))
 
 
 # Under torch.autocast, float q/k/v go to the autocast dtype before the op runs (portattn.autocast).
