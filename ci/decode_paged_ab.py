@@ -23,6 +23,7 @@ import torch
 
 import portattn
 from benchmarks import bench_decode as bd
+from ci.tune_decode_sm90 import call as paged_call
 
 WORKLOADS = ("decode B8 gqa32/8 d128", "decode B64 gqa32/8 d128", "decode B1 32k gqa32/8 d128")
 PAGES = (16, 64, 256)
@@ -37,18 +38,9 @@ def calls(w: bd.DecodeWorkload) -> dict[str, object]:
         inp = bd.make_inputs(w)
 
         def paged(inp=inp):
-            o, lse = portattn.flash_attn_with_kvcache(
-                inp.q,
-                inp.k_pages,
-                inp.v_pages,
-                cache_seqlens=inp.seqlens,
-                block_table=inp.block_table,
-                causal=True,
-                return_softmax_lse=True,
-            )
-            return o.reshape(-1, w.n_heads_q, w.head_dim), lse.transpose(1, 2).reshape(
-                -1, w.n_heads_q
-            )
+            o, lse = paged_call(inp, "varlen")  # [B, 1, Hq, D], [B, Hq, 1]
+            rows = o.reshape(-1, w.n_heads_q, w.head_dim)
+            return rows, lse.transpose(1, 2).reshape(-1, w.n_heads_q)
 
         out[f"paged {page}"] = paged
     q_rows = inp.q.reshape(-1, w.n_heads_q, w.head_dim)
