@@ -24,7 +24,9 @@
 #                              # (issue 37 item 4); run() with carry [".fa4"]       (~8 min)
 #   5. bash ci/gpu_next.sh 5   # issue 37 item 2: the paged decode against the packed one,
 #                              # pages 16/64/256, bits and graph TB/s, then Nsight Compute
-#                              # of both at B64 (speed of light, warp stalls)       (~5 min)
+#                              # of both at B64 (speed of light, warp stalls); and ncu of
+#                              # the repair passes beside their passes (waves, occupancy:
+#                              # ci/repair_probe.py)                                (~8 min)
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
 PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|5}
@@ -77,5 +79,10 @@ elif [ "$PART" = 5 ]; then
     --section MemoryWorkloadAnalysis python3 ci/decode_paged_ab.py --ncu --workloads "decode B64"
   grep -E "attn_decode_kernel|Duration|DRAM Throughput|Memory Throughput|Stall|Achieved Occ" \
     "$OUT/paged_ncu.log" | head -n 60
+  step repair_ncu 200 ncu --clock-control none -c 40 \
+    --kernel-name regex:"attn_(fwd|bwd_dkdv|bwd_dq)(_ws)?_kernel" \
+    --section LaunchStats --section Occupancy --section SpeedOfLight python3 ci/repair_probe.py
+  grep -E "attn_|Duration|Waves Per SM|Dynamic Shared|Achieved Occ|Grid Size" \
+    "$OUT/repair_ncu.log" | head -n 80
 fi
 printf '%s\n' "${summary[@]}"
