@@ -250,11 +250,12 @@ def _call_signature(tensors: tuple, no_batch_idx: bool, scalars: tuple) -> tuple
         return None
     layouts = []
     for t in (k, v, block_table):
-        if t is not None and type(t) not in PLAIN_TENSORS:
+        if t is None:
+            layouts.append(None)
+        elif type(t) in PLAIN_TENSORS:
+            layouts.append((type(t), t.shape, t.stride(), t.dtype, t.device, t.requires_grad))
+        else:  # a subclass, or not a tensor: checked every call
             return None
-        if t is not None:
-            t = (type(t), t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
-        layouts.append(t)
     grad = (torch.is_grad_enabled(), q.requires_grad, k_cache.requires_grad, v_cache.requires_grad)
     inference = (torch.is_inference_mode_enabled(), k_cache.is_inference(), v_cache.is_inference())
     caches = (k_cache.data_ptr(), v_cache.data_ptr())
