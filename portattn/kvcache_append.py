@@ -1,8 +1,9 @@
 """The device work of ``flash_attn_with_kvcache`` (:mod:`portattn.kvcache`) around its
-attention: the in-place append of the new keys and values (:func:`append_rows`) and the key
-offsets of the sequences (:func:`cu_seqlens_k`). Index tensors that are the same for every layer
-of a decode step are made once per version of what they come from (:mod:`portattn.tensor_memo`);
-while a CUDA graph is captured or torch.compile traces, they are made anew (or not at all).
+attention: the in-place append of the new keys and values (:func:`append_rows`: one launch of
+``kernels/append.py``, or aten index ops under torch.compile) and the key offsets of the
+sequences (:func:`cache_cu_seqlens`). Index tensors that are the same for every layer of a
+decode step are made once per version of what they come from (:mod:`portattn.tensor_memo`);
+while a CUDA graph is captured or torch.compile traces, they are made anew.
 """
 
 from __future__ import annotations
@@ -59,9 +60,6 @@ def append_rows(
     batch, new = k.shape[:2]
     caches = ((k_cache, k), (v_cache, v))
     memo = not (capturing or compiling)
-    if isinstance(cache_seqlens, int) and not memo:  # slices: no index tensors to make
-        append_at(caches, cache_seqlens, new, block_table, page_size, batch_idx, batch)
-        return
     device = k.device
 
     def make() -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,25 +84,3 @@ def append_rows(
     rows, slots = derived("append_slots", tensors, extra, make, use=memo)
     for cache, x in caches:
         cache.index_put_((rows, slots), x)
-
-
-def append_at(caches, start: int, new: int, block_table, page_size: int, batch_idx, batch):
-    """The append at one position ``start`` for every sequence (an int ``cache_seqlens``)
-    while a CUDA graph is captured or torch.compile traces: slices of the caches, one index op
-    per cache and page column written (one per decode step), a plain copy for a dense cache
-    with a row per sequence."""
-    if block_table is None:
-        for cache, x in caches:
-            window = cache[:, start : start + new]
-            if batch_idx is None:  # rows 0..B-1
-                window[:batch].copy_(x)
-            else:
-                window.index_put_((batch_idx,), x)
-        return
-    for col in range(start // page_size, (start + new - 1) // page_size + 1):
-        lo, hi = max(start, col * page_size), min(start + new, (col + 1) * page_size)
-        pages = block_table[:, col]  # [B] int32
-        for cache, x in caches:
-            window = cache[:, lo - col * page_size : hi - col * page_size]
-            part = x if hi - lo == new else x[:, lo - start : hi - start]
-            window.index_put_((pages,), part)

@@ -170,3 +170,33 @@ def test_append_kernel_compiles_for_every_family():
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(found) == 2 * len(FAMILIES)
     assert all(result == [0, 0, True] for result in found.values()), found
+
+
+@pytest.mark.parametrize("lengths", ["tensor", "int"])
+@pytest.mark.parametrize("paged", [True, False])
+def test_index_op_append_as_traced(monkeypatch, lengths, paged):
+    """The aten path (torch.compile's, ``APPEND_KERNEL`` off), its index tensors made anew as
+    while a graph is captured or traced: the bytes of the append kernel."""
+    caches = []
+    for kernel_on in (True, False):
+        monkeypatch.setattr(kvcache_append, "APPEND_KERNEL", kernel_on)
+        if paged:
+            k_cache, v_cache = (
+                random_bits(6, PAGE, HKV, D, seed=1),
+                random_bits(6, PAGE, HKV, DV, seed=2),
+            )
+            table = torch.tensor([[5, 1], [0, 3]], dtype=torch.int32, device=DEVICE)
+            page_size = PAGE
+        else:
+            k_cache, v_cache = (
+                random_bits(2, 32, HKV, D, seed=1),
+                random_bits(2, 32, HKV, DV, seed=2),
+            )
+            table, page_size = None, 32
+        k, v = random_bits(2, 3, HKV, D, seed=3), random_bits(2, 3, HKV, DV, seed=4)
+        lens = (
+            torch.tensor([14, 3], dtype=torch.int32, device=DEVICE) if lengths == "tensor" else 15
+        )
+        kvcache_append.append_rows(k_cache, v_cache, k, v, lens, table, page_size, None, True)
+        caches.append((bits(k_cache), bits(v_cache)))
+    assert all(torch.equal(a, b) for a, b in zip(*caches))

@@ -396,9 +396,11 @@ def test_kvcache_checks_kept_per_call_signature(monkeypatch):
     lens = torch.tensor([3, 20], dtype=torch.int32, device=DEVICE)
     q = seeded_tensor(2, 1, HQ, D, seed=1)
 
+    caches = [k_cache, v_cache]
+
     def call(new_k, new_v, q=q):
         return portattn.flash_attn_with_kvcache(
-            q, k_cache, v_cache, new_k, new_v, cache_seqlens=lens, block_table=table
+            q, *caches, new_k, new_v, cache_seqlens=lens, block_table=table
         )
 
     with torch.no_grad():
@@ -420,6 +422,7 @@ def test_kvcache_checks_kept_per_call_signature(monkeypatch):
         call(seeded_tensor(2, 1, HKV, D), seeded_tensor(2, 1, HKV, D), q=q_grad)
     assert len(checked) == 2 and torch.equal(buffer, before)
     alive = weakref.ref(buffer)
+    caches.clear()
     del buffer, k_cache, v_cache, tail, on_cache, before
     gc.collect()
     assert alive() is None  # the kept records hold no tensor
