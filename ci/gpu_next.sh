@@ -9,14 +9,11 @@
 # only. What is left:
 #   1. bash ci/gpu_next.sh 1   # kernels.launcher and the append kernel (landed without GPU
 #                              # time): their GPU tests with kvcache, host caches, CUDA
-#                              # graphs and rollout; host_overhead with the append kernel
-#                              # and with aten index_put_ (--aten-append), every case;
-#                              # launch_overhead.py (public call with and
-#                              # without it, bits; JIT launch vs binder vs compiled launcher
-#                              # per launch), host_overhead --profile, and the repair
-#                              # passes' cost on the skewed 16k pack, eager and replayed,
-#                              # forward and forward+backward (perf-notes row 72: the d64
-#                              # causal row fell from 292 to 175 TF/s fwd+bwd)      (~8 min)
+#                              # graphs and rollout; launch_overhead.py (the public call
+#                              # with and without the launcher, bits; JIT launch vs binder vs
+#                              # compiled launcher); host_overhead --profile, with the append
+#                              # kernel and with aten index_put_ (--aten-append), every case
+#                              #                                                  (~8 min)
 #   2. bash ci/gpu_next.sh 2   # tests test_a* .. test_h*, golden verify            (~9 min)
 #   3. bash ci/gpu_next.sh 3   # docs/bench-h200.* re-recorded with the FA4 peers (issue
 #                              # 36 item 1); run() with carry [".fa4"]                (~9 min)
@@ -24,12 +21,14 @@
 #                              # (issue 37 item 4); run() with carry [".fa4"]       (~8 min)
 #   5. bash ci/gpu_next.sh 5   # issue 37 item 2: the paged decode against the packed one,
 #                              # pages 16/64/256, bits and graph TB/s, then Nsight Compute
-#                              # of both at B64 (speed of light, warp stalls); and ncu of
-#                              # the repair passes beside their passes (waves, occupancy:
-#                              # ci/repair_probe.py)                                (~8 min)
+#                              # of both at B64 (speed of light, warp stalls)       (~6 min)
+#   6. bash ci/gpu_next.sh 6   # the repair passes: their cost on the skewed 16k pack, eager
+#                              # and replayed (perf-notes row 72: the d64 causal row fell
+#                              # from 292 to 175 TF/s fwd+bwd), and ncu of them beside their
+#                              # passes (waves, occupancy: perf-notes row 75)     (~6 min)
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|5}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|5|6}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -50,8 +49,6 @@ if [ "$PART" = 1 ]; then
   grep -E "^\|" "$OUT/host_aten.log"
   step host_all 90 python3 benchmarks/host_overhead.py --gpu --n 1000
   grep -E "^\|" "$OUT/host_all.log"
-  step repair 150 python3 ci/bench_repair.py --tokens skewed16k --head-dims 64,128 --passes 2
-  grep -E "^\|" "$OUT/repair.log"
 elif [ "$PART" = 2 ]; then
   # -v: a run cut by its limit still names its failures (session 23 lost one that way)
   # shellcheck disable=SC2046
@@ -79,6 +76,9 @@ elif [ "$PART" = 5 ]; then
     --section MemoryWorkloadAnalysis python3 ci/decode_paged_ab.py --ncu --workloads "decode B64"
   grep -E "attn_decode_kernel|Duration|DRAM Throughput|Memory Throughput|Stall|Achieved Occ" \
     "$OUT/paged_ncu.log" | head -n 60
+elif [ "$PART" = 6 ]; then
+  step repair 150 python3 ci/bench_repair.py --tokens skewed16k --head-dims 64,128 --passes 2
+  grep -E "^\|" "$OUT/repair.log"
   step repair_ncu 200 ncu --clock-control none -c 40 \
     --kernel-name regex:"attn_(fwd|bwd_dkdv|bwd_dq)(_ws)?_kernel" \
     --section LaunchStats --section Occupancy --section SpeedOfLight python3 ci/repair_probe.py

@@ -1,6 +1,6 @@
 """Launches for Nsight Compute to profile the repair passes (design §3.2) beside their passes:
 a causal varlen forward and backward of 8 x 2048 tokens, h16, d128 and d64, bf16, twice each
-(``ci/gpu_next.sh 5`` runs it under ``ncu`` with the launch statistics and occupancy sections).
+(``ci/gpu_next.sh 6`` runs it under ``ncu`` with the launch statistics and occupancy sections).
 The question (perf-notes row 74's follow-up): is a repair pass's cost (+6.5% of the replayed
 d128 forward, row 72) the waves of CTAs that check one row and exit, each holding the pass's
 shared memory, rather than any work?
