@@ -46,6 +46,7 @@ if not __package__:  # run as `python benchmarks/host_overhead.py`: the checkout
 import torch  # noqa: E402
 
 import portattn  # noqa: E402
+from benchmarks.aten_ops import top_level_aten_ops  # noqa: E402
 from benchmarks.bench import cuda_graph  # noqa: E402
 
 B, HQ, HKV, D, PAGE, PAGES, CACHED = 1, 32, 8, 128, 64, 64, 1000
@@ -157,20 +158,9 @@ def host_us_cpu(call, n: int) -> float:
 
 
 def aten_ops(call) -> int:
-    """Top-level ``aten::`` ops of one call (those not inside another aten op)."""
+    """Top-level ``aten::`` ops of one call after a first (those not inside another aten op)."""
     call()
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    with torch.profiler.profile(activities=activities) as prof:
-        call()
-    count = 0
-    for event in prof.events():
-        if not event.name.startswith("aten::"):
-            continue
-        parent = event.cpu_parent
-        while parent is not None and not parent.name.startswith("aten::"):
-            parent = parent.cpu_parent
-        count += parent is None
-    return count
+    return len(top_level_aten_ops(call))
 
 
 def profile(call, n: int, sort: str) -> None:

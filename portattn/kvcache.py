@@ -39,6 +39,7 @@ from portattn.options import (
     AttentionOptions,
     capturing,
     check_options,
+    kept_record,
     needs_grad,
     options_signature,
 )
@@ -235,8 +236,7 @@ class _CheckedCall:
     cache_spans: tuple[tuple[int, int], ...]
 
 
-_CHECKED_CALLS: dict[tuple, _CheckedCall] = {}
-_CHECKED_CALLS_MAX = 1024
+_CHECKED_CALLS: dict[tuple, _CheckedCall] = {}  # by _call_signature (options.kept_record)
 
 
 def _call_signature(tensors: tuple, no_batch_idx: bool, scalars: tuple) -> tuple | None:
@@ -377,14 +377,10 @@ def flash_attn_with_kvcache(
     scalars = (causal, softmax_scale, return_softmax_lse, kernel, window_size, softcap)
     tensors = (q, k_cache, v_cache, k, v, block_table)
     key = None if compiling else _call_signature(tensors, cache_batch_idx is None, scalars)
-    call = _CHECKED_CALLS.get(key)  # None is never a key: a call without one is checked
-    if call is None:
-        call = _check_call(tensors, cache_batch_idx, scalars, compiling)
-        if key is not None:
-            if len(_CHECKED_CALLS) >= _CHECKED_CALLS_MAX:
-                _CHECKED_CALLS.clear()
-            _CHECKED_CALLS[key] = call
-    elif call.new:  # the new rows' memory, which moves from call to call
+    call = kept_record(
+        _CHECKED_CALLS, key, lambda: _check_call(tensors, cache_batch_idx, scalars, compiling)
+    )
+    if call.new:  # the new rows' memory, which moves from call to call (a kept call's check)
         appended = {"k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v}
         check_rows_apart(call.cache_spans, appended)
     options, new, page_size, capacity = call.options, call.new, call.page_size, call.capacity

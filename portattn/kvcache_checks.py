@@ -60,8 +60,7 @@ def check_append_memory(tensors: dict[str, torch.Tensor]) -> None:
     spans = {name: _byte_range(x) for name, x in tensors.items()}  # once per tensor
     for i, a in enumerate(names[:2]):
         for b in names[i + 1 :]:
-            (a0, a1), (b0, b1) = spans[a], spans[b]
-            if a1 <= b0 or b1 <= a0:  # apart (the common case): no element in common
+            if _apart(spans[a], spans[b]):  # the common case: no element in common
                 continue
             if shares_memory(tensors[a], tensors[b]):
                 raise ValueError(
@@ -80,12 +79,9 @@ def check_rows_apart(cache_spans: tuple[tuple[int, int], ...], tensors: dict[str
     passed it with these layouts before (their byte ranges ``cache_spans``, :func:`byte_spans`),
     where only the new rows' memory is new: the address ranges alone when the rows lie apart
     from the caches (the common case), else the whole check."""
-    for x in list(tensors.values())[2:]:
-        x0, x1 = _byte_range(x)
-        for c0, c1 in cache_spans:
-            if not (c1 <= x0 or x1 <= c0):
-                check_append_memory(tensors)
-                return
+    rows = list(tensors.values())[2:]  # after the caches, as check_append_memory takes them
+    if not all(_apart(_byte_range(x), span) for x in rows for span in cache_spans):
+        check_append_memory(tensors)
 
 
 def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -94,8 +90,7 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     after :data:`_SEARCH_BUDGET` steps and answers True)."""
     if a.device != b.device or a.numel() == 0 or b.numel() == 0:
         return False
-    (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
-    if a1 <= b0 or b1 <= a0:
+    if _apart(_byte_range(a), _byte_range(b)):
         return False
     size = a.element_size()
     delta = b.data_ptr() - a.data_ptr()
@@ -111,6 +106,11 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
                 lo_hi[0 if sign < 0 else 1] += sign * (n - 1)
     digits = sorted(((s, lo, hi) for s, (lo, hi) in ranges.items()), reverse=True)
     return _offset_reachable(delta // size, digits, [_SEARCH_BUDGET])
+
+
+def _apart(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether two [first, last + 1) byte ranges share no byte."""
+    return a[1] <= b[0] or b[1] <= a[0]
 
 
 def _byte_range(x: torch.Tensor) -> tuple[int, int]:

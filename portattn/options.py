@@ -12,12 +12,16 @@ parameter").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import TypeVar
 
 import torch
 
 from portattn.configs import interpreter_active
 from portattn.validation import check_common, check_sinks, check_softcap, check_window
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -115,20 +119,29 @@ def check_options(
     if compiling or sinks is not None:  # traced: Dynamo would guard on the kept records
         return _check(q, k, v, scalars, sinks, token_dims, kv_token_dims, compiling)
     key = options_signature(q, k, v, scalars, token_dims, kv_token_dims)
-    options = _CHECKED.get(key)  # None is never a key: a call without one is checked
-    if options is None:
-        options = _check(q, k, v, scalars, sinks, token_dims, kv_token_dims, compiling)
+    return kept_record(
+        _CHECKED, key, lambda: _check(q, k, v, scalars, sinks, token_dims, kv_token_dims, compiling)
+    )
+
+
+def kept_record(table: dict, key: tuple | None, check: Callable[[], T], most: int = 1024) -> T:
+    """The record ``check()`` made for a call of signature ``key``, kept in ``table``: a call
+    like one that passed its checks passes them again, with the same record. ``key`` None (a
+    call of a kind not kept): ``check()`` runs every time. A check that raises keeps nothing;
+    past ``most`` signatures the table starts again."""
+    record = table.get(key)  # None is never a key
+    if record is None:
+        record = check()
         if key is not None:
-            if len(_CHECKED) >= _CHECKED_MAX:
-                _CHECKED.clear()
-            _CHECKED[key] = options
-    return options
+            if len(table) >= most:
+                table.clear()
+            table[key] = record
+    return record
 
 
 # check_options' records by call signature (no sinks, not traced): a call like one that passed
 # the checks passes them again, with the same record.
 _CHECKED: dict[tuple, AttentionOptions] = {}
-_CHECKED_MAX = 1024
 # Tensors with nothing to redispatch to (Parameter: a Tensor with no __torch_function__)
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _PLAIN_TYPES = frozenset(PLAIN_TENSORS)

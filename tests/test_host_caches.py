@@ -19,6 +19,7 @@ import torch
 from helpers import DEVICE, assert_same_results, cu_seqlens, seeded_tensor
 
 import portattn
+from benchmarks.aten_ops import top_level_aten_ops
 from portattn.kernels import buffers, plan
 
 HQ, HKV, D, PAGE = 4, 2, 32, 16
@@ -428,22 +429,6 @@ def test_kvcache_checks_kept_per_call_signature(monkeypatch):
     assert alive() is None  # the kept records hold no tensor
 
 
-def _top_level_aten_ops(call) -> list[str]:
-    """The aten ops one call issues that no other aten op issued (torch.profiler, CPU)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        call()
-    names = []
-    for event in prof.events():
-        if not event.name.startswith("aten::"):
-            continue
-        parent = event.cpu_parent
-        while parent is not None and not parent.name.startswith("aten::"):
-            parent = parent.cpu_parent
-        if parent is None:
-            names.append(event.name)
-    return names
-
-
 @pytest.mark.parametrize("append", [True, False])
 def test_a_repeated_decode_call_issues_three_aten_ops(monkeypatch, append):
     """A decode call like the last one (the layers of a step) issues q's reshape, out's
@@ -468,6 +453,6 @@ def test_a_repeated_decode_call_issues_three_aten_ops(monkeypatch, append):
             )  # fmt: skip
 
     call()
-    ops = _top_level_aten_ops(call)
+    ops = top_level_aten_ops(call)
     alloc = "aten::full" if buffers.POISON else "aten::empty"  # NaN-filled under the tests
     assert sorted(ops) == sorted([alloc, "aten::reshape", "aten::view"]), ops

@@ -45,31 +45,39 @@ def append_kernel(
     i = tl.program_id(0)
     i_b = i // n_new
     i_s = i % n_new
+    i_b64 = i_b.to(tl.int64)
     if LENGTHS:
         pos = tl.load(cache_seqlens + i_b).to(tl.int64) + i_s
     else:
         pos = i_s.to(tl.int64) + start  # start: an int argument (1 is a constexpr)
     if PAGE_SIZE > 0:
-        p_page = rows + i_b.to(tl.int64) * stride_rows + pos // PAGE_SIZE
+        p_page = rows + i_b64 * stride_rows + pos // PAGE_SIZE
         i_row = tl.load(p_page).to(tl.int64)
         slot = pos % PAGE_SIZE
     else:
         if ROWS:
             i_row = tl.load(rows + i_b).to(tl.int64)
         else:
-            i_row = i_b.to(tl.int64)
+            i_row = i_b64
         slot = pos
+    copy_heads(k + i_b64 * stride_kb + i_s * stride_ks, stride_kh, stride_kd,
+               k_cache + i_row * stride_kcp + slot * stride_kct, stride_kch, stride_kcd,
+               n_heads, HEAD_DIM, BLOCK_H, BLOCK_D)
+    copy_heads(v + i_b64 * stride_vb + i_s * stride_vs, stride_vh, stride_vd,
+               v_cache + i_row * stride_vcp + slot * stride_vct, stride_vch, stride_vcd,
+               n_heads, HEAD_DIM_V, BLOCK_H, BLOCK_DV)
+
+
+@triton.jit
+def copy_heads(src, stride_sh, stride_sd, dst, stride_dh, stride_dd, n_heads,
+               HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Copy one token's ``n_heads`` x ``HEAD_DIM`` elements from ``src`` to ``dst`` (each at
+    its token's first element, with its head and column strides)."""
     o_h = tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1]
     o_d = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D]
-    m_k = (o_h < n_heads) & (o_d < HEAD_DIM)
-    p_k = k + i_b.to(tl.int64) * stride_kb + i_s * stride_ks + o_h * stride_kh + o_d * stride_kd
-    p_kc = k_cache + i_row * stride_kcp + slot * stride_kct + o_h * stride_kch + o_d * stride_kcd
-    tl.store(p_kc, tl.load(p_k, mask=m_k), mask=m_k)
-    o_dv = tl.arange(0, BLOCK_DV)[None, :]
-    m_v = (o_h < n_heads) & (o_dv < HEAD_DIM_V)
-    p_v = v + i_b.to(tl.int64) * stride_vb + i_s * stride_vs + o_h * stride_vh + o_dv * stride_vd
-    p_vc = v_cache + i_row * stride_vcp + slot * stride_vct + o_h * stride_vch + o_dv * stride_vcd
-    tl.store(p_vc, tl.load(p_v, mask=m_v), mask=m_v)
+    mask = (o_h < n_heads) & (o_d < HEAD_DIM)
+    b_x = tl.load(src + o_h * stride_sh + o_d * stride_sd, mask=mask)
+    tl.store(dst + o_h * stride_dh + o_d * stride_dd, b_x, mask=mask)
 
 
 def plan_append(
