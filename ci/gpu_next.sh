@@ -35,8 +35,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 if [ "$PART" = 1 ]; then
   step launcher 150 python3 -m pytest tests/test_launcher.py tests/test_cuda_graphs.py \
-    tests/test_append.py tests/test_kvcache.py tests/test_host_caches.py tests/test_rollout_gpu.py \
-    -n 8 -v \
+    tests/test_append.py tests/test_kvcache.py tests/test_kvcache_errors.py \
+    tests/test_host_caches.py tests/test_rollout_gpu.py -n 8 -v \
     -p no:cacheprovider -W ignore::DeprecationWarning -rfE
   grep -E "FAILED|ERROR|passed|failed" "$OUT/launcher.log" | grep -v PASSED | tail -n 8
   step launch 120 python3 benchmarks/launch_overhead.py --n 2000
