@@ -7,7 +7,7 @@ for bit), timed as CUDA-graph replays (K/V bytes read per second), bf16, GQA 32/
 decode kernels (``ci/gpu_next.sh 5`` runs it under ``ncu``); kernel launches come in the
 order of ``VARIANTS`` per workload.
 
-Usage (GPU): python ci/decode_paged_ab.py [--ncu] [--workloads "decode B64"]
+Usage (GPU): python ci/decode_paged_ab.py [--ncu] [--workloads "decode B64"] [--kernel fixed_order]
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ PAGES = (16, 64, 256)
 VARIANTS = ("packed",) + tuple(f"paged {p}" for p in PAGES)
 
 
-def calls(w: bd.DecodeWorkload) -> dict[str, object]:
-    """variant -> a zero-argument call returning (out [B, Hq, D] rows, lse)."""
+def calls(w: bd.DecodeWorkload, kernel: str) -> dict[str, object]:
+    """variant -> a zero-argument call of ``kernel`` returning (out [B, Hq, D] rows, lse)."""
     out = {}
     for page in PAGES:
         bd.PAGE_SIZE = page  # make_inputs lays the pages out at the module's page size
         inp = bd.make_inputs(w)
 
         def paged(inp=inp):
-            o, lse = paged_call(inp, "varlen")  # [B, 1, Hq, D], [B, Hq, 1]
+            o, lse = paged_call(inp, kernel)  # [B, 1, Hq, D], [B, Hq, 1]
             rows = o.reshape(-1, w.n_heads_q, w.head_dim)
             return rows, lse.transpose(1, 2).reshape(-1, w.n_heads_q)
 
@@ -48,7 +48,16 @@ def calls(w: bd.DecodeWorkload) -> dict[str, object]:
 
     def packed(inp=inp):
         return portattn.varlen_attention(
-            q_rows, inp.k, inp.v, inp.cu_q, inp.cu_k, w.q_len, max_k, causal=True, return_lse=True
+            q_rows,
+            inp.k,
+            inp.v,
+            inp.cu_q,
+            inp.cu_k,
+            w.q_len,
+            max_k,
+            causal=True,
+            return_lse=True,
+            kernel=kernel,
         )
 
     return {"packed": packed, **out}
@@ -58,14 +67,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ncu", action="store_true", help="run each variant 3 times, untimed")
     parser.add_argument("--workloads", action="append", default=None, help="name prefixes")
+    parser.add_argument(
+        "--kernel", action="append", default=None, help="varlen (default) / fixed_order"
+    )
     args = parser.parse_args()
     wanted = tuple(args.workloads or WORKLOADS)
     workloads = [w for w in bd.default_workloads() if w.name.startswith(wanted)]
-    print("| workload | " + " | ".join(f"{v} graph TB/s" for v in VARIANTS) + " | bits |")
-    print("| --- |" + " ---: |" * len(VARIANTS) + " --- |")
+    print("| workload | kernel | " + " | ".join(f"{v} graph TB/s" for v in VARIANTS) + " | bits |")
+    print("| --- | --- |" + " ---: |" * len(VARIANTS) + " --- |")
     with torch.no_grad():
-        for w in workloads:
-            fns = calls(w)
+        for w, kernel in ((w, k) for w in workloads for k in args.kernel or ["varlen"]):
+            fns = calls(w, kernel)
             results = {name: fn() for name, fn in fns.items()}
             ref_out, ref_lse = results["packed"]
             same = all(
@@ -76,7 +88,9 @@ def main() -> int:
                     for _ in range(3):
                         fn()
                 torch.cuda.synchronize()
-                print(f"| {w.name} | " + " | ".join("-" for _ in VARIANTS) + f" | {same} |")
+                print(
+                    f"| {w.name} | {kernel} | " + " | ".join("-" for _ in VARIANTS) + f" | {same} |"
+                )
                 continue
             cells = []
             for name in VARIANTS:
@@ -84,7 +98,7 @@ def main() -> int:
                 ms = bd.gpu_timer(bd.graphed(impl).fn)[0]
                 cells.append(f"{w.kv_bytes() / ms / 1e9:.2f}")
             bits = "equal" if same else "DIFFER"
-            print(f"| {w.name} | " + " | ".join(cells) + f" | {bits} |", flush=True)
+            print(f"| {w.name} | {kernel} | " + " | ".join(cells) + f" | {bits} |", flush=True)
     return 0
 
 
