@@ -5,15 +5,17 @@
 # none failed), golden verify sm90 30/30, docs/bench-h200.* and docs/bench-decode-h200.*
 # re-recorded with FA4, the paged-vs-packed decode with ncu (perf-notes row 78) and the repair
 # passes' cost (row 79). What is left:
-#   1. bash ci/gpu_next.sh 1   # issue 37 item 2: the paged decode with one block-table read
-#                              # per key tile (ci/patches/paged_tile_page.diff; CPU: -16% SASS
-#                              # at pages >= the key tile, 48 -> 6 4-byte cp.async): paged vs
-#                              # packed on main, then with the patch applied (bits against
-#                              # the packed rows, both kernels), the paged GPU tests on the
-#                              # patched tree, and the patch reverted                 (~7 min)
-#                              # If it wins: land the diff, then python -m ci.golden_dev
-#                              # fingerprints --update under Triton 3.6 and 3.9 (~50 min CPU:
-#                              # every compile key changes; machine code only for decode)
+#   1. bash ci/gpu_next.sh 1   # issue 37 item 2 (perf-notes row 80): the paged decode with one
+#                              # block-table read per key tile (ci/patches/paged_tile_page.diff;
+#                              # measured in session 27: +2-12% where a page holds whole key
+#                              # tiles, bits equal, varlen at pages 16/64 unchanged, paged still
+#                              # 0.69x packed): the paged GPU tests on the patched tree, then
+#                              # Nsight Compute of packed vs paged at B64 with the warp-stall
+#                              # and source counters, to find what the paged loop waits on
+#                              # (~6 min). To land the patch: apply it, then python -m
+#                              # ci.golden_dev fingerprints --update under Triton 3.6 and 3.9
+#                              # (~50 min CPU: every compile key changes; machine code only
+#                              # of the decode stages)
 #   2. bash ci/gpu_next.sh 2   # tests test_[i-z]* (not run on the GPU since session 25) (~9 min)
 #   3. bash ci/gpu_next.sh 3   # transformers: benchmarks/transformers_llama.py (training step
 #                              # and a decode step against SDPA; never run on a GPU)   (~5 min)
@@ -25,15 +27,19 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 if [ "$PART" = 1 ]; then
-  step paged_main 120 python3 ci/decode_paged_ab.py --kernel varlen --kernel fixed_order
-  grep -E "^\|" "$OUT/paged_main.log"
   patch -p1 <ci/patches/paged_tile_page.diff >/dev/null && echo "patch applied"
-  step paged_tile 150 python3 ci/decode_paged_ab.py --kernel varlen --kernel fixed_order
-  grep -E "^\|" "$OUT/paged_tile.log"
   step paged_tests 200 python3 -m pytest tests/test_kvcache.py tests/test_rollout_gpu.py \
     tests/test_cuda_graphs.py tests/test_append.py tests/test_model_features.py -n 8 \
     -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
   tail -n 3 "$OUT/paged_tests.log"
+  step paged_tile 90 python3 ci/decode_paged_ab.py --kernel varlen --kernel fixed_order
+  grep -E "^\|" "$OUT/paged_tile.log"
+  step paged_ncu 240 ncu --clock-control none --kernel-name regex:attn_decode_kernel -c 4 \
+    --section SpeedOfLight --section WarpStateStats --section SourceCounters \
+    --section InstructionStats --section SchedulerStats python3 ci/decode_paged_ab.py --ncu \
+    --workloads "decode B64"
+  grep -E "attn_decode_kernel|Duration|DRAM Throughput|Stall|Warp Cycles|Eligible|Issued Warp" \
+    "$OUT/paged_ncu.log" | head -n 80
   patch -R -p1 <ci/patches/paged_tile_page.diff >/dev/null && echo "patch reverted"
 elif [ "$PART" = 2 ]; then
   # -v: a run cut by its limit still names its failures (session 23 lost one that way)
