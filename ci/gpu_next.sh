@@ -12,10 +12,10 @@
 #                              # 0.69x packed): the paged GPU tests on the patched tree, then
 #                              # Nsight Compute of packed vs paged at B64 with the warp-stall
 #                              # and source counters, to find what the paged loop waits on
-#                              # (~6 min). To land the patch: apply it, then python -m
-#                              # ci.golden_dev fingerprints --update under Triton 3.6 and 3.9
-#                              # (~50 min CPU: every compile key changes; machine code only
-#                              # of the decode stages)
+#                              # (~6 min). Before landing it: it spills on sm80 varlen d32
+#                              # decode (perf-notes row 80); then python -m ci.golden_dev
+#                              # fingerprints --update under Triton 3.6 and 3.9 (13 + 20 min
+#                              # CPU: every compile key changes)
 #   2. bash ci/gpu_next.sh 2   # tests test_[i-z]* (not run on the GPU since session 25) (~9 min)
 #   3. bash ci/gpu_next.sh 3   # transformers: benchmarks/transformers_llama.py (training step
 #                              # and a decode step against SDPA; never run on a GPU)   (~5 min)
