@@ -19,9 +19,14 @@
 #   2. bash ci/gpu_next.sh 2   # tests test_[i-z]* (not run on the GPU since session 25) (~9 min)
 #   3. bash ci/gpu_next.sh 3   # transformers: benchmarks/transformers_llama.py (training step
 #                              # and a decode step against SDPA; never run on a GPU)   (~5 min)
+#   4. bash ci/gpu_next.sh 4   # the repair passes at 4 warps (ci/patches/repair_four_warps.diff;
+#                              # perf-notes row 81: two programs per SM where one fit, so half
+#                              # the waves): bench_repair on main, then patched, and the GPU
+#                              # unseen-key tests (repaired rows = a clean run's, bitwise) on
+#                              # the patched tree; reverted after                  (~6 min)
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -50,5 +55,17 @@ elif [ "$PART" = 2 ]; then
 elif [ "$PART" = 3 ]; then
   step llama 280 python3 benchmarks/transformers_llama.py --json "$OUT/transformers.json"
   grep -E "^\|" "$OUT/llama.log" | head -n 30
+elif [ "$PART" = 4 ]; then
+  step repair_main 120 python3 ci/bench_repair.py --tokens skewed16k,8x2048 --head-dims 64,128 \
+    --passes 2
+  grep -E "^\|" "$OUT/repair_main.log"
+  patch -p1 <ci/patches/repair_four_warps.diff >/dev/null && echo "patch applied"
+  step repair_tests 150 python3 -m pytest tests/test_unseen_keys.py tests/test_plan.py -n 8 \
+    -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
+  tail -n 3 "$OUT/repair_tests.log"
+  step repair_4w 120 python3 ci/bench_repair.py --tokens skewed16k,8x2048 --head-dims 64,128 \
+    --passes 2
+  grep -E "^\|" "$OUT/repair_4w.log"
+  patch -R -p1 <ci/patches/repair_four_warps.diff >/dev/null && echo "patch reverted"
 fi
 printf '%s\n' "${summary[@]}"
