@@ -5,7 +5,15 @@
 # none failed), golden verify sm90 30/30, docs/bench-h200.* and docs/bench-decode-h200.*
 # re-recorded with FA4, the paged-vs-packed decode with ncu (perf-notes row 78) and the repair
 # passes' cost (row 79). What is left:
-#   1. bash ci/gpu_next.sh 1   # issue 37 item 2 (perf-notes row 80): the paged decode with one
+#   1. bash ci/gpu_next.sh 1   # the forward's repair pass as one program per query tile over
+#                              # all heads (design 3.2, perf-notes row 82; landed without GPU
+#                              # time: the first pass's machine code is unchanged on every
+#                              # family, the repair's is new): the unseen-key and plan GPU
+#                              # tests (repaired rows = a clean run's, bitwise), golden verify
+#                              # sm90, bench_repair against row 79's +4-7%, ncu launch stats.
+#                              # Run first; if it fails, revert the forward.py part of the
+#                              # commit that landed it and re-record the fingerprints (~7 min)
+#   2. bash ci/gpu_next.sh 2   # issue 37 item 2 (perf-notes row 80): the paged decode with one
 #                              # block-table read per key tile (ci/patches/paged_tile_page.diff;
 #                              # measured in session 27: +2-12% where a page holds whole key
 #                              # tiles, bits equal, varlen at pages 16/64 unchanged, paged still
@@ -16,22 +24,34 @@
 #                              # decode (perf-notes row 80); then python -m ci.golden_dev
 #                              # fingerprints --update under Triton 3.6 and 3.9 (13 + 20 min
 #                              # CPU: every compile key changes)
-#   2. bash ci/gpu_next.sh 2   # tests test_[i-z]* (not run on the GPU since session 25) (~9 min)
-#   3. bash ci/gpu_next.sh 3   # transformers: benchmarks/transformers_llama.py (training step
+#   3. bash ci/gpu_next.sh 3   # tests test_[i-z]* (not run on the GPU since session 25) (~9 min)
+#   4. bash ci/gpu_next.sh 4   # transformers: benchmarks/transformers_llama.py (training step
 #                              # and a decode step against SDPA; never run on a GPU)   (~5 min)
-#   4. bash ci/gpu_next.sh 4   # the repair passes at 4 warps (ci/patches/repair_four_warps.diff;
+#   5. bash ci/gpu_next.sh 5   # the repair passes at 4 warps (ci/patches/repair_four_warps.diff;
 #                              # perf-notes row 81: two programs per SM where one fit, so half
-#                              # the waves): bench_repair on main, then patched, and the GPU
-#                              # unseen-key tests (repaired rows = a clean run's, bitwise) on
-#                              # the patched tree; reverted after                  (~6 min)
+#                              # the waves; now mostly for the dQ and dK/dV repairs):
+#                              # bench_repair on main, then patched, and the GPU unseen-key
+#                              # tests on the patched tree; reverted after          (~6 min)
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|5}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 if [ "$PART" = 1 ]; then
+  step repair_tests 200 python3 -m pytest tests/test_unseen_keys.py tests/test_plan.py \
+    tests/test_correctness.py -n 8 -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
+  tail -n 3 "$OUT/repair_tests.log"
+  step golden 90 python3 -m portattn golden verify --family sm90; tail -n 2 "$OUT/golden.log"
+  step repair 120 python3 ci/bench_repair.py --tokens skewed16k,8x2048 --head-dims 64,128 \
+    --passes 2
+  grep -E "^\|" "$OUT/repair.log"
+  step repair_ncu 120 ncu --clock-control none -c 12 \
+    --kernel-name regex:"attn_(fwd|bwd_dkdv|bwd_dq)(_ws)?_kernel" \
+    --section LaunchStats --section Occupancy --section SpeedOfLight python3 ci/repair_probe.py
+  grep -E "attn_|Duration|Waves Per SM|Grid Size" "$OUT/repair_ncu.log" | head -n 50
+elif [ "$PART" = 2 ]; then
   patch -p1 <ci/patches/paged_tile_page.diff >/dev/null && echo "patch applied"
   step paged_tests 200 python3 -m pytest tests/test_kvcache.py tests/test_rollout_gpu.py \
     tests/test_cuda_graphs.py tests/test_append.py tests/test_model_features.py -n 8 \
@@ -46,16 +66,16 @@ if [ "$PART" = 1 ]; then
   grep -E "attn_decode_kernel|Duration|DRAM Throughput|Stall|Warp Cycles|Eligible|Issued Warp" \
     "$OUT/paged_ncu.log" | head -n 80
   patch -R -p1 <ci/patches/paged_tile_page.diff >/dev/null && echo "patch reverted"
-elif [ "$PART" = 2 ]; then
+elif [ "$PART" = 3 ]; then
   # -v: a run cut by its limit still names its failures (session 23 lost one that way)
   # shellcheck disable=SC2046
   step pytest "${PYTEST_LIMIT:-520}" python3 -m pytest $(ls tests/test_[i-z]*.py) -v -n 15 \
     -p no:cacheprovider -W ignore::DeprecationWarning -rfE
   grep -E "FAILED|ERROR|passed|failed" "$OUT/pytest.log" | grep -v PASSED | tail -n 15
-elif [ "$PART" = 3 ]; then
+elif [ "$PART" = 4 ]; then
   step llama 280 python3 benchmarks/transformers_llama.py --json "$OUT/transformers.json"
   grep -E "^\|" "$OUT/llama.log" | head -n 30
-elif [ "$PART" = 4 ]; then
+elif [ "$PART" = 5 ]; then
   step repair_main 120 python3 ci/bench_repair.py --tokens skewed16k,8x2048 --head-dims 64,128 \
     --passes 2
   grep -E "^\|" "$OUT/repair_main.log"

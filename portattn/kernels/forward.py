@@ -20,6 +20,8 @@ from portattn.kernels.addressing import (
     query_tile,
     row_strides,
     row_tiles,
+    seq_bounds,
+    tile_index,
     value_columns,
 )
 from portattn.kernels.buffers import check_row_strides, new_buffer, rows_aligned
@@ -34,11 +36,13 @@ from portattn.kernels.plan import (
 from portattn.kernels.primitives import (
     KeyLoop,
     forward_tile,
-    repair_check_rows,
-    tile_is_finite,
+    nonfinite_rows,
     visited_key_range,
 )
 from portattn.kernels.ws_kernels import attn_fwd_ws_kernel, ws_launch_options, ws_supports
+
+# Query heads whose rows a repair program tests with one load (design §3.2).
+REPAIR_HEADS = tl.constexpr(16)
 
 
 @triton.jit
@@ -77,31 +81,90 @@ def attn_fwd_kernel(
     scores are softcapped (``softcap_scores``). ``HAS_SINK``: float32 ``sinks`` [Hq] (else
     None), the heads' attention sinks (``fold_sink``). ``HEAD_DIM_V`` / ``BLOCK_DV``: v's and
     the output's head dim and its padded width (q's and k's: ``HEAD_DIM`` / ``BLOCK_D``).
-    ``REPAIR``: the repair pass after a first pass of the same tiles (design §3.2): a program
-    whose tile the first pass wrote finite returns; the others recompute it with masked tiles
-    through ``mma_visible``."""
+    ``REPAIR``: the repair pass after a first pass of the same tiles (design §3.2), one
+    program per (query tile, head-dim chunk) over all heads: it recomputes, with masked tiles
+    through ``mma_visible``, the heads' tiles that the first pass wrote with a NaN or an
+    infinity."""
     stride_qt, stride_qh = row_strides(stride_qt, stride_qh, HEAD_DIM)
     stride_kt, stride_kh = row_strides(stride_kt, stride_kh, HEAD_DIM)
     stride_vt, stride_vh = row_strides(stride_vt, stride_vh, HEAD_DIM_V)
     stride_ot, stride_oh = row_strides(stride_ot, stride_oh, HEAD_DIM_V)
     stride_o32t, stride_o32h = row_strides(stride_o32t, stride_o32h, HEAD_DIM_V)
-    i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
-        cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
-    if m_start >= seqlen_q:
-        return
+    if REPAIR:
+        # One program per (query tile, chunk), over all query heads: it tests one row a slab of
+        # each head's tile (``repair_check_rows``' rows, ``REPAIR_HEADS`` heads a load) and
+        # recomputes the tiles that hold a NaN or an infinity. So the pass is as many programs
+        # as the first pass has query tiles per head: about one wave, where one program per
+        # (tile, head) took one wave per 132 programs of the first pass's resources.
+        i_b, i_m = tile_index(batch, CAUSAL)
+        bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
+        bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
+        m_start = i_m * BLOCK_M
+        if m_start >= seqlen_q:
+            return
+        SLABS: tl.constexpr = (BLOCK_M + 63) // 64
+        SLAB: tl.constexpr = BLOCK_M // SLABS
+        ROWS: tl.constexpr = REPAIR_HEADS * SLABS
+        o_r = tl.arange(0, ROWS)  # [ROWS] (head of the block, slab) pairs
+        o_slab = m_start + (o_r % SLABS) * SLAB
+        o_row = tl.minimum(o_slab + SLAB - 1, seqlen_q - 1)  # the slab's last valid row
+        o_d = tl.arange(0, BLOCK_D)
+        o_rv, m_rv = value_columns(o_d, o_d < HEAD_DIM, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)
+        o_rc, m_rc, _ = head_dim_chunk(o_rv, m_rv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
+        p_rows = o + (bos_q + o_row.to(tl.int64))[:, None] * stride_ot + o_rc[None, :]
+        for h_first in range(0, n_heads_q, REPAIR_HEADS):
+            o_h = h_first + o_r // SLABS  # [ROWS] query heads
+            m_r = (o_slab < seqlen_q) & (o_h < n_heads_q)
+            b_x = tl.load(p_rows + o_h.to(tl.int64)[:, None] * stride_oh,
+                          mask=m_r[:, None] & m_rc[None, :], other=0.0).to(tl.float32)
+            b_bad = nonfinite_rows(b_x)  # [ROWS]
+            for h in range(h_first, tl.minimum(h_first + REPAIR_HEADS, n_heads_q)):
+                i_h = tl.program_id(1) + h  # program id 1 is 0: the head as a tensor
+                if tl.max(tl.where(o_h == i_h, b_bad, 0), 0) > 0:
+                    forward_program(
+                        q, k, v, o, lse, o32, stride_qt, stride_qh, stride_kt, stride_kh,
+                        stride_vt, stride_vh, stride_ot, stride_oh, stride_o32t, stride_o32h,
+                        n_heads_q, scale_log2, sinks, i_h, i_h // group, bos_q, seqlen_q,
+                        bos_k, seqlen_k, m_start, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV,
+                        BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, STORE_O32, INTERPRET, D_CHUNKS, TMA,
+                        WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, HAS_SINK, REPAIR,
+                    )
+    else:
+        i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
+            cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
+        if m_start >= seqlen_q:
+            return
+        forward_program(
+            q, k, v, o, lse, o32, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+            stride_vh, stride_ot, stride_oh, stride_o32t, stride_o32h, n_heads_q, scale_log2,
+            sinks, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start, HEAD_DIM, BLOCK_D,
+            HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, STORE_O32, INTERPRET,
+            D_CHUNKS, TMA, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, HAS_SINK, REPAIR,
+        )
+
+
+@triton.jit
+def forward_program(
+    q, k, v, o, lse, o32,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_ot, stride_oh, stride_o32t, stride_o32h,
+    n_heads_q, scale_log2, sinks,
+    i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    SPLIT_P: tl.constexpr, STORE_O32: tl.constexpr, INTERPRET: tl.constexpr,
+    D_CHUNKS: tl.constexpr, TMA: tl.constexpr, WINDOW_LEFT: tl.constexpr,
+    WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINK: tl.constexpr,
+    REPAIR: tl.constexpr,
+):
+    """The forward of one query tile (rows from ``m_start``) of one query head ``i_h``: the
+    kernel's parameters (strides in elements, ``row_strides``'), the tile's sequence bounds,
+    and its output, lse and float32 output written."""
     diag = seqlen_k - seqlen_q
 
     o_q = m_start + tl.arange(0, BLOCK_M)  # [BLOCK_M] positions in the sequence
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
-    if REPAIR:  # before any load: most programs of a repair pass read a row a slab and return
-        o_rv, m_rv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)
-        o_rc, m_rc, _ = head_dim_chunk(o_rv, m_rv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
-        p_first = (o + (bos_q + o_q.to(tl.int64))[:, None] * stride_ot
-                   + i_h.to(tl.int64) * stride_oh + o_rc[None, :])
-        m_check = repair_check_rows(o_q, seqlen_q, BLOCK_M, True)
-        if tile_is_finite(p_first, m_check[:, None] & m_rc[None, :]):
-            return
     if TMA:
         p_q = q + bos_q * stride_qt + i_h.to(tl.int64) * stride_qh
         src_q = row_tiles(p_q, seqlen_q, stride_qt, HEAD_DIM, BLOCK_M, BLOCK_D)
@@ -237,7 +300,9 @@ def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool,
     the Triton kernel of the same key tiles (``plan.repair_tiles``)."""
     cfg = p.cfg
     tiles = repair_tiles(cfg.fwd) if repair else cfg.fwd
-    grid = (triton.cdiv(p.grid_rows_q, tiles.block_m) * p.batch, p.n_heads_q, cfg.fwd_chunks)
+    # A repair program covers every head of its query tile (attn_fwd_kernel's REPAIR).
+    heads = 1 if repair else p.n_heads_q
+    grid = (triton.cdiv(p.grid_rows_q, tiles.block_m) * p.batch, heads, cfg.fwd_chunks)
     flags = dict(HEAD_DIM=p.head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                  CAUSAL=p.causal, SPLIT_P=p.split_p, STORE_O32=store_o32)
     if not repair and use_warp_specialized(p, tma):
