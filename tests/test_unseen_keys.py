@@ -27,6 +27,14 @@ def test_unseen_key_causal(kernel, target, bad):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
+def test_unseen_key_one_kv_head(kernel):
+    """A NaN value in kv head 3 of 4 (query heads 15-19, across the forward repair's blocks of
+    16 heads): that group's rows that do not see it and every row of the other heads keep a
+    clean run's bits; the tiles of the heads that see it are the only ones repaired."""
+    checks.check_unseen_key(kernel, Setup(77, 77, heads=(20, 4)), 40, "v", NAN, kv_head=3)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_unseen_key_window(kernel):  # rows past the window's left edge do not see key 5
     checks.check_unseen_key(kernel, Setup(70, 70, window=(9, 0)), 5, "v", NAN)
 
@@ -102,6 +110,8 @@ def test_unseen_gpu(kernel, dtype, head_dim, window):
     tall = dataclasses.replace(square, seqlen_k=300)  # Sq > Sk: rows with no key first
     checks.check_unseen_key(kernel, tall, 250, "v", NAN)
     checks.check_unseen_grad_row(kernel, square, 300, NAN)
+    gqa = dataclasses.replace(square, heads=(20, 4))  # one kv head's group, across 16 heads
+    checks.check_unseen_key(kernel, gqa, 517, "v", NAN, kv_head=3)
 
 
 @pytest.mark.gpu

@@ -55,24 +55,40 @@ class Setup:
     window: tuple[int, int] = (-1, -1)
     seed: int = 0
 
-    def runs(self, kernel: str, field: str, index: int, bad: float):
+    def runs(self, kernel: str, field: str, index: int, bad: float, head: int | None = None):
         """The clean pack and both runs' results: clean, and with row ``index`` of the pack's
-        ``field`` (k, v or do) set to ``bad``."""
+        ``field`` (k, v or do) set to ``bad`` (in every head, or in ``head`` alone)."""
         clean = make_pack(
             [self.seqlen_q], [self.seqlen_k], *self.heads, self.head_dim, self.dtype, self.seed
         )
         poisoned = getattr(clean, field).detach().clone()
-        poisoned[index] = bad
+        if head is None:
+            poisoned[index] = bad
+        else:
+            poisoned[index, head] = bad
         dirty = dataclasses.replace(clean, **{field: poisoned})
         opts = dict(causal=self.causal, window_size=self.window)
         return clean, run_kernel(clean, kernel, **opts), run_kernel(dirty, kernel, **opts)
 
 
-def check_unseen_key(kernel: str, setup: Setup, key: int, target: str, bad: float) -> None:
-    """``target`` ('k' or 'v') of key ``key`` (every head and column) set to ``bad``: out, lse
-    and dQ of the rows that do not see the key equal a clean run's bits; rows that see a NaN
-    value are NaN."""
-    clean, want, got = setup.runs(kernel, target, key, bad)
+def check_unseen_key(
+    kernel: str, setup: Setup, key: int, target: str, bad: float, kv_head: int | None = None
+) -> None:
+    """``target`` ('k' or 'v') of key ``key`` (every head, or kv head ``kv_head`` alone, every
+    column) set to ``bad``: out, lse and dQ of the rows that do not see the key equal a clean
+    run's bits; rows that see a NaN value are NaN (in ``kv_head``'s query heads); the query
+    heads of the other kv heads equal a clean run's in every row."""
+    clean, want, got = setup.runs(kernel, target, key, bad, kv_head)
+    if kv_head is not None:
+        group = setup.heads[0] // setup.heads[1]
+        others = [h for h in range(setup.heads[0]) if h // group != kv_head]
+        for name in ("out", "lse", "dq"):
+            assert torch.equal(got[name][:, others], want[name][:, others]), (
+                f"{name}: a query head of another kv head changed"
+            )
+        mine = slice(kv_head * group, (kv_head + 1) * group)
+        got = {name: got[name][:, mine] for name in ("out", "lse", "dq")}
+        want = {name: want[name][:, mine] for name in ("out", "lse", "dq")}
     rows = torch.arange(setup.seqlen_q, device=clean.q.device)
     seen = sees(rows, key, setup.seqlen_q, setup.seqlen_k, setup.causal, setup.window)
     assert (~seen).any(), "the case has no row that does not see the key"
