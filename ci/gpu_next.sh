@@ -12,7 +12,9 @@
 #                              # tests (repaired rows = a clean run's, bitwise), golden verify
 #                              # sm90, bench_repair against row 79's +4-7%, ncu launch stats.
 #                              # Run first; if it fails, revert the forward.py part of the
-#                              # commit that landed it and re-record the fingerprints (~7 min)
+#                              # commit that landed it and re-record the fingerprints. Then
+#                              # the same for dQ's repair (ci/patches/dq_repair_one_wave.diff,
+#                              # perf-notes row 83: applied, tests and cost, reverted) (~9 min)
 #   2. bash ci/gpu_next.sh 2   # issue 37 item 2 (perf-notes row 80): the paged decode with one
 #                              # block-table read per key tile (ci/patches/paged_tile_page.diff;
 #                              # measured in session 27: +2-12% where a page holds whole key
@@ -51,6 +53,14 @@ if [ "$PART" = 1 ]; then
     --kernel-name regex:"attn_(fwd|bwd_dkdv|bwd_dq)(_ws)?_kernel" \
     --section LaunchStats --section Occupancy --section SpeedOfLight python3 ci/repair_probe.py
   grep -E "attn_|Duration|Waves Per SM|Grid Size" "$OUT/repair_ncu.log" | head -n 50
+  patch -p1 <ci/patches/dq_repair_one_wave.diff >/dev/null && echo "dq patch applied"
+  step dq_tests 150 python3 -m pytest tests/test_unseen_keys.py tests/test_plan.py -n 8 \
+    -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
+  tail -n 3 "$OUT/dq_tests.log"
+  step dq_repair 120 python3 ci/bench_repair.py --tokens skewed16k,8x2048 --head-dims 64,128 \
+    --passes 2
+  grep -E "^\|" "$OUT/dq_repair.log"
+  patch -R -p1 <ci/patches/dq_repair_one_wave.diff >/dev/null && echo "dq patch reverted"
 elif [ "$PART" = 2 ]; then
   patch -p1 <ci/patches/paged_tile_page.diff >/dev/null && echo "patch applied"
   step paged_tests 200 python3 -m pytest tests/test_kvcache.py tests/test_rollout_gpu.py \
