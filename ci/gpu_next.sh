@@ -5,16 +5,16 @@
 # none failed), golden verify sm90 30/30, docs/bench-h200.* and docs/bench-decode-h200.*
 # re-recorded with FA4, the paged-vs-packed decode with ncu (perf-notes row 78) and the repair
 # passes' cost (row 79). What is left:
-#   1. bash ci/gpu_next.sh 1   # the forward's repair pass as one program per query tile over
-#                              # all heads (design 3.2, perf-notes row 82; landed without GPU
+#   1. bash ci/gpu_next.sh 1   # the forward's and dQ's repair passes, one program per query
+#                              # tile over all heads (design 3.2, perf-notes rows 82-83; landed
+#                              # without GPU
 #                              # time: the first pass's machine code is unchanged on every
 #                              # family, the repair's is new): the unseen-key and plan GPU
 #                              # tests (repaired rows = a clean run's, bitwise), golden verify
 #                              # sm90, bench_repair against row 79's +4-7%, ncu launch stats.
-#                              # Run first; if it fails, revert the forward.py part of the
-#                              # commit that landed it and re-record the fingerprints. Then
-#                              # the same for dQ's repair (ci/patches/dq_repair_one_wave.diff,
-#                              # perf-notes row 83: applied, tests and cost, reverted) (~9 min)
+#                              # The same for dQ's repair (backward_dq.py, row 83). Run first;
+#                              # if it fails, revert the commits that landed them (873be8b, and
+#                              # the dQ one) and re-record the fingerprints        (~7 min)
 #   2. bash ci/gpu_next.sh 2   # issue 37 item 2 (perf-notes row 80): the paged decode with one
 #                              # block-table read per key tile (ci/patches/paged_tile_page.diff;
 #                              # measured in session 27: +2-12% where a page holds whole key
@@ -53,14 +53,6 @@ if [ "$PART" = 1 ]; then
     --kernel-name regex:"attn_(fwd|bwd_dkdv|bwd_dq)(_ws)?_kernel" \
     --section LaunchStats --section Occupancy --section SpeedOfLight python3 ci/repair_probe.py
   grep -E "attn_|Duration|Waves Per SM|Grid Size" "$OUT/repair_ncu.log" | head -n 50
-  patch -p1 <ci/patches/dq_repair_one_wave.diff >/dev/null && echo "dq patch applied"
-  step dq_tests 150 python3 -m pytest tests/test_unseen_keys.py tests/test_plan.py -n 8 \
-    -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
-  tail -n 3 "$OUT/dq_tests.log"
-  step dq_repair 120 python3 ci/bench_repair.py --tokens skewed16k,8x2048 --head-dims 64,128 \
-    --passes 2
-  grep -E "^\|" "$OUT/dq_repair.log"
-  patch -R -p1 <ci/patches/dq_repair_one_wave.diff >/dev/null && echo "dq patch reverted"
 elif [ "$PART" = 2 ]; then
   patch -p1 <ci/patches/paged_tile_page.diff >/dev/null && echo "patch applied"
   step paged_tests 200 python3 -m pytest tests/test_kvcache.py tests/test_rollout_gpu.py \

@@ -179,10 +179,10 @@ def _backward_stages(kernels: BackwardKernels, p: VarlenProblem, tma_dkdv: bool,
         stages.append(_Stage("bwd_dq", kernels.dq, grid, params, tma_dq, "dq"))
     if p.has_unseen_keys:  # design §3.2: the Triton kernel of the same key tiles
         t = repair_tiles(t)
-        grid = (ceil_div(p.grid_rows_q, t.block_m) * p.batch, p.n_heads_q)
+        grid = (ceil_div(p.grid_rows_q, t.block_m) * p.batch, 1)  # a program: every head
         params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded,
-                      REPAIR=cfg.repair_products, **common, **kernel_flags,
-                      **t.launch_kwargs())
+                      REPAIR=cfg.repair_products, N_HEADS_Q=p.n_heads_q, **common,
+                      **kernel_flags, **t.launch_kwargs())
         stages.append(_Stage("bwd_dq_repair", kernels.dq, grid, params, tma_dq, "dq"))
     return tuple(stages)
 

@@ -34,15 +34,14 @@ from portattn.kernels.plan import (
     run_launches,
 )
 from portattn.kernels.primitives import (
+    REPAIR_HEADS,
     KeyLoop,
     forward_tile,
-    nonfinite_rows,
+    head_is_bad,
+    repair_head_block,
     visited_key_range,
 )
 from portattn.kernels.ws_kernels import attn_fwd_ws_kernel, ws_launch_options, ws_supports
-
-# Query heads whose rows a repair program tests with one load (design §3.2).
-REPAIR_HEADS = tl.constexpr(16)
 
 
 @triton.jit
@@ -92,7 +91,7 @@ def attn_fwd_kernel(
     stride_o32t, stride_o32h = row_strides(stride_o32t, stride_o32h, HEAD_DIM_V)
     if REPAIR:
         # One program per (query tile, chunk), over all query heads: it tests one row a slab of
-        # each head's tile (``repair_check_rows``' rows, ``REPAIR_HEADS`` heads a load) and
+        # each head's tile (``repair_head_block``, ``REPAIR_HEADS`` heads a load) and
         # recomputes the tiles that hold a NaN or an infinity. So the pass is as many programs
         # as the first pass has query tiles per head: about one wave, where one program per
         # (tile, head) took one wave per 132 programs of the first pass's resources.
@@ -102,25 +101,15 @@ def attn_fwd_kernel(
         m_start = i_m * BLOCK_M
         if m_start >= seqlen_q:
             return
-        SLABS: tl.constexpr = (BLOCK_M + 63) // 64
-        SLAB: tl.constexpr = BLOCK_M // SLABS
-        ROWS: tl.constexpr = REPAIR_HEADS * SLABS
-        o_r = tl.arange(0, ROWS)  # [ROWS] (head of the block, slab) pairs
-        o_slab = m_start + (o_r % SLABS) * SLAB
-        o_row = tl.minimum(o_slab + SLAB - 1, seqlen_q - 1)  # the slab's last valid row
         o_d = tl.arange(0, BLOCK_D)
         o_rv, m_rv = value_columns(o_d, o_d < HEAD_DIM, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)
         o_rc, m_rc, _ = head_dim_chunk(o_rv, m_rv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
-        p_rows = o + (bos_q + o_row.to(tl.int64))[:, None] * stride_ot + o_rc[None, :]
         for h_first in range(0, n_heads_q, REPAIR_HEADS):
-            o_h = h_first + o_r // SLABS  # [ROWS] query heads
-            m_r = (o_slab < seqlen_q) & (o_h < n_heads_q)
-            b_x = tl.load(p_rows + o_h.to(tl.int64)[:, None] * stride_oh,
-                          mask=m_r[:, None] & m_rc[None, :], other=0.0).to(tl.float32)
-            b_bad = nonfinite_rows(b_x)  # [ROWS]
+            o_h, b_bad = repair_head_block(o, stride_ot, stride_oh, bos_q, h_first, n_heads_q,
+                                           m_start, seqlen_q, o_rc, m_rc, BLOCK_M)
             for h in range(h_first, tl.minimum(h_first + REPAIR_HEADS, n_heads_q)):
                 i_h = tl.program_id(1) + h  # program id 1 is 0: the head as a tensor
-                if tl.max(tl.where(o_h == i_h, b_bad, 0), 0) > 0:
+                if head_is_bad(o_h, b_bad, i_h):
                     forward_program(
                         q, k, v, o, lse, o32, stride_qt, stride_qh, stride_kt, stride_kh,
                         stride_vt, stride_vh, stride_ot, stride_oh, stride_o32t, stride_o32h,

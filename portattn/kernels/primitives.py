@@ -116,6 +116,37 @@ def tile_is_finite(p_x, m_x):
     return tl.max(nonfinite_rows(b_x), 0) == 0
 
 
+# Query heads whose check rows a repair program over all heads tests with one load.
+REPAIR_HEADS = tl.constexpr(16)
+
+
+@triton.jit
+def repair_head_block(p_x, stride_t, stride_h, bos, h_first, n_heads, m_start, seqlen, o_c, m_c,
+                      BLOCK: tl.constexpr):
+    """A repair program over all heads of one tile (rows from ``m_start`` of a sequence from
+    row ``bos``): the check rows (``repair_check_rows``' rows) of heads ``h_first`` onwards,
+    ``REPAIR_HEADS`` of them, in one load of ``p_x`` (columns ``o_c`` where ``m_c``). Returns
+    (o_h, b_bad), [REPAIR_HEADS * slabs]: each row's head, and 1 where it holds a NaN or an
+    infinity (``head_is_bad`` reads one head's)."""
+    SLABS: tl.constexpr = (BLOCK + 63) // 64
+    SLAB: tl.constexpr = BLOCK // SLABS
+    o_r = tl.arange(0, REPAIR_HEADS * SLABS)  # (head, slab) pairs
+    o_slab = m_start + (o_r % SLABS) * SLAB
+    o_row = tl.minimum(o_slab + SLAB - 1, seqlen - 1)  # the slab's last valid row
+    o_h = h_first + o_r // SLABS
+    m_r = (o_slab < seqlen) & (o_h < n_heads)
+    p_r = (p_x + (bos + o_row.to(tl.int64))[:, None] * stride_t
+           + o_h.to(tl.int64)[:, None] * stride_h + o_c[None, :])
+    b_x = tl.load(p_r, mask=m_r[:, None] & m_c[None, :], other=0.0).to(tl.float32)
+    return o_h, nonfinite_rows(b_x)
+
+
+@triton.jit
+def head_is_bad(o_h, b_bad, i_h):
+    """Whether ``repair_head_block`` found a NaN or an infinity in a check row of head ``i_h``."""
+    return tl.max(tl.where(o_h == i_h, b_bad, 0), 0) > 0
+
+
 @triton.jit
 def repair_check_rows(o_r, n_valid, BLOCK: tl.constexpr, LAST: tl.constexpr):
     """[BLOCK] mask of the rows of a first pass's tile (positions ``o_r``, ascending from the
