@@ -3,6 +3,7 @@ generator, cases, hashing, merge and file safety): the device, tiny cases, fake 
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 from pathlib import Path
 
@@ -73,3 +74,17 @@ def fake_record(results, toolchain="triton-x", config="c1", fingerprints=None) -
     hashes = {r.case.entry: config for r in results}
     prov = {"devices": ["dev"], "drivers": [], "torch": ["t"], "portattn": "0", "date": "d"}
     return build_record(FAKE, toolchain, results, prov, fingerprints, hashes, 1)
+
+
+def verify_args(**kw) -> argparse.Namespace:
+    """The arguments of ``golden verify`` / ``refresh`` (``cmd_verify``, ``cmd_refresh``) with
+    ``kw`` over the defaults."""
+    base = {
+        "family": None,
+        "golden_dir": None,
+        "case": None,
+        "force": False,
+        "repeat": 1,
+        "skip_fingerprints": True,
+    }
+    return argparse.Namespace(**(base | kw))
