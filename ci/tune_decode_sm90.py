@@ -42,6 +42,13 @@ VARIANTS = (
     (16, 4, 3),
     (16, 4, 5),
     (16, 2, 4),
+    # one stage: the K/V tiles of one (64 KB at d128) let 2-3 CTAs share an SM (perf-notes
+    # row 78: one CTA of 8 warps per SM, limited by shared memory and registers alike)
+    (64, 8, 1),
+    (64, 4, 1),
+    (32, 4, 1),
+    (16, 4, 1),
+    (16, 4, 2),
 )
 
 

@@ -41,30 +41,32 @@ def _check(q, **overrides):
     return check_options(q, q, q, **args)
 
 
-def test_a_checked_signature_gives_its_record_again():
+def test_a_checked_signature_gives_its_record_again(device):
     """check_options keeps the record of a call that passed (no sinks, not traced): the same
     call again gets the same record; a call that differs in what the checks read is checked."""
-    q = torch.randn(8, 2, 16, dtype=torch.float16)
+    q = torch.randn(8, 2, 16, dtype=torch.float16, device=device)
     first = _check(q)
-    assert _check(torch.randn(8, 2, 16, dtype=torch.float16)) is first  # other values
+    assert (
+        _check(torch.randn(8, 2, 16, dtype=torch.float16, device=device)) is first
+    )  # other values
     assert _check(q, causal=False) is not first and not _check(q, causal=False).causal
     assert _check(q, window_size=(4, 0)).window_left == 4
     assert _check(q, compiling=True) is not first  # traced: checked every time
 
 
-def test_a_kept_record_does_not_skip_a_check_that_fails():
+def test_a_kept_record_does_not_skip_a_check_that_fails(device):
     """Arguments equal to a checked call's under ``==`` but of another type, shape, stride,
     dtype: each is checked and raises as on a first call."""
     import pytest
 
-    q = torch.randn(8, 2, 16, dtype=torch.float16)
+    q = torch.randn(8, 2, 16, dtype=torch.float16, device=device)
     _check(q)
     with pytest.raises(TypeError, match="causal"):
         _check(q, causal=1)  # 1 == True, and hashes alike
     with pytest.raises(TypeError):
         _check(q, window_size=(-1.0, -1))  # -1.0 == -1
     with pytest.raises(ValueError, match="stride"):
-        _check(torch.randn(8, 2, 32, dtype=torch.float16)[..., ::2])
+        _check(torch.randn(8, 2, 32, dtype=torch.float16, device=device)[..., ::2])
     with pytest.raises(Exception, match="float16 or torch.bfloat16"):
         _check(q.float())
     window = torch.tensor([-1, -1])  # a tensor window: read each call, never kept
