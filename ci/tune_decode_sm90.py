@@ -1,9 +1,10 @@
 """Variant timing of the sm90 decode kernel's tiles (``KernelConfig.decode``), bits checked.
 
-A decode row's bits depend on its key tiles (``BLOCK_N``, the forward's), not on how many query
-rows share a tile, nor on warps or stages (``kernels/decode.py``); each variant here keeps
-``BLOCK_N`` and its outputs must equal the committed entry's bitwise (``torch.equal`` on out and
-lse) on every workload, or the row says so. Timed as ``benchmarks/bench_decode.py`` times
+A decode row's bits depend on its key tiles (``BLOCK_N``, the forward's) and, on sm90, on the
+query rows of a tile: below 64 rows the products leave wgmma for mma.sync and sum in another
+order (measured: perf-notes row 85); warps and stages at 64 rows keep the bits. Each variant here
+keeps ``BLOCK_N`` and its outputs must equal the committed entry's bitwise (``torch.equal`` on
+out and lse) on every workload, or the row says so. Timed as ``benchmarks/bench_decode.py`` times
 (``do_bench`` medians, L2 flushed), eagerly and as a CUDA-graph replay, on the paged cache of
 pages of 64 keys: ``flash_attn_with_kvcache(..., causal=True)``, bf16.
 

@@ -159,8 +159,9 @@ class KernelConfig:
     def decode_tiles(self) -> Tiles:
         """Tiles of the decode kernel (``kernels/decode.py``), derived from the forward's, so the
         content hash covers them: the same key tile (a row's bits depend on its key tiles), at
-        most 64 query rows (a decode step fills few), the forward's warps and stages (fewer
-        warps spill on sm90 d128, and 64 rows keep Hopper's wgmma products)."""
+        most 64 query rows (a decode step fills few) and no fewer where the forward has 64 or
+        more (on sm90 fewer rows leave wgmma for mma.sync, whose products give other bits:
+        perf-notes row 85), the forward's warps and stages (fewer warps spill on sm90 d128)."""
         if self.decode is not None:  # an entry's own decode row
             return self.decode
         fwd = self.fwd
