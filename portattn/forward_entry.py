@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from portattn import forward_replay
 from portattn.kernels.buffers import lse_scratch
 from portattn.kernels.plan import splits_p
 from portattn.ops import EagerAttention, FwdArgs, fwd_impl, varlen_fwd
@@ -77,6 +78,29 @@ def run_forward(
     sinks = [] if options.sinks is None else [options.sinks]
     # fixed_order's backward reads a float32 copy of out: store it only when a backward can run.
     store_o32 = splits_p(options.kernel) and needs_grad(q, k, v, *sinks)
+    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, options.sinks)
+    path = direct_call(tensors, compiling)
+    if path == "impl":
+        # With no autograd here, nothing but the caller could read the lse.
+        scratch = None
+        if not lse_needed and not capturing(q):
+            scratch = lse_scratch(q.shape[0], q.shape[1], q.device)
+        if forward_replay.REPLAYED_FORWARDS and options.sinks is None:
+            out, lse, _ = forward_replay.replayed_forward(
+                q,
+                k,
+                v,
+                cu_seqlens_q,
+                cu_seqlens_k,
+                max_seqlen_q,
+                max_seqlen_k,
+                options,
+                store_o32,
+                block_table,
+                scratch,
+                check_values,
+            )
+            return out, lse
     args = FwdArgs.bind(
         q,
         k,
@@ -90,15 +114,11 @@ def run_forward(
         check_values=check_values,
         block_table=block_table,
     )
-    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, options.sinks)
-    path = direct_call(tensors, compiling)
     if path is None:
         out, lse, _ = varlen_fwd(*args)
         return out, lse
     if path == "autograd":
         out, lse, _ = EagerAttention.apply(options, *args)
         return out, lse
-    # With no autograd here, nothing but the caller could read the lse.
-    scratch = None if lse_needed or capturing(q) else lse_scratch(q.shape[0], q.shape[1], q.device)
     out, lse, _ = fwd_impl(*args, lse=scratch, options=options)
     return out, lse

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -217,16 +218,8 @@ def fwd_impl(
         head_dim_v=a.v.shape[-1],
     )
     before_launch = None
-    total_q, total_k = a.q.shape[0], a.k.shape[0]
-    if a.check_values and a.block_table is not None:
-        page_size = a.k.shape[1]
-        before_launch = functools.partial(
-            check_paged_values, cu_q, cu_k, a.block_table, total_q, total_k, page_size, max_q, max_k
-        )
-    elif a.check_values:
-        before_launch = functools.partial(
-            check_varlen_values, cu_q, cu_k, total_q, total_k, max_q, max_k
-        )
+    if a.check_values:
+        before_launch = value_checks(a.q, a.k, cu_q, cu_k, a.block_table, max_q, max_k)
     out, lse, out32 = attn_fwd(
         problem,
         a.q,
@@ -241,6 +234,36 @@ def fwd_impl(
         lse=lse,
     )
     return out, lse, out32
+
+
+def value_checks(
+    q, k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q: int, max_seqlen_k: int
+) -> Callable[[], object]:
+    """The value checks of ``cu_seqlens`` (and a paged call's ``block_table``) that the forward
+    runs right before its launch when asked (``check_values``): they read the values on the
+    host, and raise before any launch."""
+    total_q, total_k = q.shape[0], k.shape[0]
+    if block_table is not None:
+        return functools.partial(
+            check_paged_values,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            block_table,
+            total_q,
+            total_k,
+            k.shape[1],  # the page size
+            max_seqlen_q,
+            max_seqlen_k,
+        )
+    return functools.partial(
+        check_varlen_values,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        total_q,
+        total_k,
+        max_seqlen_q,
+        max_seqlen_k,
+    )
 
 
 # The ops' functions, fakes and autograd formula get every argument by position (the schemas

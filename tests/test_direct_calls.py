@@ -14,7 +14,7 @@ import torch
 from helpers import DEVICE, assert_same_results, cu_seqlens, seeded_tensor
 
 import portattn
-from portattn import forward_entry
+from portattn import forward_entry, forward_replay
 from portattn.kernels import plan
 
 HQ, HKV, D, PAGE = 4, 2, 32, 16
@@ -96,6 +96,12 @@ def _record_paths(monkeypatch) -> list[str]:
     monkeypatch.setattr(forward_entry, "varlen_fwd", lambda *a: used.append("op") or real_op(*a))
     monkeypatch.setattr(
         forward_entry, "fwd_impl", lambda *a, **kw: used.append("impl") or real_impl(*a, **kw)
+    )
+    real_replay = forward_replay.replayed_forward  # the implementation's launches, replayed
+    monkeypatch.setattr(
+        forward_replay,
+        "replayed_forward",
+        lambda *a, **kw: used.append("impl") or real_replay(*a, **kw),
     )
 
     class Recorded:

@@ -43,7 +43,7 @@ import triton
 from helpers import HAS_GPU, KERNELS, assert_accurate, make_pack, run_reference
 
 import portattn
-from portattn import configs
+from portattn import configs, forward_replay
 from portattn.configs import INTERPRETER, SUPPORTED_HEAD_DIMS, KernelConfig, Tiles
 from portattn.families import FAMILIES
 from portattn.kernels import backward, forward
@@ -182,6 +182,8 @@ def family_entry(monkeypatch):
 
     monkeypatch.setattr(forward, "run_launches", recording(forward.run_launches))
     monkeypatch.setattr(backward, "run_launches", recording(backward.run_launches))
+    # an eager no-grad forward's launches, planned or replayed
+    monkeypatch.setattr(forward_replay, "run_launches", recording(forward_replay.run_launches))
 
     def force(family: str, kernel: str, head_dim: int) -> KernelConfig:
         row = configs.table_head_dim(head_dim)

@@ -1,0 +1,186 @@
+"""Replayed forward launches of eager calls (issue 37 item 3: host time per call).
+
+An eager no-grad forward (a decode step's ``flash_attn_with_kvcache``, a ``varlen_attention``
+under ``torch.no_grad()``) plans the same launches call after call: the grids, compile-time
+parameters, strides and sizes depend on the problem (``plan.plan_problem``'s signature: shapes,
+options, dtype, device, the configuration entry) and on the tensors' strides, never on the
+tensors' addresses or values. The first call of such a signature plans as always
+(``forward.plan_forward``) and keeps its launches as a :class:`ForwardTemplate`, in the
+problem's memo: each launch's arguments with the call's tensors marked by their place
+(:data:`CALL_TENSORS`). Later calls allocate the outputs and launch the template with their own
+tensors put in (:func:`replayed_forward`), without the argument binding and planning between
+(about 40% of a decode call's host time on a CPU, ``benchmarks/host_overhead.py``).
+
+Same kernels, grids, parameters and arguments in the same order: the same bytes as the planned
+path, and the value checks that run at launch (``check_values``) run as there
+(tests/test_forward_replay.py). Calls with sinks (a tensor among the launch's parameters)
+are not replayed. Where a call passes one tensor in two places (``cu_seqlens_q`` is
+``cu_seqlens_k``, as self-attention does), that is part of its replay key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from portattn.kernels.buffers import new_buffer, rows_aligned
+from portattn.kernels.forward import plan_forward
+from portattn.kernels.plan import KernelLaunch, VarlenProblem, plan_problem, run_launches
+from portattn.ops import value_checks
+from portattn.options import AttentionOptions
+
+# Off only for tests and measurements: every call then plans its launches.
+REPLAYED_FORWARDS = True
+
+# The tensors of one call, in this order, as a template's slots index them: the inputs, then
+# the outputs the replay allocates (``lse`` may be the caller's scratch buffer).
+CALL_TENSORS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "block_table", "out", "lse", "out32")
+_INPUTS = 6
+# What a template keeps of a launch's arguments as they are (tensors are slots).
+_PLAIN_ARGS = (torch.Tensor, int, float, bool, str, type(None))
+
+
+@dataclass(frozen=True)
+class LaunchTemplate:
+    """One planned launch with the call's tensors taken out: ``args`` holds None at each
+    position of ``slots`` (position in args, index in :data:`CALL_TENSORS`)."""
+
+    stage: str
+    kernel: object
+    grid: tuple[int, ...]
+    args: tuple
+    slots: tuple[tuple[int, int], ...]
+    params: dict
+    tma: bool
+
+    def bind(self, tensors: tuple) -> KernelLaunch:
+        args = list(self.args)
+        for position, index in self.slots:
+            args[position] = tensors[index]
+        return KernelLaunch(self.stage, self.kernel, self.grid, tuple(args), self.params, self.tma)
+
+
+@dataclass(frozen=True)
+class ForwardTemplate:
+    """The launches of one forward signature and the outputs they write."""
+
+    out_shape: tuple[int, ...]  # [total_q, Hq, Dv]; lse is [total_q, Hq]
+    store_o32: bool
+    launches: tuple[LaunchTemplate, ...]
+
+    @staticmethod
+    def record(launches: tuple[KernelLaunch, ...], tensors: tuple) -> ForwardTemplate | None:
+        """The template of a planned call's ``launches`` whose tensors are ``tensors`` (as
+        :data:`CALL_TENSORS`), or None where a launch holds a tensor that is not one of them
+        (a sinks parameter). A tensor passed in two places takes the first one's slot: the
+        replay key holds which inputs are one tensor (:func:`replay_key`)."""
+        index_of: dict[int, int] = {}
+        for index, t in enumerate(tensors):
+            if t is not None:
+                index_of.setdefault(id(t), index)  # out32 may be out (no float32 copy)
+        kept = []
+        for launch in launches:
+            if any(isinstance(value, torch.Tensor) for value in launch.params.values()):
+                return None
+            args, slots = list(launch.args), []
+            for position, value in enumerate(args):
+                if not isinstance(value, _PLAIN_ARGS):  # an object that may hold a tensor
+                    return None
+                if isinstance(value, torch.Tensor):
+                    index = index_of.get(id(value))
+                    if index is None:
+                        return None
+                    args[position] = None
+                    slots.append((position, index))
+            kept.append(
+                LaunchTemplate(
+                    launch.stage,
+                    launch.kernel,
+                    launch.grid,
+                    tuple(args),
+                    tuple(slots),
+                    launch.params,
+                    launch.tma,
+                )
+            )
+        out = tensors[6]
+        return ForwardTemplate(tuple(out.shape), tensors[8] is not None, tuple(kept))
+
+
+def replay_key(
+    problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, store_o32: bool, lse
+) -> tuple:
+    """What a forward's launches depend on beyond its problem: the tensors' strides, the
+    float32 copy, whether the lse buffer is the caller's, (the forward kernel's descriptor
+    path) whether q, k and v's rows are 16-byte aligned, and which inputs are one tensor."""
+    aligned = None
+    if not problem.page_size and "fwd" in problem.cfg.tma:
+        aligned = rows_aligned(q, k, v)
+    table = None if block_table is None else block_table.stride()
+    ids = [id(q), id(k), id(v), id(cu_seqlens_q), id(cu_seqlens_k), id(block_table)]
+    aliases = tuple(map(ids.index, ids))  # which inputs are one tensor (cu_seqlens_q is _k)
+    return (
+        "replay",
+        store_o32,
+        lse is None,
+        q.stride(),
+        k.stride(),
+        v.stride(),
+        table,
+        aligned,
+        aliases,
+    )
+
+
+def replayed_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    options: AttentionOptions,
+    store_o32: bool,
+    block_table: torch.Tensor | None,
+    lse: torch.Tensor | None,
+    check_values: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The forward of a checked eager call with no autograd, sinks or launch-time checks (as
+    ``ops.fwd_impl`` computes it, and with its bytes): (out, lse, out32 or None). ``lse``: a
+    float32 [total_q, Hq] buffer to write the lse to (a scratch nobody reads), or None."""
+    problem = plan_problem(
+        q,
+        k,
+        cu_seqlens_q,
+        max_seqlen_q,
+        max_seqlen_k,
+        options,
+        block_table=block_table,
+        head_dim_v=v.shape[-1],
+    )
+    before_launch = None
+    if check_values:  # as ops.fwd_impl: the host reads of cu_seqlens, right before the launch
+        before_launch = value_checks(
+            q, k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k
+        )
+    key = replay_key(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, store_o32, lse)
+    template = problem.memo.get(key)
+    if template is None:
+        plan = plan_forward(
+            problem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32, block_table, None, lse
+        )
+        tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, plan.out, plan.lse, plan.out32)
+        template = ForwardTemplate.record(plan.launches, tensors)
+        if template is not None:
+            problem.memo[key] = template
+        run_launches(plan.launches, q.device, before_launch)
+        return plan.out, plan.lse, plan.out32
+    out = new_buffer(template.out_shape, q.dtype, q.device)
+    if lse is None:
+        lse = new_buffer(template.out_shape[:2], torch.float32, q.device)
+    out32 = new_buffer(template.out_shape, torch.float32, q.device) if store_o32 else None
+    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, out, lse, out32)
+    run_launches([launch.bind(tensors) for launch in template.launches], q.device, before_launch)
+    return out, lse, out32
