@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from portattn import forward_replay
+from portattn.forward_replay import replayed_forward
 from portattn.kernels.buffers import lse_scratch
 from portattn.kernels.plan import splits_p
 from portattn.ops import EagerAttention, FwdArgs, fwd_impl, varlen_fwd
@@ -86,7 +87,7 @@ def run_forward(
         if not lse_needed and not capturing(q):
             scratch = lse_scratch(q.shape[0], q.shape[1], q.device)
         if forward_replay.REPLAYED_FORWARDS and options.sinks is None:
-            out, lse, _ = forward_replay.replayed_forward(
+            out, lse, _ = replayed_forward(
                 q,
                 k,
                 v,

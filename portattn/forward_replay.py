@@ -1,15 +1,16 @@
-"""Replayed forward launches of eager calls (issue 37 item 3: host time per call).
+"""Replayed forward launches (issue 37 item 3: host time per call).
 
-An eager no-grad forward (a decode step's ``flash_attn_with_kvcache``, a ``varlen_attention``
-under ``torch.no_grad()``) plans the same launches call after call: the grids, compile-time
-parameters, strides and sizes depend on the problem (``plan.plan_problem``'s signature: shapes,
-options, dtype, device, the configuration entry) and on the tensors' strides, never on the
-tensors' addresses or values. The first call of such a signature plans as always
-(``forward.plan_forward``) and keeps its launches as a :class:`ForwardTemplate`, in the
-problem's memo: each launch's arguments with the call's tensors marked by their place
-(:data:`CALL_TENSORS`). Later calls allocate the outputs and launch the template with their own
-tensors put in (:func:`replayed_forward`), without the argument binding and planning between
-(about 40% of a decode call's host time on a CPU, ``benchmarks/host_overhead.py``).
+A forward (a decode step's ``flash_attn_with_kvcache``, a ``varlen_attention`` call, with or
+without a backward to come, eager or in the custom op's body) plans the same launches call after
+call: the grids, compile-time parameters, strides and sizes depend on the problem
+(``plan.plan_problem``'s signature: shapes, options, dtype, device, the configuration entry) and
+on the tensors' strides, never on the tensors' addresses or values. The first call of such a
+signature plans as always (``forward.plan_forward``) and keeps its launches as a
+:class:`ForwardTemplate`, in the problem's memo: each launch's arguments with the call's tensors
+marked by their place (:data:`CALL_TENSORS`). Later calls allocate the outputs and launch the
+template with their own tensors put in (:func:`replayed_forward`), without the argument binding
+and planning between (about a fifth of a decode call's host time on a CPU,
+``benchmarks/host_overhead.py``; perf-notes row 87).
 
 Same kernels, grids, parameters and arguments in the same order: the same bytes as the planned
 path, and the value checks that run at launch (``check_values``) run as there
@@ -20,6 +21,8 @@ are not replayed. Where a call passes one tensor in two places (``cu_seqlens_q``
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,8 +30,8 @@ import torch
 from portattn.kernels.buffers import new_buffer, rows_aligned
 from portattn.kernels.forward import plan_forward
 from portattn.kernels.plan import KernelLaunch, VarlenProblem, plan_problem, run_launches
-from portattn.ops import value_checks
 from portattn.options import AttentionOptions
+from portattn.validation import check_paged_values, check_varlen_values
 
 # Off only for tests and measurements: every call then plans its launches.
 REPLAYED_FORWARDS = True
@@ -106,6 +109,36 @@ class ForwardTemplate:
             )
         out = tensors[6]
         return ForwardTemplate(tuple(out.shape), tensors[8] is not None, tuple(kept))
+
+
+def value_checks(
+    q, k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q: int, max_seqlen_k: int
+) -> Callable[[], object]:
+    """The value checks of ``cu_seqlens`` (and a paged call's ``block_table``) that the forward
+    runs right before its launch when asked (``check_values``): they read the values on the
+    host, and raise before any launch."""
+    total_q, total_k = q.shape[0], k.shape[0]
+    if block_table is not None:
+        return functools.partial(
+            check_paged_values,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            block_table,
+            total_q,
+            total_k,
+            k.shape[1],  # the page size
+            max_seqlen_q,
+            max_seqlen_k,
+        )
+    return functools.partial(
+        check_varlen_values,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        total_q,
+        total_k,
+        max_seqlen_q,
+        max_seqlen_k,
+    )
 
 
 def replay_key(

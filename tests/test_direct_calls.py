@@ -14,7 +14,7 @@ import torch
 from helpers import DEVICE, assert_same_results, cu_seqlens, seeded_tensor
 
 import portattn
-from portattn import forward_entry, forward_replay
+from portattn import forward_entry
 from portattn.kernels import plan
 
 HQ, HKV, D, PAGE = 4, 2, 32, 16
@@ -97,9 +97,9 @@ def _record_paths(monkeypatch) -> list[str]:
     monkeypatch.setattr(
         forward_entry, "fwd_impl", lambda *a, **kw: used.append("impl") or real_impl(*a, **kw)
     )
-    real_replay = forward_replay.replayed_forward  # the implementation's launches, replayed
+    real_replay = forward_entry.replayed_forward  # the implementation's launches, replayed
     monkeypatch.setattr(
-        forward_replay,
+        forward_entry,
         "replayed_forward",
         lambda *a, **kw: used.append("impl") or real_replay(*a, **kw),
     )

@@ -175,3 +175,39 @@ def test_calls_with_sinks_are_planned(monkeypatch):
         planned, replayed, plans = _runs(monkeypatch, make)
     _same_bits(planned, replayed)
     assert plans == 0
+
+
+def _training_call(lens, kernel="varlen", **kw):
+    """A forward and backward through varlen_attention with q/k/v requiring grad (the eager
+    autograd path, ``ops.EagerAttention``): out, lse and the three gradients."""
+
+    def make(i):
+        total = sum(lens)
+        q, k, v = (
+            seeded_tensor(total, h, D, seed=70 + 3 * i + j).requires_grad_()
+            for j, h in enumerate((HQ, HKV, HKV))
+        )
+        dout = seeded_tensor(total, HQ, D, seed=90 + i)
+        cu = cu_seqlens(lens)
+
+        def call():
+            out, lse = portattn.varlen_attention(
+                q, k, v, cu, cu, return_lse=True, kernel=kernel, **kw
+            )
+            loss = (out.float() * dout.float()).sum() + lse.sum()
+            return (out.detach(), lse.detach(), *torch.autograd.grad(loss, (q, k, v)))
+
+        return call
+
+    return make
+
+
+@pytest.mark.parametrize("kernel", ["varlen", "fixed_order"])
+def test_training_forward_replays_give_the_planned_bytes(monkeypatch, kernel):
+    """With a backward to come, the forward's launches are replayed too (fixed_order's float32
+    output among them): the same out, lse and gradients."""
+    planned, replayed, plans = _runs(
+        monkeypatch, _training_call([1, 17, 40], kernel=kernel, causal=True)
+    )
+    _same_bits(planned, replayed)
+    assert plans == 1
