@@ -5,12 +5,17 @@
 # failures of tests/test_options.py fixed in cf9527b and passed on the GPU), transformers_llama
 # (docs/performance.md), the paged patch with ncu (row 86) and the decode tile sweep (row 85).
 # The machine stopped answering during the repair-at-4-warps call. What is left:
-#   1. bash ci/gpu_next.sh 1   # the replayed forward launches (portattn/forward_replay.py,
-#                              # perf-notes row 87; landed CPU-verified): their GPU tests with
-#                              # the kvcache, CUDA-graph, rollout, launcher and direct-call
-#                              # tests, then host time per eager call on the H200 host
-#                              # (host_overhead.py --gpu; row 76: varlen no-grad 179 us, paged
-#                              # decode 220) and the transformers decode step again  (~7 min)
+#   1. bash ci/gpu_next.sh 1   # run first. (a) The replayed forward launches (landed CPU-
+#                              # verified, perf-notes row 87): their GPU tests with the kvcache,
+#                              # CUDA-graph, rollout, launcher and direct-call tests, host time
+#                              # per eager call (row 76: varlen no-grad 179 us, paged decode
+#                              # 220), the transformers decode step. (b) The paged key loop
+#                              # with the block table read 16 tiles at a time into registers
+#                              # (ci/patches/paged_page_block.diff, row 88; SASS: its K/V copies
+#                              # pipeline as the packed loop's, DEPBAR.LE 2 instead of 0):
+#                              # decode_paged_ab on main, then on the patched tree the paged GPU
+#                              # tests and decode_paged_ab again (row 86: paged 0.68x packed);
+#                              # reverted after                                     (~8 min)
 #   2. bash ci/gpu_next.sh 2   # the repair passes at 4 warps (ci/patches/repair_four_warps.diff;
 #                              # rows 81, 84: now mostly the dK/dV repairs, 2 x 18 us at 8x2048):
 #                              # bench_repair on main, then patched, and the GPU unseen-key
@@ -19,6 +24,9 @@
 #                              # (~9 min)
 #   4. bash ci/gpu_next.sh 4   # the paged decode's stall reasons (row 86 had none): ncu with
 #                              # --print-details all on packed and paged B64        (~3 min)
+#   If part 1's patched paged rows reach the packed ones: land the patch (first make sm80's
+#   d40/d64 decode fit without spills, row 88), re-record the keys under both Tritons, then,
+#   with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
 PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|5}
@@ -27,15 +35,25 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 if [ "$PART" = 1 ]; then
-  step replay_tests 240 python3 -m pytest tests/test_forward_replay.py tests/test_direct_calls.py \
+  step gpu_tests 200 python3 -m pytest tests/test_forward_replay.py tests/test_direct_calls.py \
     tests/test_kvcache.py tests/test_cuda_graphs.py tests/test_rollout_gpu.py \
     tests/test_host_caches.py tests/test_launcher.py -n 8 -p no:cacheprovider \
     -W ignore::DeprecationWarning -rfE -q
-  tail -n 3 "$OUT/replay_tests.log"
-  step host 120 python3 benchmarks/host_overhead.py --gpu --n 1000
+  tail -n 3 "$OUT/gpu_tests.log"
+  step host 100 python3 benchmarks/host_overhead.py --gpu --n 1000
   grep -E "^\|" "$OUT/host.log"
-  step llama 150 python3 benchmarks/transformers_llama.py --json "$OUT/transformers.json"
+  step llama 120 python3 benchmarks/transformers_llama.py --json "$OUT/transformers.json"
   grep -E "decode" "$OUT/llama.log"
+  step paged_main 60 python3 ci/decode_paged_ab.py --kernel varlen --kernel fixed_order
+  grep -E "^\|" "$OUT/paged_main.log"
+  patch -p1 <ci/patches/paged_page_block.diff >/dev/null && echo "patch applied"
+  step paged_tests 150 python3 -m pytest tests/test_kvcache.py tests/test_page_block.py \
+    tests/test_rollout_gpu.py tests/test_append.py tests/test_model_features.py -n 8 \
+    -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
+  tail -n 3 "$OUT/paged_tests.log"
+  step paged_block 60 python3 ci/decode_paged_ab.py --kernel varlen --kernel fixed_order
+  grep -E "^\|" "$OUT/paged_block.log"
+  patch -R -p1 <ci/patches/paged_page_block.diff >/dev/null && echo "patch reverted"
 elif [ "$PART" = 2 ]; then
   step repair_main 120 python3 ci/bench_repair.py --tokens skewed16k,8x2048 --head-dims 64,128 \
     --passes 2
