@@ -24,8 +24,9 @@
 #                              # (~9 min)
 #   4. bash ci/gpu_next.sh 4   # the paged decode's stall reasons (row 86 had none): ncu with
 #                              # --print-details all on packed and paged B64        (~3 min)
-#   If part 1's patched paged rows reach the packed ones: land the patch (first make sm80's
-#   d40/d64 decode fit without spills, row 88), re-record the keys under both Tritons, then,
+#   If part 1's patched paged rows reach the packed ones: land the patch (first make the
+#   sm80/sm100/sm120 decode entries of row 88 fit without spills), re-record the keys under
+#   both Tritons, then,
 #   with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
