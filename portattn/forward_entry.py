@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from portattn import forward_replay
 from portattn.forward_replay import replayed_forward
 from portattn.kernels.buffers import lse_scratch
 from portattn.kernels.plan import splits_p
-from portattn.ops import EagerAttention, FwdArgs, fwd_impl, varlen_fwd
+from portattn.ops import EagerAttention, FwdArgs, varlen_fwd
 from portattn.options import PLAIN_TENSORS, AttentionOptions, capturing, needs_grad
 
 # Off only for tests and measurements: every call then goes through the custom op.
@@ -86,22 +85,23 @@ def run_forward(
         scratch = None
         if not lse_needed and not capturing(q):
             scratch = lse_scratch(q.shape[0], q.shape[1], q.device)
-        if forward_replay.REPLAYED_FORWARDS and options.sinks is None:
-            out, lse, _ = replayed_forward(
-                q,
-                k,
-                v,
-                cu_seqlens_q,
-                cu_seqlens_k,
-                max_seqlen_q,
-                max_seqlen_k,
-                options,
-                store_o32,
-                block_table,
-                scratch,
-                check_values,
-            )
-            return out, lse
+        # The op's implementation (ops.fwd_impl) without binding its arguments first.
+        out, lse, _ = replayed_forward(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            options,
+            store_o32,
+            block_table,
+            scratch,
+            check_values,
+            options.sinks,
+        )
+        return out, lse
     args = FwdArgs.bind(
         q,
         k,
@@ -118,8 +118,5 @@ def run_forward(
     if path is None:
         out, lse, _ = varlen_fwd(*args)
         return out, lse
-    if path == "autograd":
-        out, lse, _ = EagerAttention.apply(options, *args)
-        return out, lse
-    out, lse, _ = fwd_impl(*args, lse=scratch, options=options)
+    out, lse, _ = EagerAttention.apply(options, *args)  # path "autograd"
     return out, lse

@@ -179,10 +179,14 @@ def replayed_forward(
     block_table: torch.Tensor | None,
     lse: torch.Tensor | None,
     check_values: bool = False,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The forward of a checked eager call with no autograd, sinks or launch-time checks (as
-    ``ops.fwd_impl`` computes it, and with its bytes): (out, lse, out32 or None). ``lse``: a
-    float32 [total_q, Hq] buffer to write the lse to (a scratch nobody reads), or None."""
+    """The forward of checked arguments, planned once per signature and replayed after (the
+    body of ``ops.fwd_impl``, and of an eager no-grad call): (out, lse, out32 or None).
+    ``lse``: a float32 [total_q, Hq] buffer to write the lse to (a scratch nobody reads), or
+    None; ``check_values``: the value checks of ``cu_seqlens`` (and the block table) run right
+    before the launch; ``sinks``: float32 [Hq] or None (a call with sinks plans every time).
+    With :data:`REPLAYED_FORWARDS` off every call plans."""
     problem = plan_problem(
         q,
         k,
@@ -198,16 +202,20 @@ def replayed_forward(
         before_launch = value_checks(
             q, k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k
         )
-    key = replay_key(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, store_o32, lse)
-    template = problem.memo.get(key)
+    key = None
+    if REPLAYED_FORWARDS and sinks is None:  # sinks: a tensor among the launch's parameters
+        key = replay_key(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, store_o32, lse)
+    template = None if key is None else problem.memo.get(key)
     if template is None:
         plan = plan_forward(
-            problem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32, block_table, None, lse
+            problem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32, block_table, sinks, lse
         )
-        tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, plan.out, plan.lse, plan.out32)
-        template = ForwardTemplate.record(plan.launches, tensors)
-        if template is not None:
-            problem.memo[key] = template
+        if key is not None:
+            tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, plan.out, plan.lse,
+                       plan.out32)  # fmt: skip
+            template = ForwardTemplate.record(plan.launches, tensors)
+            if template is not None:
+                problem.memo[key] = template
         run_launches(plan.launches, q.device, before_launch)
         return plan.out, plan.lse, plan.out32
     out = new_buffer(template.out_shape, q.dtype, q.device)

@@ -37,7 +37,6 @@ import torch
 from portattn import forward_replay
 from portattn.autocast import register_autocast_kernel
 from portattn.kernels.backward import attn_bwd
-from portattn.kernels.forward import attn_fwd
 from portattn.kernels.plan import plan_problem, splits_p
 from portattn.options import AttentionOptions
 
@@ -203,45 +202,24 @@ def fwd_impl(
     layers (``forward_entry.run_forward`` decides when). ``lse``: a float32 [total_q, Hq]
     buffer to write the lse to in place of a new one (a scratch the caller never reads).
     ``options``: the record ``args`` were bound from (a direct call has it), else rebuilt.
-    Without sinks the launches are those kept from the signature's first call, replayed
-    (:mod:`portattn.forward_replay`: the same kernels and arguments)."""
+    Its launches are planned once per signature and replayed after
+    (:func:`portattn.forward_replay.replayed_forward`: the same kernels and arguments)."""
     a = FwdArgs(*args)
-    cu_q, cu_k, max_q, max_k = a.cu_seqlens_q, a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k
-    options = _options(a) if options is None else options
-    if forward_replay.REPLAYED_FORWARDS and a.sinks is None:  # the same launches, kept
-        return forward_replay.replayed_forward(
-            a.q, a.k, a.v, cu_q, cu_k, max_q, max_k, options, a.store_o32, a.block_table, lse,
-            a.check_values,
-        )  # fmt: skip
-    problem = plan_problem(
-        a.q,
-        a.k,
-        cu_q,
-        max_q,
-        max_k,
-        options,
-        block_table=a.block_table,
-        head_dim_v=a.v.shape[-1],
-    )
-    before_launch = None
-    if a.check_values:
-        before_launch = forward_replay.value_checks(
-            a.q, a.k, cu_q, cu_k, a.block_table, max_q, max_k
-        )
-    out, lse, out32 = attn_fwd(
-        problem,
+    return forward_replay.replayed_forward(
         a.q,
         a.k,
         a.v,
-        cu_q,
-        cu_k,
-        store_o32=a.store_o32,
-        before_launch=before_launch,
-        block_table=a.block_table,
-        sinks=a.sinks,
-        lse=lse,
+        a.cu_seqlens_q,
+        a.cu_seqlens_k,
+        a.max_seqlen_q,
+        a.max_seqlen_k,
+        _options(a) if options is None else options,
+        a.store_o32,
+        a.block_table,
+        lse,
+        a.check_values,
+        a.sinks,
     )
-    return out, lse, out32
 
 
 # The ops' functions, fakes and autograd formula get every argument by position (the schemas

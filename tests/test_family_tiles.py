@@ -46,7 +46,7 @@ import portattn
 from portattn import configs, forward_replay
 from portattn.configs import INTERPRETER, SUPPORTED_HEAD_DIMS, KernelConfig, Tiles
 from portattn.families import FAMILIES
-from portattn.kernels import backward, forward
+from portattn.kernels import backward
 from portattn.tools import harness
 from portattn.tools.compile_launches import WS_KERNELS, bind_launch, table_mismatches
 
@@ -180,9 +180,8 @@ def family_entry(monkeypatch):
 
         return run_launches
 
-    monkeypatch.setattr(forward, "run_launches", recording(forward.run_launches))
     monkeypatch.setattr(backward, "run_launches", recording(backward.run_launches))
-    # an eager no-grad forward's launches, planned or replayed
+    # every forward's launches, planned or replayed
     monkeypatch.setattr(forward_replay, "run_launches", recording(forward_replay.run_launches))
 
     def force(family: str, kernel: str, head_dim: int) -> KernelConfig:

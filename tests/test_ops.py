@@ -123,15 +123,14 @@ def test_fixed_order_backward_needs_o32():
 def test_public_api_stores_o32_only_for_a_backward(monkeypatch):
     """fixed_order stores the float32 output only when a backward can run."""
     seen = []
-    real = ops_module.attn_fwd
+    real = forward_replay.plan_forward
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs["store_o32"])
-        return real(*args, **kwargs)
+    def spy(problem, q, k, v, cu_q, cu_k, store_o32, *args):
+        seen.append(store_o32)
+        return real(problem, q, k, v, cu_q, cu_k, store_o32, *args)
 
-    monkeypatch.setattr(ops_module, "attn_fwd", spy)
-    # the no-grad call's launches would be replayed (forward_replay) from the second call on,
-    # past the spy: plan every call
+    monkeypatch.setattr(forward_replay, "plan_forward", spy)
+    # a call like an earlier one would replay its launches, past the spy: plan every call
     monkeypatch.setattr(forward_replay, "REPLAYED_FORWARDS", False)
     p = make_pack(LENS_Q, LENS_K, 2, 1, 32, seed=84)
     q, k, v = _grad_inputs(p)
@@ -149,7 +148,7 @@ def test_validation_before_the_op(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("launched")
 
-    monkeypatch.setattr(ops_module, "attn_fwd", boom)
+    monkeypatch.setattr(forward_replay, "run_launches", boom)  # every forward launches there
     p = make_pack([5, 7], [6, 8], 4, 2, 32, seed=85)
     with pytest.raises(ValueError, match="max_seqlen_q"):
         portattn.varlen_attention(p.q, p.k, p.v, p.cu_q, p.cu_k, max_seqlen_q=1)

@@ -313,7 +313,10 @@ def attn_fwd(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_
     """Plan and launch the forward: returns (out, lse, out32 or None), see
     :class:`ForwardPlan`. ``before_launch``: the caller's checks that need a host copy (they
     may raise), run from the launch itself, after the host-side set-up (``run_launches``).
-    ``lse``: the buffer the lse is written to (None: a new one)."""
+    ``lse``: the buffer the lse is written to (None: a new one). The ops plan through
+    ``portattn.forward_replay`` instead (the same ``plan_forward`` and ``run_launches``); this
+    goes, with its two imports, at the next change of this file's kernels (removing the
+    imports moves every kernel's lines, so every compile key)."""
     plan = plan_forward(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32, block_table,
                         sinks, lse)
     run_launches(plan.launches, q.device, before_launch)
