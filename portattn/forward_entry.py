@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from portattn.forward_replay import replayed_forward
-from portattn.kernels.buffers import lse_scratch
-from portattn.kernels.plan import splits_p
+from portattn.configs import resolve_config
+from portattn.forward_replay import kept_template, launch_template, replayed_forward
+from portattn.kernels.buffers import lse_scratch, rows_aligned
+from portattn.kernels.plan import problems_forgotten, splits_p
 from portattn.ops import EagerAttention, FwdArgs, varlen_fwd
 from portattn.options import PLAIN_TENSORS, AttentionOptions, capturing, needs_grad
 
@@ -34,24 +35,30 @@ def direct_call(tensors: tuple, compiling: bool) -> str | None:
     tensor subclass to redispatch to. The same Python functions then run on the same
     arguments: the same bits and the same errors (tests/test_direct_calls.py). A CUDA graph's
     capture records the same launches either way."""
-    if not DIRECT_CALLS or compiling or torch.compiler.is_compiling():
-        return None
-    q = tensors[0]
     for t in tensors:
         if t is not None and type(t) not in PLAIN_TENSORS:
             return None
-    device_type = q.device.type
-    if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) != q.dtype:
-        return None
-    if (
-        torch._C._len_torch_dispatch_stack()
-        or torch._C._is_torch_function_mode_enabled()
-        or torch._C._are_functorch_transforms_active()
-    ):
+    if not eager_plain(tensors[0], compiling):
         return None
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return "autograd"
     return "impl"
+
+
+def eager_plain(q: torch.Tensor, compiling: bool) -> bool:
+    """Whether an eager call with q (and plain tensors) may skip the custom op: direct calls
+    on (:data:`DIRECT_CALLS`), not traced, no autocast to another dtype, no dispatch or
+    torch-function mode and no functorch transform (:func:`direct_call`)."""
+    if not DIRECT_CALLS or compiling or torch.compiler.is_compiling():
+        return False
+    device_type = q.device.type
+    if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) != q.dtype:
+        return False
+    return not (
+        torch._C._len_torch_dispatch_stack()
+        or torch._C._is_torch_function_mode_enabled()
+        or torch._C._are_functorch_transforms_active()
+    )
 
 
 def run_forward(
@@ -120,3 +127,70 @@ def run_forward(
         return out, lse
     out, lse, _ = EagerAttention.apply(options, *args)  # path "autograd"
     return out, lse
+
+
+def run_kept_forward(
+    inputs: tuple,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    options: AttentionOptions,
+    lse_needed: bool,
+    kept: dict,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`run_forward` of an eager call (not traced, not captured, no sinks, nothing that
+    requires grad) of ``inputs`` (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table) whose entry
+    point keeps a record per call signature, and ``kept`` a dict of that record: the forward's
+    launches (``forward_replay``'s template) are kept there after the signature's first call and
+    launched from the next one on, past the lookups of ``run_forward`` (issue 37: host time per
+    call). The signature must hold q's, k's, v's and the block table's shapes, strides, dtypes
+    and devices (``cu_seqlens`` are contiguous tensors the entry makes), the options and the
+    family override; :func:`kept_slot` and :func:`kept_stamp` hold the rest."""
+    q, k, v, cu_seqlens_q, cu_seqlens_k, block_table = inputs
+    scratch = None
+    if not lse_needed:  # as run_forward: an lse nobody reads goes to the shared scratch
+        scratch = lse_scratch(q.shape[0], q.shape[1], q.device)
+    if eager_plain(q, False) and options.sinks is None and not needs_grad(q, k, v):
+        slot = kept_slot(inputs)
+        stamp = kept_stamp(q, v, options.kernel)
+        hit = kept.get(slot)
+        if hit is not None and hit[0] == stamp:
+            out, lse, _ = launch_template(hit[1], inputs, scratch)
+            return out, lse
+    else:
+        slot = None
+    out, lse = run_forward(
+        *inputs[:5],
+        max_seqlen_q,
+        max_seqlen_k,
+        options,
+        block_table=block_table,
+        compiling=False,
+        lse_needed=lse_needed,
+    )
+    if slot is not None:
+        template = kept_template(
+            *inputs[:5], max_seqlen_q, max_seqlen_k, options, False, block_table, scratch
+        )
+        if template is not None:
+            kept[slot] = (stamp, template)
+    return out, lse
+
+
+def kept_slot(inputs: tuple) -> tuple:
+    """What the launches of a kept signature depend on beyond it: which inputs are one tensor
+    (cu_seqlens_q and cu_seqlens_k may be), the block table's strides (a dense cache's is a
+    view of ``cache_batch_idx``) and, without a block table, whether q's, k's and v's rows are
+    16-byte aligned (the descriptor path: their addresses change from call to call)."""
+    ids = tuple(map(id, inputs))
+    aliases = tuple(map(ids.index, ids))
+    table = inputs[5]
+    if table is None:
+        return (aliases, None, rows_aligned(*inputs[:3]))
+    return (aliases, table.stride(), None)
+
+
+def kept_stamp(q: torch.Tensor, v: torch.Tensor, kernel: str) -> tuple:
+    """What a kept template must have been made under: the configuration entry (a changed
+    table or family override is another) and the planner's problems not forgotten since."""
+    cfg = resolve_config(q.device, kernel, q.shape[-1], q.dtype, v.shape[-1])
+    return (cfg, problems_forgotten())  # a tuple's == compares an identical cfg by identity

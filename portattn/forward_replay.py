@@ -39,7 +39,6 @@ REPLAYED_FORWARDS = True
 # The tensors of one call, in this order, as a template's slots index them: the inputs, then
 # the outputs the replay allocates (``lse`` may be the caller's scratch buffer).
 CALL_TENSORS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "block_table", "out", "lse", "out32")
-_INPUTS = 6
 # What a template keeps of a launch's arguments as they are (tensors are slots).
 _PLAIN_ARGS = (torch.Tensor, int, float, bool, str, type(None))
 
@@ -47,7 +46,8 @@ _PLAIN_ARGS = (torch.Tensor, int, float, bool, str, type(None))
 @dataclass(frozen=True)
 class LaunchTemplate:
     """One planned launch with the call's tensors taken out: ``args`` holds None at each
-    position of ``slots`` (position in args, index in :data:`CALL_TENSORS`)."""
+    position of ``slots`` (position in args, index in the tensors :meth:`bind` takes: a
+    forward's :data:`CALL_TENSORS`)."""
 
     stage: str
     kernel: object
@@ -62,6 +62,35 @@ class LaunchTemplate:
         for position, index in self.slots:
             args[position] = tensors[index]
         return KernelLaunch(self.stage, self.kernel, self.grid, tuple(args), self.params, self.tma)
+
+    @staticmethod
+    def record(launch: KernelLaunch, index_of: dict[int, int]) -> LaunchTemplate | None:
+        """The template of ``launch`` whose tensors are those of ``index_of`` (``id`` -> index
+        in the tensors :meth:`bind` takes), or None where it holds another tensor or an object
+        that may hold one."""
+        if any(isinstance(value, torch.Tensor) for value in launch.params.values()):
+            return None
+        args, slots = list(launch.args), []
+        for position, value in enumerate(args):
+            if not isinstance(value, _PLAIN_ARGS):  # an object that may hold a tensor
+                return None
+            if isinstance(value, torch.Tensor):
+                index = index_of.get(id(value))
+                if index is None:
+                    return None
+                args[position] = None
+                slots.append((position, index))
+        return LaunchTemplate(launch.stage, launch.kernel, launch.grid, tuple(args),
+                              tuple(slots), launch.params, launch.tma)  # fmt: skip
+
+
+def tensor_indexes(tensors: tuple) -> dict[int, int]:
+    """``id`` -> index of each tensor of ``tensors`` (a tensor given twice: its first index)."""
+    index_of: dict[int, int] = {}
+    for index, t in enumerate(tensors):
+        if t is not None:
+            index_of.setdefault(id(t), index)
+    return index_of
 
 
 @dataclass(frozen=True)
@@ -78,35 +107,13 @@ class ForwardTemplate:
         :data:`CALL_TENSORS`), or None where a launch holds a tensor that is not one of them
         (a sinks parameter). A tensor passed in two places takes the first one's slot: the
         replay key holds which inputs are one tensor (:func:`replay_key`)."""
-        index_of: dict[int, int] = {}
-        for index, t in enumerate(tensors):
-            if t is not None:
-                index_of.setdefault(id(t), index)  # out32 may be out (no float32 copy)
+        index_of = tensor_indexes(tensors)  # out32 may be out (no float32 copy)
         kept = []
         for launch in launches:
-            if any(isinstance(value, torch.Tensor) for value in launch.params.values()):
+            template = LaunchTemplate.record(launch, index_of)
+            if template is None:
                 return None
-            args, slots = list(launch.args), []
-            for position, value in enumerate(args):
-                if not isinstance(value, _PLAIN_ARGS):  # an object that may hold a tensor
-                    return None
-                if isinstance(value, torch.Tensor):
-                    index = index_of.get(id(value))
-                    if index is None:
-                        return None
-                    args[position] = None
-                    slots.append((position, index))
-            kept.append(
-                LaunchTemplate(
-                    launch.stage,
-                    launch.kernel,
-                    launch.grid,
-                    tuple(args),
-                    tuple(slots),
-                    launch.params,
-                    launch.tma,
-                )
-            )
+            kept.append(template)
         out = tensors[6]
         return ForwardTemplate(tuple(out.shape), tensors[8] is not None, tuple(kept))
 
@@ -206,22 +213,71 @@ def replayed_forward(
     if REPLAYED_FORWARDS and sinks is None:  # sinks: a tensor among the launch's parameters
         key = replay_key(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, store_o32, lse)
     template = None if key is None else problem.memo.get(key)
-    if template is None:
-        plan = plan_forward(
-            problem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32, block_table, sinks, lse
-        )
-        if key is not None:
-            tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, plan.out, plan.lse,
-                       plan.out32)  # fmt: skip
-            template = ForwardTemplate.record(plan.launches, tensors)
-            if template is not None:
-                problem.memo[key] = template
-        run_launches(plan.launches, q.device, before_launch)
-        return plan.out, plan.lse, plan.out32
+    if template is not None:
+        inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table)
+        return launch_template(template, inputs, lse, before_launch)
+    plan = plan_forward(
+        problem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32, block_table, sinks, lse
+    )
+    if key is not None:
+        tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, plan.out, plan.lse,
+                   plan.out32)  # fmt: skip
+        template = ForwardTemplate.record(plan.launches, tensors)
+        if template is not None:
+            problem.memo[key] = template
+    run_launches(plan.launches, q.device, before_launch)
+    return plan.out, plan.lse, plan.out32
+
+
+def kept_template(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    options: AttentionOptions,
+    store_o32: bool,
+    block_table: torch.Tensor | None,
+    lse: torch.Tensor | None,
+) -> ForwardTemplate | None:
+    """The template that :func:`replayed_forward` keeps for these arguments (the same
+    meaning), or None (no call of them yet, sinks, or the replay off). For an entry point that
+    keeps it under its own call signature (``flash_attn_with_kvcache``) and launches it with
+    :func:`launch_template` from the next call on, past this module's lookups."""
+    if not REPLAYED_FORWARDS or options.sinks is not None:
+        return None
+    problem = plan_problem(
+        q,
+        k,
+        cu_seqlens_q,
+        max_seqlen_q,
+        max_seqlen_k,
+        options,
+        block_table=block_table,
+        head_dim_v=v.shape[-1],
+    )
+    key = replay_key(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, store_o32, lse)
+    return problem.memo.get(key)
+
+
+def launch_template(
+    template: ForwardTemplate,
+    inputs: tuple,
+    lse: torch.Tensor | None,
+    before_launch: Callable[[], object] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Launch ``template`` on ``inputs`` (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, as
+    :data:`CALL_TENSORS`) with new outputs: (out, lse, out32 or None); ``lse``: the caller's
+    buffer or None (a new one), as when the template was recorded."""
+    q = inputs[0]
     out = new_buffer(template.out_shape, q.dtype, q.device)
     if lse is None:
         lse = new_buffer(template.out_shape[:2], torch.float32, q.device)
-    out32 = new_buffer(template.out_shape, torch.float32, q.device) if store_o32 else None
-    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, out, lse, out32)
+    out32 = None
+    if template.store_o32:
+        out32 = new_buffer(template.out_shape, torch.float32, q.device)
+    tensors = (*inputs, out, lse, out32)
     run_launches([launch.bind(tensors) for launch in template.launches], q.device, before_launch)
     return out, lse, out32

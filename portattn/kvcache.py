@@ -19,16 +19,17 @@ import contextlib
 import numbers
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from portattn.configs import resolve_config
 from portattn.families import override_setting
-from portattn.forward_entry import run_forward
+from portattn.forward_entry import run_forward, run_kept_forward
 from portattn.kernels.buffers import check_row_strides
 from portattn.kvcache_append import append_rows, cache_cu_seqlens
 from portattn.kvcache_checks import (
+    byte_extents,
     byte_spans,
     check_append_memory,
     check_rows_apart,
@@ -157,21 +158,14 @@ def _check_new_kv(k, v, q, k_cache, v_cache) -> int:
 
 
 @once_per_version("kvcache_values")
-def _check_values(
-    cache_seqlens: torch.Tensor | int,
-    batch: int,
-    new: int,
-    capacity: int,
-    block_table,
-    page_size: int,
-    num_pages: int,
-    batch_idx,
-    n_cache_rows: int,
-) -> bool:
+def _check_values(cache_seqlens: torch.Tensor | int, block_table, batch_idx, sizes: tuple) -> bool:
     """The eager checks of the index tensors' values (host copies, once per tensor version;
     an int ``cache_seqlens`` is its own host value), before anything is written. Run once per
     version of the index tensors and these sizes (``tensor_memo.derived``): the layers of a
-    decode step check the step's indices at the first (loops over sequences and pages)."""
+    decode step check the step's indices at the first (loops over sequences and pages).
+    ``sizes``: the batch, the new rows, the keys a cache holds, the page size and the cache's
+    pages (or rows, dense)."""
+    batch, new, capacity, page_size, n_cache_rows = sizes
     lens = [cache_seqlens] * batch if isinstance(cache_seqlens, int) else host_values(cache_seqlens)
     bad = [n for n in lens if n < 0]
     if bad:
@@ -184,7 +178,7 @@ def _check_values(
             "than 2**31 - 1"
         )
     if block_table is not None:
-        check_pages(block_table, counts, page_size, num_pages)
+        check_pages(block_table, counts, page_size, n_cache_rows)
         check_written_slots(host_values(block_table), lens, new, page_size)  # copied: no sync
     if batch_idx is not None:
         rows = host_values(batch_idx)
@@ -234,6 +228,9 @@ class _CheckedCall:
     page_size: int
     capacity: int  # the keys a sequence's cache holds
     cache_spans: tuple[tuple[int, int], ...]
+    row_extents: tuple[int, ...]  # the new k and v rows' byte extents (kvcache_checks)
+    # The launches of this signature (forward_entry.run_kept_forward's, append_rows' append).
+    templates: dict[tuple, tuple] = field(default_factory=dict, compare=False)
 
 
 _CHECKED_CALLS: dict[tuple, _CheckedCall] = {}  # by _call_signature (options.kept_record)
@@ -306,7 +303,8 @@ def _check_call(tensors: tuple, cache_batch_idx, scalars: tuple, compiling: bool
     _check_launchable(q.reshape(batch * seqlen_q, n_heads_q, head_dim), k_cache, v_cache, kernel)
     if new:
         _check_writable({"k_cache": k_cache, "v_cache": v_cache})
-    return _CheckedCall(options, new, page_size, capacity, byte_spans((k_cache, v_cache)))
+    extents = byte_extents((k, v)) if new else ()
+    return _CheckedCall(options, new, page_size, capacity, byte_spans((k_cache, v_cache)), extents)
 
 
 def flash_attn_with_kvcache(
@@ -382,8 +380,8 @@ def flash_attn_with_kvcache(
     )
     if call.new:  # the new rows' memory, which moves from call to call (a kept call's check)
         appended = {"k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v}
-        check_rows_apart(call.cache_spans, appended)
-    options, new, page_size, capacity = call.options, call.new, call.page_size, call.capacity
+        check_rows_apart(call.cache_spans, call.row_extents, appended)
+    new, page_size, capacity = call.new, call.page_size, call.capacity
     return_lse = bool(return_softmax_lse)
     batch, seqlen_q, n_heads_q, head_dim = q.shape
     in_graph = capturing(q)
@@ -398,36 +396,30 @@ def flash_attn_with_kvcache(
         table = derived("column", (batch_idx,), (), lambda: batch_idx[:, None], use=not in_graph)
     seqlens = _cache_seqlens(cache_seqlens, batch, capacity, q.device)
     if not in_graph:
-        _check_values(
-            seqlens,
-            batch,
-            new,
-            capacity,
-            block_table,
-            page_size,
-            k_cache.shape[0],
-            None if cache_batch_idx is None else batch_idx,
-            k_cache.shape[0],
-        )
+        rows = None if cache_batch_idx is None else batch_idx
+        sizes = (batch, new, capacity, page_size, k_cache.shape[0])
+        _check_values(seqlens, block_table, rows, sizes)
     q_rows = q.reshape(batch * seqlen_q, n_heads_q, head_dim)
     if new:
         rows = None if cache_batch_idx is None else batch_idx
-        append_rows(k_cache, v_cache, k, v, seqlens, block_table, page_size, rows, in_graph)
+        kept = None if key is None or in_graph else call.templates
+        append_rows(k_cache, v_cache, k, v, seqlens, block_table, page_size, rows, in_graph, kept)
     cu_seqlens_k = cache_cu_seqlens(seqlens, new, batch, q.device, in_graph)
     cu_seqlens_q = ramp(batch + 1, seqlen_q, q.device, in_graph)
-    out, lse = run_forward(
-        q_rows,
-        k_cache,
-        v_cache,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        seqlen_q,
-        capacity,
-        options,
-        block_table=table,
-        compiling=compiling,
-        lse_needed=return_lse,
-    )
+    inputs = (q_rows, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, table)
+    if key is None or in_graph:
+        out, lse = run_forward(
+            *inputs[:5],
+            seqlen_q,
+            capacity,
+            call.options,
+            block_table=table,
+            compiling=compiling,
+            lse_needed=return_lse,
+        )
+    else:  # the forward's launches kept with this signature's record
+        out, lse = run_kept_forward(inputs, seqlen_q, capacity, call.options, return_lse,
+                                    call.templates)  # fmt: skip
     out = out.view(batch, seqlen_q, n_heads_q, v_cache.shape[-1])  # v's head dim
     if not return_lse:
         return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from portattn.forward_replay import LaunchTemplate, tensor_indexes
 from portattn.kernels.append import plan_append
 from portattn.kernels.plan import run_launches
 from portattn.tensor_memo import derived, ramp, stream_key
@@ -43,16 +44,43 @@ def cache_cu_seqlens(seqlens: torch.Tensor | int, new: int, batch: int, device, 
 
 
 def append_rows(
-    k_cache, v_cache, k, v, cache_seqlens, block_table, page_size, batch_idx, capturing: bool
+    k_cache,
+    v_cache,
+    k,
+    v,
+    cache_seqlens,
+    block_table,
+    page_size,
+    batch_idx,
+    capturing: bool,
+    kept: dict | None = None,
 ) -> None:
     """Write the new rows in place at positions ``cache_seqlens[b] + i`` (device work only;
     ``cache_seqlens`` a [B] tensor or an int for all; ``batch_idx``: a dense cache's rows,
     None for rows 0..B-1): the append kernel (``kernels/append.py``), or the aten index ops
     under torch.compile. Every element is written by one copy (no two writes to one slot,
-    checked before), so either gives the bytes of any other way of writing them."""
+    checked before), so either gives the bytes of any other way of writing them. ``kept``: the
+    dict of the caller's record for a call signature that holds every layout here (eager
+    ``flash_attn_with_kvcache``): a paged append with a tensor ``cache_seqlens`` keeps its
+    launch there, with these tensors as slots, and launches it from the next call on."""
     compiling = torch.compiler.is_compiling()
     if APPEND_KERNEL and not compiling:  # one launch for k and v, eager and captured alike
-        launch = plan_append(k_cache, v_cache, k, v, cache_seqlens, block_table, batch_idx)
+        tensors = (k, v, k_cache, v_cache, cache_seqlens, block_table)
+        # What the signature does not hold: whether k is v (one tensor has one slot) and the
+        # layout of cache_seqlens (its stride is a value of the launch)
+        lengths = None if type(cache_seqlens) is int else cache_seqlens.stride()
+        slot = ("append", k is v, lengths)
+        template = None if kept is None else kept.get(slot)
+        if template is not None:
+            launch = template.bind(tensors)
+        else:
+            launch = plan_append(k_cache, v_cache, k, v, cache_seqlens, block_table, batch_idx)
+            # an int cache_seqlens is a value of the launch; a dense cache's rows are not slots
+            keep = kept is not None and block_table is not None and lengths is not None
+            if keep and launch is not None:
+                template = LaunchTemplate.record(launch, tensor_indexes(tensors))
+                if template is not None:
+                    kept[slot] = template
         if launch is not None:
             run_launches((launch,), k.device)
         return

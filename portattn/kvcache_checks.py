@@ -74,14 +74,28 @@ def byte_spans(tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[int, int], ...]
     return tuple(_byte_range(x) for x in tensors)
 
 
-def check_rows_apart(cache_spans: tuple[tuple[int, int], ...], tensors: dict[str, torch.Tensor]):
+def byte_extents(tensors: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
+    """Each tensor's bytes from its first to past its last element (its layout's alone)."""
+    return tuple(end - start for start, end in map(_byte_range, tensors))
+
+
+def check_rows_apart(
+    cache_spans: tuple[tuple[int, int], ...],
+    row_extents: tuple[int, ...],
+    tensors: dict[str, torch.Tensor],
+):
     """:func:`check_append_memory` of ``tensors`` (the caches, then the new rows) whose caches
-    passed it with these layouts before (their byte ranges ``cache_spans``, :func:`byte_spans`),
-    where only the new rows' memory is new: the address ranges alone when the rows lie apart
-    from the caches (the common case), else the whole check."""
+    passed it with these layouts before (their byte ranges ``cache_spans``, :func:`byte_spans`;
+    the rows' :func:`byte_extents`), where only the new rows' addresses are new: the address
+    ranges alone when the rows lie apart from the caches (the common case), else the whole
+    check."""
     rows = list(tensors.values())[2:]  # after the caches, as check_append_memory takes them
-    if not all(_apart(_byte_range(x), span) for x in rows for span in cache_spans):
-        check_append_memory(tensors)
+    for x, extent in zip(rows, row_extents):
+        start = x.data_ptr()
+        for span in cache_spans:
+            if not _apart((start, start + extent), span):
+                check_append_memory(tensors)
+                return
 
 
 def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -81,13 +81,21 @@ def once_per_version(tag: str) -> Callable[[Callable[..., T]], Callable[..., T]]
     def decorate(fn: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(fn)
         def kept(*args):
-            tensors = tuple(a if isinstance(a, torch.Tensor) else None for a in args)
-            values = tuple(None if isinstance(a, torch.Tensor) else a for a in args)
-            return derived(tag, tensors, values, lambda: fn(*args))
+            # The tensors by identity and version, the other values as they are; a tensor's
+            # place among the values is marked, so the key is unambiguous.
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            if tensors:
+                values = tuple(_TENSOR if isinstance(a, torch.Tensor) else a for a in args)
+            else:
+                values = args
+            return derived(tag, tuple(tensors), values, lambda: fn(*args))
 
         return kept
 
     return decorate
+
+
+_TENSOR = object()  # once_per_version's mark of a tensor's place among the values
 
 
 def _alive(refs: list, tensors: tuple) -> bool:

@@ -53,10 +53,19 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16)
 
 
+def every_other(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a strided view: every other element of a tensor twice its length."""
+    wide = torch.full((2 * t.shape[0],), -7, dtype=t.dtype, device=t.device)
+    wide[::2] = t
+    return wide[::2]
+
+
 @pytest.mark.parametrize("layout", ["paged", "dense", "dense_rows"])
-@pytest.mark.parametrize("lengths", ["tensor", "int"])
+@pytest.mark.parametrize("lengths", ["tensor", "int", "strided"])
 @pytest.mark.parametrize("new", [1, 5])
 def test_append_kernel_writes_the_new_rows_bytes(layout, lengths, new):
+    """``strided``: cache_seqlens (and a dense cache's rows) every other element of a wider
+    tensor, read through their strides."""
     batch = 3
     if layout == "paged":
         k_cache, v_cache = (
@@ -76,6 +85,9 @@ def test_append_kernel_writes_the_new_rows_bytes(layout, lengths, new):
     lens = torch.tensor([13, 0, 27], dtype=torch.int32, device=DEVICE)  # 13 + 5 crosses a page
     if lengths == "int":
         lens = 14
+    elif lengths == "strided":
+        lens = every_other(lens)
+        rows = None if rows is None else every_other(rows)
     k_want, v_want = expected_caches(k_cache, v_cache, k, v, lens, table, rows)
     launch = plan_append(k_cache, v_cache, k, v, lens, table, rows)
     run_launches((launch,), k.device)
@@ -124,6 +136,42 @@ def test_public_append_gives_the_bytes_of_the_index_ops(monkeypatch, paged):
         results.append((k_cache, v_cache, *outs))
     for with_kernel, with_index_ops in zip(*results):
         assert torch.equal(bits(with_kernel), bits(with_index_ops))
+
+
+@pytest.mark.parametrize("paged", [True, False])
+def test_strided_index_tensors_give_the_contiguous_bytes(paged):
+    """flash_attn_with_kvcache with ``cache_seqlens`` (and ``cache_batch_idx``) strided views,
+    after calls of the same signature with contiguous ones (whose append launch is kept): the
+    caches and outputs of the same calls with contiguous copies, bit for bit."""
+    results = []
+    for strided in (False, True):
+        if paged:
+            k_cache, v_cache = (
+                seeded_tensor(6, PAGE, HKV, D),
+                seeded_tensor(6, PAGE, HKV, D, seed=2),
+            )
+            extra = dict(block_table=torch.tensor([[5, 1], [0, 3]], dtype=torch.int32))
+        else:
+            k_cache, v_cache = seeded_tensor(3, 32, HKV, D), seeded_tensor(3, 32, HKV, D, seed=2)
+            extra = dict(cache_batch_idx=torch.tensor([2, 0], dtype=torch.int32))
+        extra = {k: t.to(DEVICE) for k, t in extra.items()}
+        lens = torch.tensor([14, 3], dtype=torch.int32, device=DEVICE)
+        outs = []
+        with torch.no_grad():
+            for step in range(4):
+                q = seeded_tensor(2, 1, 2 * HKV, D, seed=10 + step)
+                k, v = seeded_tensor(2, 1, HKV, D, seed=20 + step), seeded_tensor(2, 1, HKV, D)
+                args = dict(extra, cache_seqlens=lens)
+                if strided and step >= 2:  # the first two calls keep the launch
+                    args = {name: every_other(t) for name, t in args.items() if t.dim() == 1}
+                    args = dict(extra, **args)
+                outs.append(
+                    portattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, causal=True, **args)
+                )
+                lens += 1
+        results.append((k_cache, v_cache, *outs))
+    for contiguous, strided in zip(*results):
+        assert torch.equal(bits(contiguous), bits(strided))
 
 
 @pytest.mark.triton_version

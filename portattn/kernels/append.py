@@ -27,7 +27,7 @@ def append_kernel(
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_kcp, stride_kct, stride_kch, stride_kcd,
     stride_vcp, stride_vct, stride_vch, stride_vcd,
-    stride_rows, start, n_new, n_heads,
+    stride_rows, stride_lens, start, n_new, n_heads,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -39,15 +39,16 @@ def append_kernel(
 ):
     """k [B, S_new, Hkv, D], v [B, S_new, Hkv, Dv] (any strides) into k_cache, v_cache (paged
     [num_pages, PAGE_SIZE, Hkv, D], or dense [B_cache, S_cache, Hkv, D] with ``PAGE_SIZE`` 0).
-    ``LENGTHS``: the positions start at ``cache_seqlens[b]`` (int32 [B]), else at ``start``.
-    ``rows``: the block table (paged; ``stride_rows`` its row stride) or, with ``ROWS``, a
-    dense cache's rows (``cache_batch_idx``)."""
+    ``LENGTHS``: the positions start at ``cache_seqlens[b]`` (int32 [B], element stride
+    ``stride_lens``), else at ``start``. ``rows``: the block table (paged; ``stride_rows`` its
+    row stride) or, with ``ROWS``, a dense cache's rows (``cache_batch_idx``, element stride
+    ``stride_rows``)."""
     i = tl.program_id(0)
     i_b = i // n_new
     i_s = i % n_new
     i_b64 = i_b.to(tl.int64)
     if LENGTHS:
-        pos = tl.load(cache_seqlens + i_b).to(tl.int64) + i_s
+        pos = tl.load(cache_seqlens + i_b * stride_lens).to(tl.int64) + i_s
     else:
         pos = i_s.to(tl.int64) + start  # start: an int argument (1 is a constexpr)
     if PAGE_SIZE > 0:
@@ -56,7 +57,7 @@ def append_kernel(
         slot = pos % PAGE_SIZE
     else:
         if ROWS:
-            i_row = tl.load(rows + i_b).to(tl.int64)
+            i_row = tl.load(rows + i_b * stride_rows).to(tl.int64)
         else:
             i_row = i_b64
         slot = pos
@@ -104,7 +105,8 @@ def plan_append(
         cache_seqlens if lengths else k_cache,  # not read without LENGTHS
         k_cache if rows is None else rows,  # not read without a block table or ROWS
         *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),
-        rows.stride(0) if paged else 0,
+        0 if rows is None else rows.stride(0),
+        cache_seqlens.stride(0) if lengths else 0,
         0 if lengths else cache_seqlens, new, n_heads,
     )
     params = dict(

@@ -234,10 +234,21 @@ _PROBLEMS: dict[tuple, VarlenProblem] = {}
 _PROBLEMS_MAX = 1024
 
 
+_forgotten = 0  # calls of forget_problems so far
+
+
 def forget_problems() -> None:
     """Drop every problem :func:`plan_problem` keeps (and so their memos): the next call of
-    each signature plans from scratch."""
+    each signature plans from scratch (and so do the entry points that keep a problem's
+    launches under their own signatures: they compare :func:`problems_forgotten`)."""
+    global _forgotten
     _PROBLEMS.clear()
+    _forgotten += 1
+
+
+def problems_forgotten() -> int:
+    """How many times :func:`forget_problems` has run."""
+    return _forgotten
 
 
 @functools.cache
