@@ -5,8 +5,10 @@
 # failures of tests/test_options.py fixed in cf9527b and passed on the GPU), transformers_llama
 # (docs/performance.md), the paged patch with ncu (row 86) and the decode tile sweep (row 85).
 # The machine stopped answering during the repair-at-4-warps call. What is left:
-#   1. bash ci/gpu_next.sh 1   # run first. (a) The replayed forward launches (landed CPU-
-#                              # verified, perf-notes row 87): their GPU tests with the kvcache,
+#   1. bash ci/gpu_next.sh 1   # run first. (a) The replayed forward launches and the kvcache
+#                              # call's kept launches (landed CPU-verified, perf-notes rows 87,
+#                              # 89; the append kernel's strided index fix): their GPU tests
+#                              # with the kvcache,
 #                              # CUDA-graph, rollout, launcher and direct-call tests, host time
 #                              # per eager call (row 76: varlen no-grad 179 us, paged decode
 #                              # 220), the transformers decode step. (b) The paged key loop
@@ -37,7 +39,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 if [ "$PART" = 1 ]; then
   step gpu_tests 200 python3 -m pytest tests/test_forward_replay.py tests/test_direct_calls.py \
-    tests/test_kvcache.py tests/test_cuda_graphs.py tests/test_rollout_gpu.py \
+    tests/test_kvcache.py tests/test_kvcache_replay.py tests/test_append.py \
+    tests/test_cuda_graphs.py tests/test_rollout_gpu.py \
     tests/test_host_caches.py tests/test_launcher.py -n 8 -p no:cacheprovider \
     -W ignore::DeprecationWarning -rfE -q
   tail -n 3 "$OUT/gpu_tests.log"
