@@ -5,6 +5,9 @@ Cases (B=1 decode, Hq 32 / Hkv 8, d128, page 64, bfloat16; varlen: 4 x 256 token
 * ``paged_append_t`` / ``paged_append_i``: paged ``flash_attn_with_kvcache`` appending one
   token, ``cache_seqlens`` an int32 tensor / an int;
 * ``paged``: the same without the append; ``dense``: a dense [1, 4096, 8, 128] cache;
+* ``attention_growing``: ``attention`` of one query row against the first n rows of a dense
+  cache, n one more each call (as a transformers cache grows by a token a step: a new call
+  signature every call, its first layer's);
 * ``varlen_nograd``: ``varlen_attention`` forward (both max_seqlen) under ``torch.no_grad()``;
 * ``varlen_grad``: the same forward with q/k/v requiring grad (forward only);
 * ``paged_append_step`` / ``paged_append_step_i``: a decode step of ``LAYERS`` (32)
@@ -57,6 +60,7 @@ CASES = (
     "paged_append_i",
     "paged",
     "dense",
+    "attention_growing",
     "varlen_nograd",
     "varlen_grad",
     "paged_append_step",
@@ -102,6 +106,17 @@ def make_case(name: str, device: str, dtype=torch.bfloat16):
 
         return call
     q = rand(B, 1, HQ, D)
+    if name == "attention_growing":
+        cache = rand(B, PAGES * PAGE, HKV, D)
+        length = {"n": CACHED}
+
+        def grow():
+            length["n"] = CACHED + (length["n"] - CACHED + 1) % (PAGES * PAGE - CACHED)
+            keys = cache[:, : length["n"]]
+            with torch.no_grad():
+                return portattn.attention(q, keys, keys, causal=True)
+
+        return grow
     new_k, new_v = rand(B, 1, HKV, D), rand(B, 1, HKV, D)
     lens_t = torch.full((B,), CACHED, dtype=torch.int32, device=device)
     if name == "dense":

@@ -19,8 +19,8 @@ import torch
 
 from portattn.autocast import autocast_inputs
 from portattn.dense_layout import dense_layout
-from portattn.forward_entry import run_forward
-from portattn.options import capturing, check_options, needs_grad
+from portattn.forward_entry import run_forward, run_kept_forward
+from portattn.options import capturing, checked_options, needs_grad
 from portattn.validation import (
     check_block_table_meta,
     check_paged_values,
@@ -129,7 +129,7 @@ def varlen_attention(
     paged = block_table is not None
     # Read in this frame: Dynamo may compile a helper's frame alone while this one runs eagerly.
     compiling = torch.compiler.is_compiling()
-    options = check_options(
+    options, kept = checked_options(
         q,
         k,
         v,
@@ -161,20 +161,26 @@ def varlen_attention(
         shape = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         max_seqlen_q, max_seqlen_k = shape.max_seqlen_q, shape.max_seqlen_k
         check_values = False
-    out, lse = run_forward(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        options,
-        check_values=check_values,
-        block_table=block_table,
-        compiling=compiling,
-        lse_needed=return_lse,
-    )
+    if kept is None or no_host or needs_grad(q, k, v):
+        out, lse = run_forward(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            options,
+            check_values=check_values,
+            block_table=block_table,
+            compiling=compiling,
+            lse_needed=return_lse,
+        )
+    else:  # eager, a kept signature: its launches kept with it (forward_entry)
+        inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table)
+        out, lse = run_kept_forward(
+            inputs, max_seqlen_q, max_seqlen_k, options, return_lse, kept, check_values
+        )
     return (out, lse) if return_lse else out
 
 
@@ -249,7 +255,7 @@ def attention(
     """
     q, k, v = autocast_inputs(q, k, v)  # float32 under autocast -> its dtype, as SDPA
     compiling = torch.compiler.is_compiling()  # in this frame (see varlen_attention)
-    options = check_options(
+    options, kept = checked_options(
         q,
         k,
         v,
@@ -269,19 +275,23 @@ def attention(
             f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}"
         )
     layout = dense_layout(q, k, v, options.sinks)
-    cu_seqlens_q, cu_seqlens_k = layout.cu_seqlens(q.device, compiling or capturing(q))
-    out, lse = run_forward(
-        layout.packed(q),
-        layout.packed(k),
-        layout.packed(v),
-        cu_seqlens_q,
-        cu_seqlens_k,
-        layout.seqlen_q,
-        layout.seqlen_k,
-        options,
-        compiling=compiling,
-        lse_needed=return_lse,
-    )
+    no_host = compiling or capturing(q)
+    cu_seqlens_q, cu_seqlens_k = layout.cu_seqlens(q.device, no_host)
+    packed = (layout.packed(q), layout.packed(k), layout.packed(v), cu_seqlens_q, cu_seqlens_k)
+    if kept is None or no_host or needs_grad(q, k, v):
+        out, lse = run_forward(
+            *packed,
+            layout.seqlen_q,
+            layout.seqlen_k,
+            options,
+            compiling=compiling,
+            lse_needed=return_lse,
+        )
+    else:  # eager, a kept signature: its launches kept with it (forward_entry)
+        inputs = (*packed, None)
+        out, lse = run_kept_forward(
+            inputs, layout.seqlen_q, layout.seqlen_k, options, return_lse, kept
+        )
     out = layout.output(out, q.shape[2])
     if not return_lse:
         return out

@@ -13,7 +13,12 @@ from __future__ import annotations
 import torch
 
 from portattn.configs import resolve_config
-from portattn.forward_replay import kept_template, launch_template, replayed_forward
+from portattn.forward_replay import (
+    launch_template,
+    replayed_forward,
+    templated_forward,
+    value_checks,
+)
 from portattn.kernels.buffers import lse_scratch, rows_aligned
 from portattn.kernels.plan import problems_forgotten, splits_p
 from portattn.ops import EagerAttention, FwdArgs, varlen_fwd
@@ -136,57 +141,82 @@ def run_kept_forward(
     options: AttentionOptions,
     lse_needed: bool,
     kept: dict,
+    check_values: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`run_forward` of an eager call (not traced, not captured, no sinks, nothing that
     requires grad) of ``inputs`` (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table) whose entry
     point keeps a record per call signature, and ``kept`` a dict of that record: the forward's
     launches (``forward_replay``'s template) are kept there after the signature's first call and
     launched from the next one on, past the lookups of ``run_forward`` (issue 37: host time per
-    call). The signature must hold q's, k's, v's and the block table's shapes, strides, dtypes
-    and devices (``cu_seqlens`` are contiguous tensors the entry makes), the options and the
-    family override; :func:`kept_slot` and :func:`kept_stamp` hold the rest."""
+    call). The signature must hold q's, k's and v's shapes, strides, dtypes and devices and
+    the options; :func:`kept_slot` and :func:`kept_stamp` hold the rest. ``check_values``: as
+    :func:`run_forward`'s (the value checks of ``cu_seqlens`` right before the launch)."""
     q, k, v, cu_seqlens_q, cu_seqlens_k, block_table = inputs
+    # A signature's first call keeps nothing (one of a transformers cache that grows by a token
+    # a step is called by that step's layers only: its first layer's call pays nothing more).
+    first = not kept
+    if first or needs_grad(q, k, v) or options.sinks is not None or not eager_plain(q, False):
+        if first:
+            kept[_SEEN] = None
+        return run_forward(
+            *inputs[:5],
+            max_seqlen_q,
+            max_seqlen_k,
+            options,
+            check_values=check_values,
+            block_table=block_table,
+            compiling=False,
+            lse_needed=lse_needed,
+        )
     scratch = None
     if not lse_needed:  # as run_forward: an lse nobody reads goes to the shared scratch
         scratch = lse_scratch(q.shape[0], q.shape[1], q.device)
-    if eager_plain(q, False) and options.sinks is None and not needs_grad(q, k, v):
-        slot = kept_slot(inputs)
-        stamp = kept_stamp(q, v, options.kernel)
-        hit = kept.get(slot)
-        if hit is not None and hit[0] == stamp:
-            out, lse, _ = launch_template(hit[1], inputs, scratch)
-            return out, lse
-    else:
-        slot = None
-    out, lse = run_forward(
+    slot = kept_slot(inputs, max_seqlen_q, max_seqlen_k)
+    stamp = kept_stamp(q, v, options.kernel)
+    hit = kept.get(slot)
+    if hit is not None and hit[0] == stamp:
+        before_launch = None
+        if check_values:
+            before_launch = value_checks(
+                q, k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q, max_seqlen_k
+            )
+        out, lse, _ = launch_template(hit[1], inputs, scratch, before_launch)
+        return out, lse
+    # run_forward's direct path ("impl": plain eager, nothing requires grad), keeping its launches
+    out, lse, _, template = templated_forward(
         *inputs[:5],
         max_seqlen_q,
         max_seqlen_k,
         options,
-        block_table=block_table,
-        compiling=False,
-        lse_needed=lse_needed,
+        False,
+        block_table,
+        scratch,
+        check_values,
     )
-    if slot is not None:
-        template = kept_template(
-            *inputs[:5], max_seqlen_q, max_seqlen_k, options, False, block_table, scratch
-        )
-        if template is not None:
-            kept[slot] = (stamp, template)
+    if template is not None:
+        if len(kept) >= KEPT_SLOTS:  # a signature called with ever new lengths
+            kept.clear()
+        kept[slot] = (stamp, template)
     return out, lse
 
 
-def kept_slot(inputs: tuple) -> tuple:
-    """What the launches of a kept signature depend on beyond it: which inputs are one tensor
-    (cu_seqlens_q and cu_seqlens_k may be), the block table's strides (a dense cache's is a
-    view of ``cache_batch_idx``) and, without a block table, whether q's, k's and v's rows are
-    16-byte aligned (the descriptor path: their addresses change from call to call)."""
+KEPT_SLOTS = 64  # kept templates per call signature
+_SEEN = object()  # the key that marks a signature called before
+
+
+def kept_slot(inputs: tuple, max_seqlen_q: int, max_seqlen_k: int) -> tuple:
+    """What the launches of a kept signature depend on beyond it: the longest sequences, the
+    cu_seqlens' and the block table's layouts (a dense cache's table is a view of
+    ``cache_batch_idx``), which inputs are one tensor (cu_seqlens_q and cu_seqlens_k may be)
+    and, without a block table, whether q's, k's and v's rows are 16-byte aligned (the
+    descriptor path: their addresses change from call to call)."""
     ids = tuple(map(id, inputs))
     aliases = tuple(map(ids.index, ids))
-    table = inputs[5]
+    cu_q, cu_k, table = inputs[3:]
+    cu = (cu_q.shape, cu_q.stride(), cu_k.shape, cu_k.stride())
     if table is None:
-        return (aliases, None, rows_aligned(*inputs[:3]))
-    return (aliases, table.stride(), None)
+        return (max_seqlen_q, max_seqlen_k, cu, aliases, None, rows_aligned(*inputs[:3]))
+    return (max_seqlen_q, max_seqlen_k, cu, aliases, table.stride(), None)
 
 
 def kept_stamp(q: torch.Tensor, v: torch.Tensor, kernel: str) -> tuple:

@@ -194,6 +194,31 @@ def replayed_forward(
     None; ``check_values``: the value checks of ``cu_seqlens`` (and the block table) run right
     before the launch; ``sinks``: float32 [Hq] or None (a call with sinks plans every time).
     With :data:`REPLAYED_FORWARDS` off every call plans."""
+    return templated_forward(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options, store_o32,
+        block_table, lse, check_values, sinks,
+    )[:3]  # fmt: skip
+
+
+def templated_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    options: AttentionOptions,
+    store_o32: bool,
+    block_table: torch.Tensor | None,
+    lse: torch.Tensor | None,
+    check_values: bool = False,
+    sinks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ForwardTemplate | None]:
+    """:func:`replayed_forward`, and the template it launched or kept (None: sinks, or the
+    replay off), for an entry point that keeps it under its own call signature
+    (``forward_entry.run_kept_forward``) and launches it with :func:`launch_template` from the
+    next call on, past this module's lookups."""
     problem = plan_problem(
         q,
         k,
@@ -215,7 +240,7 @@ def replayed_forward(
     template = None if key is None else problem.memo.get(key)
     if template is not None:
         inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table)
-        return launch_template(template, inputs, lse, before_launch)
+        return (*launch_template(template, inputs, lse, before_launch), template)
     plan = plan_forward(
         problem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32, block_table, sinks, lse
     )
@@ -226,40 +251,7 @@ def replayed_forward(
         if template is not None:
             problem.memo[key] = template
     run_launches(plan.launches, q.device, before_launch)
-    return plan.out, plan.lse, plan.out32
-
-
-def kept_template(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    options: AttentionOptions,
-    store_o32: bool,
-    block_table: torch.Tensor | None,
-    lse: torch.Tensor | None,
-) -> ForwardTemplate | None:
-    """The template that :func:`replayed_forward` keeps for these arguments (the same
-    meaning), or None (no call of them yet, sinks, or the replay off). For an entry point that
-    keeps it under its own call signature (``flash_attn_with_kvcache``) and launches it with
-    :func:`launch_template` from the next call on, past this module's lookups."""
-    if not REPLAYED_FORWARDS or options.sinks is not None:
-        return None
-    problem = plan_problem(
-        q,
-        k,
-        cu_seqlens_q,
-        max_seqlen_q,
-        max_seqlen_k,
-        options,
-        block_table=block_table,
-        head_dim_v=v.shape[-1],
-    )
-    key = replay_key(problem, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, store_o32, lse)
-    return problem.memo.get(key)
+    return plan.out, plan.lse, plan.out32, template
 
 
 def launch_template(

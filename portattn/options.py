@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import torch
 
@@ -115,13 +115,63 @@ def check_options(
     leading dims (1 packed, 2 dense), whose next dim is its heads; ``kv_token_dims``: k/v's
     where they differ (2: paged caches). ``return_lse`` is only checked (a bool or numpy bool):
     the caller keeps ``bool(return_lse)``."""
+    return checked_options(
+        q,
+        k,
+        v,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        return_lse=return_lse,
+        kernel=kernel,
+        window_size=window_size,
+        softcap=softcap,
+        sinks=sinks,
+        token_dims=token_dims,
+        kv_token_dims=kv_token_dims,
+        compiling=compiling,
+    ).options
+
+
+class CheckedOptions(NamedTuple):
+    """:func:`check_options`' record with the dict its call signature keeps the forward's
+    launches in (``forward_entry.run_kept_forward``); ``kept`` None where the signature is not
+    kept (sinks, traced, an argument of a kind it does not hold)."""
+
+    options: AttentionOptions
+    kept: dict | None
+
+
+def checked_options(
+    q,
+    k,
+    v,
+    *,
+    causal,
+    softmax_scale,
+    return_lse,
+    kernel,
+    window_size,
+    softcap,
+    sinks=None,
+    token_dims: int,
+    kv_token_dims: int | None = None,
+    compiling: bool,
+) -> CheckedOptions:
+    """:func:`check_options`, with the dict of launches its call signature keeps."""
     scalars = (causal, softmax_scale, return_lse, kernel, window_size, softcap)
     if compiling or sinks is not None:  # traced: Dynamo would guard on the kept records
-        return _check(q, k, v, scalars, sinks, token_dims, kv_token_dims, compiling)
+        options = _check(q, k, v, scalars, sinks, token_dims, kv_token_dims, compiling)
+        return CheckedOptions(options, None)
     key = options_signature(q, k, v, scalars, token_dims, kv_token_dims)
-    return kept_record(
-        _CHECKED, key, lambda: _check(q, k, v, scalars, sinks, token_dims, kv_token_dims, compiling)
-    )
+    record = None if key is None else _CHECKED.get(key)
+    if record is None:  # as kept_record, without a closure on this path of every new signature
+        options = _check(q, k, v, scalars, sinks, token_dims, kv_token_dims, compiling)
+        record = CheckedOptions(options, None if key is None else {})
+        if key is not None:
+            if len(_CHECKED) >= _CHECKED_MAX:
+                _CHECKED.clear()
+            _CHECKED[key] = record
+    return record
 
 
 def kept_record(table: dict, key: tuple | None, check: Callable[[], T], most: int = 1024) -> T:
@@ -141,7 +191,8 @@ def kept_record(table: dict, key: tuple | None, check: Callable[[], T], most: in
 
 # check_options' records by call signature (no sinks, not traced): a call like one that passed
 # the checks passes them again, with the same record.
-_CHECKED: dict[tuple, AttentionOptions] = {}
+_CHECKED: dict[tuple, CheckedOptions] = {}
+_CHECKED_MAX = 1024
 # Tensors with nothing to redispatch to (Parameter: a Tensor with no __torch_function__)
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _PLAIN_TYPES = frozenset(PLAIN_TENSORS)

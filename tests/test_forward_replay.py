@@ -168,6 +168,21 @@ def test_one_tensor_in_two_places_is_its_own_replay(monkeypatch):
     assert not torch.equal(replayed[0][0], replayed[1][0])  # the key lengths differ
 
 
+def test_other_lengths_of_one_signature_are_their_own_replay(monkeypatch):
+    """Calls with the same q, k, v layouts (one checked signature) but another longest
+    sequence or another batch size launch other grids: each gets its own template (with the
+    longest sequences first, a replay of the shorter ones' grid would leave rows unwritten)."""
+    packs = ([11, 11], [5, 17], [22], [11, 0, 11], [11, 11])
+
+    def make(i):
+        return _varlen_call(packs[i], causal=True)(i)
+
+    with torch.no_grad():
+        planned, replayed, plans = _runs(monkeypatch, make, calls=len(packs))
+    _same_bits(planned, replayed)
+    assert plans == 4
+
+
 def test_calls_with_sinks_are_planned(monkeypatch):
     """Sinks are a tensor among the launch's parameters: such calls plan every time."""
     sinks = seeded_tensor(HQ, dtype=torch.float32, seed=7)

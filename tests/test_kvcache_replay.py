@@ -1,11 +1,11 @@
-"""``flash_attn_with_kvcache``'s replayed forward (``kvcache._replayed_forward``): a decode loop
+"""``flash_attn_with_kvcache``'s kept launches (``forward_entry.run_kept_forward``): a decode loop
 on the same caches (one call signature) launches the forward's kept template from its second
 call on, with the planned path's bytes.
 
 Each case runs a loop of calls twice, with the replay off (``forward_replay.REPLAYED_FORWARDS``:
 every call plans) and on, on fresh copies of the same caches, and compares every output and the
 caches after the loop bit for bit (NaN included); it counts the calls that went through the
-forward entry (``run_forward``) with the replay on.
+forward entry without a kept template (``forward_entry.templated_forward``) with the replay on.
 """
 
 from __future__ import annotations
@@ -69,15 +69,15 @@ def _decode_loop(dense=False, append=True, int_lens=False, batch_idx=None, **kw)
 
 def _compare(monkeypatch, make, steps: int = 4) -> int:
     """Run ``steps`` calls with the replay off, then on; assert equal bits; return how many
-    calls with the replay on went through ``forward_entry.run_forward``."""
+    calls with the replay on went through ``forward_entry.templated_forward``."""
     entered: list[int] = []
-    real = forward_entry.run_forward
+    real = forward_entry.templated_forward
 
     def counted(*args, **kwargs):
         entered.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(forward_entry, "run_forward", counted)
+    monkeypatch.setattr(forward_entry, "templated_forward", counted)
     results = {}
     for replay in (False, True):
         monkeypatch.setattr(forward_replay, "REPLAYED_FORWARDS", replay)
@@ -134,9 +134,9 @@ def test_forgotten_problems_and_a_changed_entry_plan_again(monkeypatch):
     family override) make the next call plan: its template is not launched."""
     monkeypatch.setattr(forward_replay, "REPLAYED_FORWARDS", True)
     entered: list[int] = []
-    real = forward_entry.run_forward
+    real = forward_entry.templated_forward
     monkeypatch.setattr(
-        forward_entry, "run_forward", lambda *a, **k: entered.append(1) or real(*a, **k)
+        forward_entry, "templated_forward", lambda *a, **k: entered.append(1) or real(*a, **k)
     )
     step, _ = _decode_loop(append=False)()
     with torch.no_grad():
