@@ -13,12 +13,7 @@ from __future__ import annotations
 import torch
 
 from portattn.configs import resolve_config
-from portattn.forward_replay import (
-    launch_template,
-    replayed_forward,
-    templated_forward,
-    value_checks,
-)
+from portattn.forward_replay import launch_template, replayed_forward, value_checks
 from portattn.kernels.buffers import lse_scratch, rows_aligned
 from portattn.kernels.plan import problems_forgotten, splits_p
 from portattn.ops import EagerAttention, FwdArgs, varlen_fwd
@@ -98,7 +93,7 @@ def run_forward(
         if not lse_needed and not capturing(q):
             scratch = lse_scratch(q.shape[0], q.shape[1], q.device)
         # The op's implementation (ops.fwd_impl) without binding its arguments first.
-        out, lse, _ = replayed_forward(
+        out, lse, _, _ = replayed_forward(
             q,
             k,
             v,
@@ -183,7 +178,7 @@ def run_kept_forward(
         out, lse, _ = launch_template(hit[1], inputs, scratch, before_launch)
         return out, lse
     # run_forward's direct path ("impl": plain eager, nothing requires grad), keeping its launches
-    out, lse, _, template = templated_forward(
+    out, lse, _, template = replayed_forward(
         *inputs[:5],
         max_seqlen_q,
         max_seqlen_k,

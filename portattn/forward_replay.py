@@ -187,38 +187,16 @@ def replayed_forward(
     lse: torch.Tensor | None,
     check_values: bool = False,
     sinks: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ForwardTemplate | None]:
     """The forward of checked arguments, planned once per signature and replayed after (the
-    body of ``ops.fwd_impl``, and of an eager no-grad call): (out, lse, out32 or None).
-    ``lse``: a float32 [total_q, Hq] buffer to write the lse to (a scratch nobody reads), or
-    None; ``check_values``: the value checks of ``cu_seqlens`` (and the block table) run right
+    body of ``ops.fwd_impl``, and of an eager no-grad call): (out, lse, out32 or None, the
+    template launched or kept, None with sinks or the replay off). An entry point may keep the
+    template under its own call signature (``forward_entry.run_kept_forward``) and launch it
+    with :func:`launch_template` from the next call on, past this module's lookups. ``lse``: a
+    float32 [total_q, Hq] buffer to write the lse to (a scratch nobody reads), or None;
+    ``check_values``: the value checks of ``cu_seqlens`` (and the block table) run right
     before the launch; ``sinks``: float32 [Hq] or None (a call with sinks plans every time).
     With :data:`REPLAYED_FORWARDS` off every call plans."""
-    return templated_forward(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options, store_o32,
-        block_table, lse, check_values, sinks,
-    )[:3]  # fmt: skip
-
-
-def templated_forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    options: AttentionOptions,
-    store_o32: bool,
-    block_table: torch.Tensor | None,
-    lse: torch.Tensor | None,
-    check_values: bool = False,
-    sinks: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ForwardTemplate | None]:
-    """:func:`replayed_forward`, and the template it launched or kept (None: sinks, or the
-    replay off), for an entry point that keeps it under its own call signature
-    (``forward_entry.run_kept_forward``) and launches it with :func:`launch_template` from the
-    next call on, past this module's lookups."""
     problem = plan_problem(
         q,
         k,

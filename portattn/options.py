@@ -89,47 +89,9 @@ def needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def check_options(
-    q,
-    k,
-    v,
-    *,
-    causal,
-    softmax_scale,
-    return_lse,
-    kernel,
-    window_size,
-    softcap,
-    sinks=None,
-    token_dims: int,
-    kv_token_dims: int | None = None,
-    compiling: bool,
-) -> AttentionOptions:
-    """The checks every entry point runs on its tensors and options, in this order (each
-    raises ValueError / TypeError before any launch): ``check_common`` (tensors, dims, dtypes,
-    devices, the flags, the kernel, the scale), ``check_window``, ``check_softcap``,
-    ``check_sinks`` (its values from a host copy unless ``compiling`` or :func:`capturing`).
-    ``compiling``: ``torch.compiler.is_compiling()`` read in the entry point's own frame (a
-    helper's frame may be compiled alone when Dynamo runs its caller eagerly, and reads True
-    there while its caller runs eagerly). ``token_dims``: q's
-    leading dims (1 packed, 2 dense), whose next dim is its heads; ``kv_token_dims``: k/v's
-    where they differ (2: paged caches). ``return_lse`` is only checked (a bool or numpy bool):
-    the caller keeps ``bool(return_lse)``."""
-    return checked_options(
-        q,
-        k,
-        v,
-        causal=causal,
-        softmax_scale=softmax_scale,
-        return_lse=return_lse,
-        kernel=kernel,
-        window_size=window_size,
-        softcap=softcap,
-        sinks=sinks,
-        token_dims=token_dims,
-        kv_token_dims=kv_token_dims,
-        compiling=compiling,
-    ).options
+def check_options(q, k, v, **arguments) -> AttentionOptions:
+    """The record of :func:`checked_options` (its arguments by name)."""
+    return checked_options(q, k, v, **arguments).options
 
 
 class CheckedOptions(NamedTuple):
@@ -157,7 +119,17 @@ def checked_options(
     kv_token_dims: int | None = None,
     compiling: bool,
 ) -> CheckedOptions:
-    """:func:`check_options`, with the dict of launches its call signature keeps."""
+    """The checks every entry point runs on its tensors and options, in this order (each
+    raises ValueError / TypeError before any launch): ``check_common`` (tensors, dims, dtypes,
+    devices, the flags, the kernel, the scale), ``check_window``, ``check_softcap``,
+    ``check_sinks`` (its values from a host copy unless ``compiling`` or :func:`capturing`).
+    ``compiling``: ``torch.compiler.is_compiling()`` read in the entry point's own frame (a
+    helper's frame may be compiled alone when Dynamo runs its caller eagerly, and reads True
+    there while its caller runs eagerly). ``token_dims``: q's
+    leading dims (1 packed, 2 dense), whose next dim is its heads; ``kv_token_dims``: k/v's
+    where they differ (2: paged caches). ``return_lse`` is only checked (a bool or numpy bool):
+    the caller keeps ``bool(return_lse)``. Returns the record with the dict of launches its
+    call signature keeps (:class:`CheckedOptions`)."""
     scalars = (causal, softmax_scale, return_lse, kernel, window_size, softcap)
     if compiling or sinks is not None:  # traced: Dynamo would guard on the kept records
         options = _check(q, k, v, scalars, sinks, token_dims, kv_token_dims, compiling)

@@ -104,6 +104,34 @@ def test_append_kernel_nothing_to_write():
     assert plan_append(k_cache, k_cache, none_new, none_new, 0, None, None) is None
 
 
+def decode_steps(paged: bool, steps: int, new: int, index_args=None, rows: bool = True) -> tuple:
+    """Caches, then ``steps`` appending ``flash_attn_with_kvcache`` calls of ``new`` rows (a
+    paged cache, or a dense one, with rows ``cache_batch_idx`` where ``rows``),
+    ``cache_seqlens`` growing in place: (k_cache, v_cache, *outs). ``index_args(step, args)``:
+    the index tensors a step passes (default: as they are)."""
+    if paged:
+        k_cache, v_cache = seeded_tensor(6, PAGE, HKV, D), seeded_tensor(6, PAGE, HKV, D, seed=2)
+        extra = dict(block_table=torch.tensor([[5, 1], [0, 3]], dtype=torch.int32))
+    else:
+        k_cache, v_cache = seeded_tensor(3, 32, HKV, D), seeded_tensor(3, 32, HKV, D, seed=2)
+        extra = dict(cache_batch_idx=torch.tensor([2, 0], dtype=torch.int32)) if rows else {}
+    extra = {k: t.to(DEVICE) for k, t in extra.items()}
+    lens = torch.tensor([14, 3], dtype=torch.int32, device=DEVICE)
+    outs = []
+    with torch.no_grad():
+        for step in range(steps):
+            q = seeded_tensor(2, new, 2 * HKV, D, seed=10 + step)
+            k, v = seeded_tensor(2, new, HKV, D, seed=20 + step), seeded_tensor(2, new, HKV, D)
+            args = dict(extra, cache_seqlens=lens)
+            if index_args is not None:
+                args = index_args(step, args)
+            outs.append(
+                portattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, causal=True, **args)
+            )
+            lens += new
+    return (k_cache, v_cache, *outs)
+
+
 @pytest.mark.parametrize("paged", [True, False])
 def test_public_append_gives_the_bytes_of_the_index_ops(monkeypatch, paged):
     """flash_attn_with_kvcache with the append kernel and with the aten index ops it replaced:
@@ -111,29 +139,7 @@ def test_public_append_gives_the_bytes_of_the_index_ops(monkeypatch, paged):
     results = []
     for kernel_on in (True, False):
         monkeypatch.setattr(kvcache_append, "APPEND_KERNEL", kernel_on)
-        if paged:
-            k_cache, v_cache = (
-                seeded_tensor(6, PAGE, HKV, D),
-                seeded_tensor(6, PAGE, HKV, D, seed=2),
-            )
-            extra = dict(block_table=torch.tensor([[5, 1], [0, 3]], dtype=torch.int32))
-        else:
-            k_cache, v_cache = seeded_tensor(2, 32, HKV, D), seeded_tensor(2, 32, HKV, D, seed=2)
-            extra = {}
-        extra = {k: t.to(DEVICE) for k, t in extra.items()}
-        lens = torch.tensor([14, 3], dtype=torch.int32, device=DEVICE)
-        outs = []
-        with torch.no_grad():
-            for step in range(3):
-                q = seeded_tensor(2, 2, 2 * HKV, D, seed=10 + step)
-                k, v = seeded_tensor(2, 2, HKV, D, seed=20 + step), seeded_tensor(2, 2, HKV, D)
-                outs.append(
-                    portattn.flash_attn_with_kvcache(
-                        q, k_cache, v_cache, k, v, cache_seqlens=lens, causal=True, **extra
-                    )
-                )
-                lens += 2
-        results.append((k_cache, v_cache, *outs))
+        results.append(decode_steps(paged, steps=3, new=2, rows=False))
     for with_kernel, with_index_ops in zip(*results):
         assert torch.equal(bits(with_kernel), bits(with_index_ops))
 
@@ -143,35 +149,16 @@ def test_strided_index_tensors_give_the_contiguous_bytes(paged):
     """flash_attn_with_kvcache with ``cache_seqlens`` (and ``cache_batch_idx``) strided views,
     after calls of the same signature with contiguous ones (whose append launch is kept): the
     caches and outputs of the same calls with contiguous copies, bit for bit."""
-    results = []
-    for strided in (False, True):
-        if paged:
-            k_cache, v_cache = (
-                seeded_tensor(6, PAGE, HKV, D),
-                seeded_tensor(6, PAGE, HKV, D, seed=2),
-            )
-            extra = dict(block_table=torch.tensor([[5, 1], [0, 3]], dtype=torch.int32))
-        else:
-            k_cache, v_cache = seeded_tensor(3, 32, HKV, D), seeded_tensor(3, 32, HKV, D, seed=2)
-            extra = dict(cache_batch_idx=torch.tensor([2, 0], dtype=torch.int32))
-        extra = {k: t.to(DEVICE) for k, t in extra.items()}
-        lens = torch.tensor([14, 3], dtype=torch.int32, device=DEVICE)
-        outs = []
-        with torch.no_grad():
-            for step in range(4):
-                q = seeded_tensor(2, 1, 2 * HKV, D, seed=10 + step)
-                k, v = seeded_tensor(2, 1, HKV, D, seed=20 + step), seeded_tensor(2, 1, HKV, D)
-                args = dict(extra, cache_seqlens=lens)
-                if strided and step >= 2:  # the first two calls keep the launch
-                    args = {name: every_other(t) for name, t in args.items() if t.dim() == 1}
-                    args = dict(extra, **args)
-                outs.append(
-                    portattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, causal=True, **args)
-                )
-                lens += 1
-        results.append((k_cache, v_cache, *outs))
-    for contiguous, strided in zip(*results):
-        assert torch.equal(bits(contiguous), bits(strided))
+
+    def strided_from_third(step, args):
+        if step < 2:  # the first two calls keep the launch
+            return args
+        return {name: every_other(t) if t.dim() == 1 else t for name, t in args.items()}
+
+    contiguous = decode_steps(paged, steps=4, new=1)
+    strided = decode_steps(paged, steps=4, new=1, index_args=strided_from_third)
+    for a, b in zip(contiguous, strided, strict=True):
+        assert torch.equal(bits(a), bits(b))
 
 
 @pytest.mark.triton_version

@@ -1,11 +1,11 @@
 """``flash_attn_with_kvcache``'s kept launches (``forward_entry.run_kept_forward``): a decode loop
-on the same caches (one call signature) launches the forward's kept template from its second
-call on, with the planned path's bytes.
+on the same caches (one call signature) launches the forward's kept template from its third call on
+at the latest (the first keeps nothing), with the planned path's bytes.
 
 Each case runs a loop of calls twice, with the replay off (``forward_replay.REPLAYED_FORWARDS``:
 every call plans) and on, on fresh copies of the same caches, and compares every output and the
 caches after the loop bit for bit (NaN included); it counts the calls that went through the
-forward entry without a kept template (``forward_entry.templated_forward``) with the replay on.
+forward entry's kept path (``forward_entry.launch_template``) with the replay on.
 """
 
 from __future__ import annotations
@@ -67,25 +67,35 @@ def _decode_loop(dense=False, append=True, int_lens=False, batch_idx=None, **kw)
     return make
 
 
-def _compare(monkeypatch, make, steps: int = 4) -> int:
-    """Run ``steps`` calls with the replay off, then on; assert equal bits; return how many
-    calls with the replay on went through ``forward_entry.templated_forward``."""
-    entered: list[int] = []
-    real = forward_entry.templated_forward
+def _spy_kept_launches(monkeypatch) -> list[int]:
+    """A list that gets a 1 for each forward launched from a kept template
+    (``forward_entry.launch_template``: the kept path's launch, past any lookup)."""
+    launched: list[int] = []
+    real = forward_entry.launch_template
 
     def counted(*args, **kwargs):
-        entered.append(1)
+        launched.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(forward_entry, "templated_forward", counted)
-    results = {}
+    monkeypatch.setattr(forward_entry, "launch_template", counted)
+    return launched
+
+
+def _compare(monkeypatch, make, steps: int = 4) -> list[bool]:
+    """Run ``steps`` calls with the replay off, then on; assert equal bits; return which calls
+    with the replay on launched a kept template."""
+    launched = _spy_kept_launches(monkeypatch)
+    results, kept = {}, []
     for replay in (False, True):
         monkeypatch.setattr(forward_replay, "REPLAYED_FORWARDS", replay)
         plan.forget_problems()
-        entered.clear()
         step, caches = make()
+        outs = []
         with torch.no_grad():
-            outs = [step(i) for i in range(steps)]
+            for i in range(steps):
+                before = len(launched)
+                outs.append(step(i))
+                kept.append(len(launched) > before)
         results[replay] = (outs, caches)
     for a, b in zip(results[False][0], results[True][0], strict=True):
         for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,),
@@ -93,7 +103,8 @@ def _compare(monkeypatch, make, steps: int = 4) -> int:
             assert torch.equal(_bits(x), _bits(y))
     for x, y in zip(results[False][1], results[True][1], strict=True):
         assert torch.equal(_bits(x), _bits(y))
-    return len(entered)
+    assert not any(kept[:steps])  # the replay off: nothing kept
+    return kept[steps:]
 
 
 @pytest.mark.parametrize(
@@ -109,7 +120,8 @@ def _compare(monkeypatch, make, steps: int = 4) -> int:
     ids=["paged", "lse", "fixed_order", "window_softcap", "dense", "int_lens"],
 )
 def test_decode_loop_replays_the_planned_bytes(monkeypatch, case):
-    assert _compare(monkeypatch, _decode_loop(**case)) == 1  # the first call only
+    kept = _compare(monkeypatch, _decode_loop(**case))
+    assert kept[2:] == [True, True]  # from the third call at the latest (the first keeps none)
 
 
 def test_cache_batch_idx_layouts_are_told_apart(monkeypatch):
@@ -125,34 +137,28 @@ def test_cache_batch_idx_layouts_are_told_apart(monkeypatch):
             rows = wide[::2]  # stride 2
         return rows
 
-    entered = _compare(monkeypatch, _decode_loop(dense=True, append=False, batch_idx=batch_idx))
-    assert entered == 2  # one per layout of cache_batch_idx
+    kept = _compare(monkeypatch, _decode_loop(dense=True, append=False, batch_idx=batch_idx))
+    assert kept == [False, False, False, True]  # each layout keeps its own template
 
 
 def test_forgotten_problems_and_a_changed_entry_plan_again(monkeypatch):
     """``plan.forget_problems()`` and a configuration entry that changed (a patched table, a
     family override) make the next call plan: its template is not launched."""
     monkeypatch.setattr(forward_replay, "REPLAYED_FORWARDS", True)
-    entered: list[int] = []
-    real = forward_entry.templated_forward
-    monkeypatch.setattr(
-        forward_entry, "templated_forward", lambda *a, **k: entered.append(1) or real(*a, **k)
-    )
+    launched = _spy_kept_launches(monkeypatch)
     step, _ = _decode_loop(append=False)()
+
+    def kept(i) -> bool:
+        before = len(launched)
+        step(i)
+        return len(launched) > before
+
     with torch.no_grad():
-        step(0)
-        step(1)
-        assert len(entered) == 1
+        assert [kept(i) for i in range(3)] == [False, False, True]
         plan.forget_problems()
-        step(2)
-        assert len(entered) == 2
-        step(3)
-        assert len(entered) == 2
+        assert [kept(i) for i in range(3, 5)] == [False, True]
         table = configs.config_table()
         for key, cfg in list(table.items()):  # another entry (as test_unseen_keys patches it)
             if key[0] == configs.INTERPRETER:
                 monkeypatch.setitem(table, key, dataclasses.replace(cfg, repair_products=1))
-        step(4)
-        assert len(entered) == 3
-        step(5)
-        assert len(entered) == 3
+        assert [kept(i) for i in range(5, 7)] == [False, True]
