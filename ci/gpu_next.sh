@@ -4,11 +4,12 @@
 # dQ repairs (113 GPU tests, golden sm90 30/30; perf-notes row 84), tests i-z (782 passed, the 2
 # failures of tests/test_options.py fixed in cf9527b and passed on the GPU), transformers_llama
 # (docs/performance.md), the paged patch with ncu (row 86) and the decode tile sweep (row 85).
-# The machine stopped answering during the repair-at-4-warps call. What is left:
-#   1. bash ci/gpu_next.sh 1   # run first. (a) The replayed forward launches and the kvcache
-#                              # call's kept launches (landed CPU-verified, perf-notes rows 87,
-#                              # 89; the append kernel's strided index fix): their GPU tests
-#                              # with the kvcache,
+# The machine stopped answering during the repair-at-4-warps call. Session 29 had no device
+# (none was lent); its CPU work adds to part 1 and adds part 5. What is left:
+#   1. bash ci/gpu_next.sh 1   # run first. (a) The replayed forward launches and the kept
+#                              # launches of kvcache / varlen / dense calls (landed CPU-
+#                              # verified, perf-notes rows 87, 89; the append kernel's strided
+#                              # index fix): their GPU tests with the kvcache, append,
 #                              # CUDA-graph, rollout, launcher and direct-call tests, host time
 #                              # per eager call (row 76: varlen no-grad 179 us, paged decode
 #                              # 220), the transformers decode step. (b) The paged key loop
@@ -24,12 +25,15 @@
 #                              # tests on the patched tree; reverted after          (~6 min)
 #   3. bash ci/gpu_next.sh 3   # tests test_[a-h]* (session 27: 571 passed, 97% within the limit)
 #                              # (~9 min)
+#   5. bash ci/gpu_next.sh 5   # right after 1: the paged patch's golden verify on sm90 (its
+#                              # decode machine code against the recorded outputs) (~3 min)
 #   4. bash ci/gpu_next.sh 4   # the paged decode's stall reasons (row 86 had none): ncu with
 #                              # --print-details all on packed and paged B64        (~3 min)
-#   If part 1's patched paged rows reach the packed ones: land the patch (first make the
-#   sm80/sm100/sm120 decode entries of row 88 fit without spills), re-record the keys under
-#   both Tritons, then,
-#   with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
+#   If part 1's patched paged rows reach the packed ones and part 5 verifies 30/30: land the
+#   patch (session 29 made it fit: the page block on sm90 only, rows.PAGE_BLOCK; its golden/
+#   holds both Tritons' re-recorded keys and fingerprints, only sm90's decode fingerprints
+#   changed; branch wip/paged-fit), then, with .fa4 carried, python benchmarks/bench.py
+#   --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
 PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|5}
@@ -81,5 +85,13 @@ elif [ "$PART" = 4 ]; then
     --section WarpStateStats --section SourceCounters --print-details all \
     python3 ci/decode_paged_ab.py --ncu --workloads "decode B64"
   grep -iE "attn_decode_kernel|stall|Warp Cycles" "$OUT/paged_ncu.log" | head -n 80
+elif [ "$PART" = 5 ]; then
+  # The paged patch's sm90 decode machine code against the recorded golden outputs (its
+  # golden/ carries the new fingerprints and keys; the output hashes are main's): 30/30 equal
+  # means the patch keeps every recorded bit and can land.
+  patch -p1 <ci/patches/paged_page_block.diff >/dev/null && echo "patch applied"
+  step golden_paged 300 python3 -m portattn golden verify --family sm90
+  tail -n 4 "$OUT/golden_paged.log"
+  patch -R -p1 <ci/patches/paged_page_block.diff >/dev/null && echo "patch reverted"
 fi
 printf '%s\n' "${summary[@]}"
