@@ -177,7 +177,7 @@ def varlen_fwd(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     launch itself, not for the op's dispatch and the launcher's set-up. block_table: int32
     [B, pages_per_seq], or None; with it k and v are paged caches [num_pages, page_size, Hkv,
     D] and cu_seqlens_k counts each sequence's keys (forward only: no backward).
-    window_left, window_right: a sliding window as ``validation.check_window`` normalizes it
+    window_left, window_right: a sliding window as ``validation_params.check_window`` normalizes it
     (-1: unbounded; with causal, window_right is -1). softcap: 0.0 (off) or the cap ``c`` of
     the scores ``c * tanh(softmax_scale * q.k / c)``. sinks: float32 [Hq] (contiguous) or
     None: each head's attention sink, a logit in every row's softmax denominator with no value

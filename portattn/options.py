@@ -19,7 +19,8 @@ from typing import NamedTuple, TypeVar
 import torch
 
 from portattn.configs import interpreter_active
-from portattn.validation import check_common, check_sinks, check_softcap, check_window
+from portattn.validation import check_common, check_sinks
+from portattn.validation_params import check_softcap, check_window
 
 T = TypeVar("T")
 
@@ -29,7 +30,7 @@ class AttentionOptions:
     """What one call asks of the kernels besides its tensors' shapes, checked and normalized.
 
     ``window_left`` / ``window_right``: the window's one spelling below validation, flash-attn's
-    ``window_size`` as :func:`portattn.validation.check_window` normalizes it (-1: unbounded on
+    ``window_size`` as :func:`portattn.validation_params.check_window` normalizes it (-1: unbounded on
     that side; with ``causal`` the right side is -1, the causal mask bounds it). ``softcap``:
     0.0 (off) or the cap ``c`` of the scores ``c * tanh(s / c)``. ``sinks``: None, or float32
     [Hq] contiguous (a tensor: equality and hashing see whether it is there, not its values)."""

@@ -17,20 +17,7 @@ from portattn.configs import (
     interpreter_active,
 )
 from portattn.tensor_memo import derived, forget_derived, once_per_version
-from portattn.validation_params import (  # noqa: F401 (re-exported: validation's checks)
-    FLOAT32_TINY,
-    LOG2E,
-    SINK_MAX,
-    SOFTCAP_MAX,
-    SOFTCAP_MIN,
-    SOFTMAX_SCALE_MAX,
-    WINDOW_MAX,
-    check_sink_values,
-    check_softcap,
-    check_softmax_scale,
-    check_window,
-    type_name,
-)
+from portattn.validation_params import check_sink_values, check_softmax_scale, type_name
 
 INT32_MAX = 2**31 - 1
 # No kernel of the configuration table has a smaller block (rows or keys) than this (checked by
