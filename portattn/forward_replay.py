@@ -120,32 +120,22 @@ class ForwardTemplate:
 
 def value_checks(
     q, k, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q: int, max_seqlen_k: int
-) -> Callable[[], object]:
+) -> Callable[[], object] | None:
     """The value checks of ``cu_seqlens`` (and a paged call's ``block_table``) that the forward
     runs right before its launch when asked (``check_values``): they read the values on the
-    host, and raise before any launch."""
+    host, and raise before any launch. None where they passed for these tensors' versions and
+    these sizes already (a model's layers sharing a pack): nothing to run, no launch hook."""
     total_q, total_k = q.shape[0], k.shape[0]
     if block_table is not None:
-        return functools.partial(
-            check_paged_values,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            block_table,
-            total_q,
-            total_k,
-            k.shape[1],  # the page size
-            max_seqlen_q,
-            max_seqlen_k,
-        )
-    return functools.partial(
-        check_varlen_values,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        total_q,
-        total_k,
-        max_seqlen_q,
-        max_seqlen_k,
-    )
+        check = check_paged_values
+        args = (cu_seqlens_q, cu_seqlens_k, block_table, total_q, total_k, k.shape[1])
+    else:
+        check = check_varlen_values
+        args = (cu_seqlens_q, cu_seqlens_k, total_q, total_k)
+    args += (max_seqlen_q, max_seqlen_k)
+    if check.ran(*args):
+        return None
+    return functools.partial(check, *args)
 
 
 def replay_key(

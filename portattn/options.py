@@ -29,11 +29,12 @@ T = TypeVar("T")
 class AttentionOptions:
     """What one call asks of the kernels besides its tensors' shapes, checked and normalized.
 
-    ``window_left`` / ``window_right``: the window's one spelling below validation, flash-attn's
-    ``window_size`` as :func:`portattn.validation_params.check_window` normalizes it (-1: unbounded on
-    that side; with ``causal`` the right side is -1, the causal mask bounds it). ``softcap``:
-    0.0 (off) or the cap ``c`` of the scores ``c * tanh(s / c)``. ``sinks``: None, or float32
-    [Hq] contiguous (a tensor: equality and hashing see whether it is there, not its values)."""
+    ``window_left`` / ``window_right``: the window's one spelling below validation,
+    flash-attn's ``window_size`` as :func:`portattn.validation_params.check_window` normalizes
+    it (-1: unbounded on that side; with ``causal`` the right side is -1, the causal mask bounds
+    it). ``softcap``: 0.0 (off) or the cap ``c`` of the scores ``c * tanh(s / c)``. ``sinks``:
+    None, or float32 [Hq] contiguous (a tensor: equality and hashing see whether it is there,
+    not its values)."""
 
     causal: bool
     softmax_scale: float

@@ -72,6 +72,19 @@ def derived(
     return value
 
 
+def is_derived(tag: str, tensors: tuple[torch.Tensor | None, ...], extra: tuple) -> bool:
+    """Whether :func:`derived` holds a value for these arguments (so it would not call
+    ``make``); False while tracing."""
+    if torch.compiler.is_compiling():
+        return False
+    try:
+        stamps = [None if t is None else (t._version, t.data_ptr()) for t in tensors]
+    except RuntimeError:
+        return False
+    hit = _DERIVED.get((tag, *map(id, tensors), *extra))
+    return hit is not None and hit[1] == stamps and _alive(hit[0], tensors)
+
+
 def once_per_version(tag: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """A function of positional arguments made :func:`derived`: its result is kept per version
     of its tensor arguments and value of the others (which must be hashable), so a call like
@@ -79,17 +92,25 @@ def once_per_version(tag: str) -> Callable[[Callable[..., T]], Callable[..., T]]
     nothing, and runs again on the next call."""
 
     def decorate(fn: Callable[..., T]) -> Callable[..., T]:
-        @functools.wraps(fn)
-        def kept(*args):
+        def split(args: tuple) -> tuple[tuple, tuple]:
             # The tensors by identity and version, the other values as they are; a tensor's
             # place among the values is marked, so the key is unambiguous.
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            if tensors:
-                values = tuple(_TENSOR if isinstance(a, torch.Tensor) else a for a in args)
-            else:
-                values = args
-            return derived(tag, tuple(tensors), values, lambda: fn(*args))
+            tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
+            if not tensors:
+                return tensors, args
+            return tensors, tuple(_TENSOR if isinstance(a, torch.Tensor) else a for a in args)
 
+        @functools.wraps(fn)
+        def kept(*args):
+            tensors, values = split(args)
+            return derived(tag, tensors, values, lambda: fn(*args))
+
+        def ran(*args) -> bool:
+            """Whether a call with these arguments returns a kept result (for a check: it
+            passed for these versions and values) without running."""
+            return is_derived(tag, *split(args))
+
+        kept.ran = ran
         return kept
 
     return decorate

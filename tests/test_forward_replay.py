@@ -183,6 +183,27 @@ def test_other_lengths_of_one_signature_are_their_own_replay(monkeypatch):
     assert plans == 4
 
 
+def test_value_checks_that_passed_are_not_run_again():
+    """The launch-time value checks of a pack that passed them (the same tensors at the same
+    versions, the same sizes) have nothing to run (``value_checks`` is None: no launch hook);
+    other sizes, or a write to ``cu_seqlens`` (a new version), run them again, and bad values
+    raise before any launch, through the public call too."""
+    q, k, v = seeded_tensor(22, HQ, D), seeded_tensor(22, HKV, D), seeded_tensor(22, HKV, D)
+    cu = cu_seqlens([5, 17])
+    check = forward_replay.value_checks(q, k, cu, cu, None, 17, 17)
+    assert check is not None
+    check()
+    assert forward_replay.value_checks(q, k, cu, cu, None, 17, 17) is None
+    assert forward_replay.value_checks(q, k, cu, cu, None, 18, 17) is not None
+    with torch.no_grad():
+        for _ in range(3):  # the third call launches its signature's kept template
+            portattn.varlen_attention(q, k, v, cu, cu, 17, 17, causal=True)
+        cu[1] = 23  # in place: decreasing offsets, a new version
+        assert forward_replay.value_checks(q, k, cu, cu, None, 17, 17) is not None
+        with pytest.raises(ValueError, match="cu_seqlens"):
+            portattn.varlen_attention(q, k, v, cu, cu, 17, 17, causal=True)
+
+
 def test_calls_with_sinks_are_planned(monkeypatch):
     """Sinks are a tensor among the launch's parameters: such calls plan every time."""
     sinks = seeded_tensor(HQ, dtype=torch.float32, seed=7)
