@@ -13,7 +13,12 @@ from __future__ import annotations
 import torch
 
 from portattn.configs import resolve_config
-from portattn.forward_replay import launch_template, replayed_forward, value_checks
+from portattn.forward_replay import (
+    input_aliases,
+    launch_template,
+    replayed_forward,
+    value_checks,
+)
 from portattn.kernels.buffers import lse_scratch, rows_aligned
 from portattn.kernels.plan import problems_forgotten, splits_p
 from portattn.ops import EagerAttention, FwdArgs, varlen_fwd
@@ -205,8 +210,7 @@ def kept_slot(inputs: tuple, max_seqlen_q: int, max_seqlen_k: int) -> tuple:
     ``cache_batch_idx``), which inputs are one tensor (cu_seqlens_q and cu_seqlens_k may be)
     and, without a block table, whether q's, k's and v's rows are 16-byte aligned (the
     descriptor path: their addresses change from call to call)."""
-    ids = tuple(map(id, inputs))
-    aliases = tuple(map(ids.index, ids))
+    aliases = input_aliases(inputs)
     cu_q, cu_k, table = inputs[3:]
     cu = (cu_q.shape, cu_q.stride(), cu_k.shape, cu_k.stride())
     if table is None:

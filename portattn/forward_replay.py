@@ -138,6 +138,13 @@ def value_checks(
     return functools.partial(check, *args)
 
 
+def input_aliases(inputs: tuple) -> tuple[int, ...]:
+    """Which inputs are one tensor (cu_seqlens_q may be cu_seqlens_k): each one's first index
+    among ``inputs``. A template binds a tensor given twice to one slot."""
+    ids = tuple(map(id, inputs))
+    return tuple(map(ids.index, ids))
+
+
 def replay_key(
     problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, store_o32: bool, lse
 ) -> tuple:
@@ -148,8 +155,7 @@ def replay_key(
     if not problem.page_size and "fwd" in problem.cfg.tma:
         aligned = rows_aligned(q, k, v)
     table = None if block_table is None else block_table.stride()
-    ids = [id(q), id(k), id(v), id(cu_seqlens_q), id(cu_seqlens_k), id(block_table)]
-    aliases = tuple(map(ids.index, ids))  # which inputs are one tensor (cu_seqlens_q is _k)
+    aliases = input_aliases((q, k, v, cu_seqlens_q, cu_seqlens_k, block_table))
     return (
         "replay",
         store_o32,

@@ -395,13 +395,12 @@ def flash_attn_with_kvcache(
         # A dense cache: one page of S_cache rows per sequence (a view, kept per tensor).
         table = derived("column", (batch_idx,), (), lambda: batch_idx[:, None], use=not in_graph)
     seqlens = _cache_seqlens(cache_seqlens, batch, capacity, q.device)
+    rows = None if cache_batch_idx is None else batch_idx  # a dense cache's given rows
     if not in_graph:
-        rows = None if cache_batch_idx is None else batch_idx
         sizes = (batch, new, capacity, page_size, k_cache.shape[0])
         _check_values(seqlens, block_table, rows, sizes)
     q_rows = q.reshape(batch * seqlen_q, n_heads_q, head_dim)
     if new:
-        rows = None if cache_batch_idx is None else batch_idx
         kept = None if key is None or in_graph else call.templates
         append_rows(k_cache, v_cache, k, v, seqlens, block_table, page_size, rows, in_graph, kept)
     cu_seqlens_k = cache_cu_seqlens(seqlens, new, batch, q.device, in_graph)

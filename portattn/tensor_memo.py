@@ -56,15 +56,12 @@ def derived(
     capture) or while tracing: always ``make()``, nothing kept."""
     if not use or torch.compiler.is_compiling():
         return make()
-    try:
-        stamps = [None if t is None else (t._version, t.data_ptr()) for t in tensors]
-    except RuntimeError:  # an inference tensor: no version counter, no reuse
-        return make()
-    key = (tag, *map(id, tensors), *extra)
-    hit = _DERIVED.get(key)
-    if hit is not None and hit[1] == stamps and _alive(hit[0], tensors):
+    key, stamps, hit = _lookup(tag, tensors, extra)
+    if hit is not None:
         return hit[2]
     value = make()
+    if key is None:  # an inference tensor: no version counter, no reuse
+        return value
     if len(_DERIVED) >= _DERIVED_MAX:
         _DERIVED.clear()
     refs = [None if t is None else weakref.ref(t) for t in tensors]
@@ -75,14 +72,21 @@ def derived(
 def is_derived(tag: str, tensors: tuple[torch.Tensor | None, ...], extra: tuple) -> bool:
     """Whether :func:`derived` holds a value for these arguments (so it would not call
     ``make``); False while tracing."""
-    if torch.compiler.is_compiling():
-        return False
+    return not torch.compiler.is_compiling() and _lookup(tag, tensors, extra)[2] is not None
+
+
+def _lookup(tag: str, tensors: tuple, extra: tuple) -> tuple:
+    """(key, stamps, the kept entry or None) of :func:`derived`'s arguments; key None for an
+    inference tensor (no version counter: never kept)."""
     try:
         stamps = [None if t is None else (t._version, t.data_ptr()) for t in tensors]
     except RuntimeError:
-        return False
-    hit = _DERIVED.get((tag, *map(id, tensors), *extra))
-    return hit is not None and hit[1] == stamps and _alive(hit[0], tensors)
+        return None, None, None
+    key = (tag, *map(id, tensors), *extra)
+    hit = _DERIVED.get(key)
+    if hit is not None and hit[1] == stamps and _alive(hit[0], tensors):
+        return key, stamps, hit
+    return key, stamps, None
 
 
 def once_per_version(tag: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
