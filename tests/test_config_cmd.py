@@ -57,10 +57,20 @@ def test_a_triton_version_row_is_named_where_it_changes_a_field():
     sources = {f.name: f.source for f in entry.fields}
     assert sources["fwd_ws"] == sources["bwd_ws"] == SINCE_39
     assert sources["dq_ws"] == sources["fwd"] == "rows.SM90[128]"
-    assert entry.steps == ("rows.SM90[128]", SINCE_39)
+    assert entry.steps == ("rows.SM90[128]", SINCE_39, "rows.PAGE_BLOCK['sm90']")
     base = resolve("sm90", "varlen", 128, "bf16", triton="3.6")
-    assert base.steps == ("rows.SM90[128]",)
+    assert base.steps == ("rows.SM90[128]", "rows.PAGE_BLOCK['sm90']")
     assert base.config.content_hash() != entry.config.content_hash()
+
+
+def test_the_family_page_block_is_named():
+    """sm90's paged decode reads the block table a block of key tiles at a time, from the
+    family's ``rows.PAGE_BLOCK``; a family without one keeps its row's default (0)."""
+    sm90 = {f.name: f for f in resolve("sm90", "fixed_order", 80, "bf16", triton="3.9").fields}
+    assert sm90["page_block"].value == rows.PAGE_BLOCK["sm90"]
+    assert sm90["page_block"].source == "rows.PAGE_BLOCK['sm90']"
+    sm80 = {f.name: f for f in resolve("sm80", "varlen", 64, "fp16", triton="3.6").fields}
+    assert sm80["page_block"].value == 0 and sm80["page_block"].source == "rows.SM80[64]"
 
 
 def test_borrowed_tiles_and_a_derived_decode_kernel():

@@ -13,7 +13,7 @@ from helpers import ROOT, python_stdout
 
 import portattn
 from portattn import configs, families
-from portattn.configs import DTYPES, HEAD_DIMS, INTERPRETER, KERNELS, KernelConfig, Tiles
+from portattn.configs import DTYPES, HEAD_DIMS, INTERPRETER, KERNELS, KernelConfig, Tiles, rows
 from portattn.families import FAMILIES, family_from_properties, nearest_family
 from portattn.tools import compilecheck
 from portattn.tools.compile_artifacts import MMA_PATTERNS
@@ -242,6 +242,21 @@ def test_config_hash_identifies_content():
     assert dataclasses.replace(SCHEME_CONFIG, dkdv_passes=1).content_hash() == SCHEME_HASH
     passes = {dataclasses.replace(SCHEME_CONFIG, dkdv_passes=n).content_hash() for n in (2, 4)}
     assert len(passes) == 2 and SCHEME_HASH not in passes
+
+
+def test_page_block_in_no_hash():
+    """``page_block`` is a family's way of reading a paged cache's block table, the same bits
+    either way (tests/test_kvcache.py), so it enters no content hash: golden/'s hashes of sm90,
+    recorded before the field, stay its entries' (the machine code is in the fingerprints)."""
+    for blocks in (0, 1, 16):
+        assert dataclasses.replace(SCHEME_CONFIG, page_block=blocks).content_hash() == SCHEME_HASH
+    sm90 = configs.table_for(configs.SUPPORTED_TRITON[0])[("sm90", "varlen", 128, torch.bfloat16)]
+    assert sm90.page_block == rows.PAGE_BLOCK["sm90"] > 0
+    assert sm90.content_hash() == SM90_VARLEN_D128
+    for (family, *_), cfg in (kv for _, table in all_tables() for kv in table.items()):
+        assert cfg.page_block == rows.PAGE_BLOCK.get(family, 0), family
+    with pytest.raises(ValueError, match="page_block"):
+        dataclasses.replace(SCHEME_CONFIG, page_block=12)
 
 
 @pytest.mark.parametrize("fam", [*FAMILIES, INTERPRETER])

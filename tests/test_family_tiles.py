@@ -63,6 +63,7 @@ ALL_FAMILIES_HEAD_DIMS = (*configs.HEAD_DIMS, 8, 40, 48, 80, 112)  # see family_
 SEEN = {"fwd", "bwd_pre", "bwd_dkdv", "bwd_dq", "dkdv_passes", "fwd_chunks", "bwd_dv", "tma"}
 SEEN |= {"decode"}  # as the decode kernel's tiles (KernelConfig.decode_tiles)
 SEEN |= {"repair_products"}  # one product per masked tile of a repair pass, or two
+SEEN |= {"page_block"}  # a paged decode's block-table reads (these tests' calls are unpaged)
 NOT_SEEN = {"fwd_ws", "bwd_ws", "dq_ws"}
 TILES_SEEN = {"block_m", "block_n"}
 TILES_NOT_SEEN = {"num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "kpack"}

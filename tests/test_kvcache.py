@@ -8,13 +8,17 @@ page sizes 16 / 64 / 256, lengths up to 8192)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from helpers import DEVICE, KERNELS, cu_seqlens
+from helpers import DEVICE, HAS_GPU, KERNELS, cu_seqlens
 from kvcache_sizes import APPENDS, DTYPE, HKV, HQ, LENS, PAGE_SIZES, D
 
 import portattn
-from portattn import accuracy
+from portattn import accuracy, configs
+from portattn.configs import INTERPRETER
+from portattn.families import config_family
 from portattn.reference import reference_varlen_attention
 
 
@@ -97,6 +101,52 @@ def test_paged_rows_equal_prefill_rows(kernel, page_size, append):
         got = slice(bounds[b], bounds[b + 1])
         assert torch.equal(out[got], t_out[-rows[b] :]), f"sequence {b}: out differs"
         assert torch.equal(lse[got], t_lse[-rows[b] :]), f"sequence {b}: lse differs"
+
+
+@pytest.fixture
+def page_block_entry(monkeypatch):
+    """``apply(kernel, tiles)``: the running family's entry of these tests' head dim and dtype
+    reads a paged cache's block table ``tiles`` key tiles at a time (``KernelConfig.page_block``;
+    0: once per key tile), for the test's duration."""
+    table = configs.config_table()
+    family = INTERPRETER if not HAS_GPU else config_family(torch.device("cuda"))
+
+    def apply(kernel: str, tiles: int) -> None:
+        key = (family, kernel, configs.table_head_dim(D), DTYPE)
+        monkeypatch.setitem(table, key, dataclasses.replace(table[key], page_block=tiles))
+
+    return apply
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("page_block", [0, 2, 16])
+def test_paged_rows_past_one_page_block(kernel, page_block, page_block_entry):
+    """The paged key loop reads the block table once per key tile (``page_block`` 0, the loop
+    of the families without ``rows.PAGE_BLOCK``) or a block of key tiles at a time, over
+    sequences that span several blocks (38 of the interpreter's 16-key tiles: 19 blocks of 2,
+    three of 16): decode rows are the prefill's either way, at every page size."""
+    lens = [37 * 16 + 5, 17]
+    seqs = _sequences(lens, seed=11)
+    trainer = _prefill(seqs, kernel)
+    page_block_entry(kernel, page_block)
+    for page_size in PAGE_SIZES:
+        k_cache, v_cache, table = _paged_cache(seqs, page_size, seed=5)
+        q, cu_q = _last_rows(seqs, [1, 1])
+        with torch.no_grad():
+            out, lse = portattn.varlen_attention(
+                q,
+                k_cache,
+                v_cache,
+                cu_q,
+                cu_seqlens(lens),
+                causal=True,
+                return_lse=True,
+                kernel=kernel,
+                block_table=table,
+            )
+        for b, (t_out, t_lse) in enumerate(trainer):
+            assert torch.equal(out[b : b + 1], t_out[-1:]), f"page {page_size}, {b}: out"
+            assert torch.equal(lse[b : b + 1], t_lse[-1:]), f"page {page_size}, {b}: lse"
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -2,7 +2,8 @@
 
 An entry is a family's base row (:data:`rows.BY_FAMILY`, or the kernel's own in
 :data:`rows.FIXED_ORDER`), replaced from a Triton version on by that version's row
-(:data:`rows.SINCE_TRITON`), then, for a head dim without a row of its own or a value head dim
+(:data:`rows.SINCE_TRITON`), with the family's paged-decode block-table reads
+(:data:`rows.PAGE_BLOCK`), then, for a head dim without a row of its own or a value head dim
 of another width, the wider row with that head dim's own tiles (:data:`rows.BORROWED_TILES`,
 :data:`rows.PAIR_SINCE_TRITON`); ``sources.entry_sources`` says which of these gave each field.
 The table is looked up lazily, at the first call, never at import.
@@ -10,6 +11,7 @@ The table is looked up lazily, at the first call, never at import.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -46,11 +48,19 @@ def version_override(
 
 
 def versioned_row(family: str, kernel: str, head_dim: int, triton: tuple[int, int]):
-    """The row of the latest per-version override at or before ``triton``, else the base row."""
+    """The row of the latest per-version override at or before ``triton``, else the base row,
+    with the family's ``page_block`` (:func:`with_page_block`)."""
     since = version_override(family, kernel, head_dim, triton)
     if since is not None:
-        return rows.SINCE_TRITON[since][(family, kernel, head_dim)]
-    return base_row(family, kernel, head_dim)
+        return with_page_block(rows.SINCE_TRITON[since][(family, kernel, head_dim)], family)
+    return with_page_block(base_row(family, kernel, head_dim), family)
+
+
+def with_page_block(row: KernelConfig, family: str) -> KernelConfig:
+    """``row`` with its family's paged-decode block-table reads (:data:`rows.PAGE_BLOCK`; the
+    row itself where the family has none)."""
+    tiles = rows.PAGE_BLOCK.get(family, 0)
+    return row if tiles == row.page_block else dataclasses.replace(row, page_block=tiles)
 
 
 def table_for(triton: tuple[int, int]) -> dict[tuple[str, str, int, torch.dtype], KernelConfig]:

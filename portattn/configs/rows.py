@@ -265,6 +265,15 @@ BORROWED_TILES = {
 INTERP = {d: _cfg((32, 16, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)) for d in HEAD_DIMS}
 # fmt: on
 
+# The paged decode's key tiles per block-table read (``KernelConfig.page_block``), per family:
+# every entry of a family named here gets it (``lookup.versioned_row``), the others read the
+# table once per key tile (0). sm90: 16, so the key loop issues no load but K's and V's and its
+# copies pipeline (perf-notes row 88: the per-tile read made each iteration wait for all copies,
+# DEPBAR.LE 0 against the packed loop's 2). Not where the decode kernel spilled with it (16
+# tiles; row 88 and row 89: sm80 varlen d64, sm100 varlen d32 and fixed_order d64, sm120 varlen
+# d32), nor elsewhere untested on a GPU. The interpreter: 16, so the CPU tests run that loop.
+PAGE_BLOCK = {"sm90": 16, INTERPRETER: 16}
+
 # Each family's base rows (cdna4 runs cdna3's); the kernel, head dim and Triton version pick
 # among these, FIXED_ORDER and SINCE_TRITON (``lookup.base_row``, ``lookup.versioned_row``).
 BY_FAMILY = {

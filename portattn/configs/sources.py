@@ -1,11 +1,11 @@
 """Where each field of an entry comes from: the rows that :func:`lookup.entry_config` puts
 together, step by step, for ``python -m portattn config``.
 
-An entry is built in at most three steps, each a row of :mod:`portattn.configs.rows`: the
-family's base row (or the kernel's own in ``FIXED_ORDER``), replaced from a Triton version on
-by that version's row (``SINCE_TRITON``), then a borrowed head dim's or a value-head-dim pair's
-own tiles (``BORROWED_TILES``, ``PAIR_SINCE_TRITON``). A field's source is the last step that
-changed it.
+An entry is built in at most four steps, each from :mod:`portattn.configs.rows`: the family's
+base row (or the kernel's own in ``FIXED_ORDER``), replaced from a Triton version on by that
+version's row (``SINCE_TRITON``), the family's ``page_block`` (``PAGE_BLOCK``), then a borrowed
+head dim's or a value-head-dim pair's own tiles (``BORROWED_TILES``, ``PAIR_SINCE_TRITON``). A
+field's source is the last step that changed it.
 """
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ def _steps(
     if since is not None:
         label = f"rows.SINCE_TRITON[{since}][{(family, kernel, row_d)!r}]"
         steps.append((label, rows.SINCE_TRITON[since][(family, kernel, row_d)]))
+    if family in rows.PAGE_BLOCK:
+        label = f"rows.PAGE_BLOCK[{family!r}]"
+        steps.append((label, lookup.with_page_block(steps[-1][1], family)))
     if head_dim_v != head_dim:
         since, fields = lookup.pair_fields(family, kernel, head_dim, head_dim_v, triton)
         label = f"rows.PAIR_SINCE_TRITON[{since}][{(family, kernel, (head_dim, head_dim_v))!r}]"

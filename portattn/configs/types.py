@@ -122,6 +122,11 @@ class KernelConfig:
     # rows that see a non-finite operand row beside the clean one for the others; 1 where two
     # do not fit (sm100's tensor memory, sm120's shared memory): NaN in those rows instead.
     repair_products: int = 2
+    # The paged decode's key tiles per block-table read (``addressing.page_block``): 0, one
+    # read per key tile; a power of two, that many tiles' entries read at once into registers,
+    # which keeps the key loop free of other loads than K's and V's. Same bits either way; set
+    # per family (``rows.PAGE_BLOCK``), and in no content hash (see ``content_hash``).
+    page_block: int = 0
 
     def __post_init__(self) -> None:
         """An entry is checked when it is made: a field outside what the launchers implement,
@@ -140,6 +145,8 @@ class KernelConfig:
             problems.append("bwd_ws needs dkdv_passes == 1")
         if self.repair_products not in (1, 2):
             problems.append(f"repair_products must be 1 or 2, got {self.repair_products}")
+        if self.page_block < 0 or self.page_block & (self.page_block - 1):
+            problems.append(f"page_block must be 0 or a power of two, got {self.page_block}")
         if self.decode is not None and self.decode.block_n != self.fwd.block_n:
             problems.append("decode tiles need the forward's block_n (a row's key tiles)")
         if problems:
@@ -173,8 +180,13 @@ class KernelConfig:
         """SHA-256 (first 16 hex digits) of the canonical JSON of this entry. ``dkdv_passes``,
         ``fwd_chunks``, ``bwd_dv``, ``tma``, ``fwd_ws``, ``bwd_ws``, ``dq_ws``, ``decode`` and
         ``repair_products`` (added later) enter only when they are not their defaults, so the
-        hashes of entries without them are the ones recorded before they existed."""
+        hashes of entries without them are the ones recorded before they existed.
+        ``page_block`` enters never: it is the family's way of reading a paged cache's block
+        table (``rows.PAGE_BLOCK``), not a tile or a kernel choice of the entry, and gives the
+        same bits, so the hashes golden/ records with an entry's bits stay those of its tiles
+        (the machine code it changes is in golden/'s fingerprints)."""
         fields = asdict(self)
+        del fields["page_block"]
         for later, default in (
             ("repair_products", 2),
             ("dkdv_passes", 1),

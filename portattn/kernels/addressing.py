@@ -5,9 +5,11 @@ One job: where a tile's rows and columns live. The program's sequence, head and 
 (``head_dim_chunk``, ``value_columns``), the strides and descriptors its rows are read through
 (``row_strides``, ``row_tiles``, ``key_value_tiles``, ``head_rows_tiles``), the loads of those
 rows (``load_key_tile``, ``load_head_rows``), a paged cache's (page, slot) of a key
-(``paged_rows``) and where a sequence starts in a head-major buffer (``head_major_start``).
+(``paged_rows``), or its pages read a block of key tiles at a time and a tile's K and V from
+them (``page_block``, ``tile_pages``, ``load_page_tiles``), and where a sequence starts in a
+head-major buffer (``head_major_start``).
 None of it enters a row's arithmetic: what decides the bits is in ``primitives.py``, which
-imports ``paged_rows`` from here (never the other way round).
+imports the page helpers from here (never the other way round).
 
 Conventions as in ``primitives.py``: ``b_`` block values, ``p_`` pointers, ``o_`` offsets,
 ``m_`` masks.
@@ -119,6 +121,53 @@ def paged_rows(p_pages, o_k, seqlen_k, PAGE_SIZE: tl.constexpr):
     m_k = o_k < seqlen_k
     o_page = tl.load(p_pages + o_k // PAGE_SIZE, mask=m_k, other=0).to(tl.int64)
     return o_page, (o_k % PAGE_SIZE).to(tl.int64)
+
+
+@triton.jit
+def page_block(p_pages, b_start, seqlen_k, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+               TILES: tl.constexpr):
+    """The pages of ``TILES`` key tiles from key ``b_start`` of a sequence (``p_pages``: its
+    row of the block table), int32 [TILES, P] with P the pages a tile spans (``BLOCK_N //
+    PAGE_SIZE``, at least 1): entry [t, p] is the page of key ``b_start + t * BLOCK_N + p *
+    PAGE_SIZE``. An entry whose first key is at or past ``seqlen_k`` is not read (page 0; the
+    K/V loads of keys past the end are masked), so entries past a sequence's pages may hold
+    anything."""
+    P: tl.constexpr = BLOCK_N // PAGE_SIZE if BLOCK_N > PAGE_SIZE else 1
+    STEP: tl.constexpr = PAGE_SIZE if BLOCK_N > PAGE_SIZE else BLOCK_N
+    o_key = (b_start + tl.arange(0, TILES)[:, None] * BLOCK_N
+             + tl.arange(0, P)[None, :] * STEP)  # [TILES, P] first key of each entry
+    return tl.load(p_pages + o_key // PAGE_SIZE, mask=o_key < seqlen_k, other=0)  # int32
+
+
+@triton.jit
+def tile_pages(b_pages, i_t, o_k, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+               TILES: tl.constexpr):
+    """As ``paged_rows`` for the keys ``o_k`` of tile ``i_t`` of a ``page_block`` of ``TILES``
+    tiles: (page, slot) int64 [BLOCK_N], the pages from the registers (no memory read)."""
+    P: tl.constexpr = BLOCK_N // PAGE_SIZE if BLOCK_N > PAGE_SIZE else 1
+    b_row = tl.sum(tl.where(tl.arange(0, TILES)[:, None] == i_t, b_pages, 0), 0)  # [P]
+    if P == 1:
+        o_page = tl.broadcast_to(b_row, [BLOCK_N])
+    else:
+        o_page = tl.reshape(tl.broadcast_to(b_row[:, None], [P, PAGE_SIZE]), [BLOCK_N])
+    return o_page.to(tl.int64), (o_k % PAGE_SIZE).to(tl.int64)
+
+
+@triton.jit
+def load_page_tiles(src_k, src_v, b_pages, i_t, o_k, seqlen_k, stride_kp, stride_kt, stride_vp,
+                    stride_vt, o_d, m_d, o_dc, m_dc, BLOCK_N: tl.constexpr,
+                    PAGE_SIZE: tl.constexpr, TILES: tl.constexpr):
+    """K [BLOCK_N, BLOCK_D] and V [BLOCK_N, BLOCK_DC] of keys ``o_k``, tile ``i_t`` of a
+    ``page_block`` ``b_pages`` of paged caches; keys past ``seqlen_k`` and masked columns read
+    0. Both masks and addresses before both loads, as the forward's pointer path."""
+    m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
+    m_v = (o_k < seqlen_k)[:, None] & m_dc[None, :]
+    o_page, o_slot = tile_pages(b_pages, i_t, o_k, BLOCK_N, PAGE_SIZE, TILES)
+    r_k = o_page * stride_kp + o_slot * stride_kt  # [BLOCK_N] int64
+    r_v = o_page * stride_vp + o_slot * stride_vt
+    b_k = tl.load(src_k + r_k[:, None] + o_d[None, :], mask=m_k, other=0.0)
+    b_v = tl.load(src_v + r_v[:, None] + o_dc[None, :], mask=m_v, other=0.0)
+    return b_k, b_v
 
 
 @triton.jit

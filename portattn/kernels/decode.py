@@ -61,13 +61,16 @@ def attn_decode_kernel(
     HAS_SINK: tl.constexpr,
     sinks,
     REPAIR: tl.constexpr = 0,
+    PAGE_BLOCK: tl.constexpr = 0,
 ):
     """Program ids: 0 = (position tile, sequence) as ``tile_index`` decodes it; 1 = kv head
     times the group's head slices (``HEADS`` query heads each, a power of two); 2 = head-dim
     chunk (``D_CHUNKS``, as the forward's ``fwd_chunks``). ``PAGE_SIZE`` 0: K/V packed, the
     sequence's keys from ``cu_seqlens_k[b]`` on; else paged, ``cu_seqlens_k`` only counts them.
     ``HEAD_DIM_V`` / ``BLOCK_DV``: v's and the output's head dim (as the forward's).
-    ``REPAIR``: the repair pass (design §3.2, as the forward's).
+    ``REPAIR``: the repair pass (design §3.2, as the forward's). ``PAGE_BLOCK`` (paged): the
+    key tiles whose block-table entries the key loop reads at once (0: per tile; the entry's
+    ``page_block``).
     """
     stride_qt, stride_qh = row_strides(stride_qt, stride_qh, HEAD_DIM)
     stride_kt, stride_kh = row_strides(stride_kt, stride_kh, HEAD_DIM)
@@ -123,8 +126,8 @@ def attn_decode_kernel(
         b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
         KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, WINDOW_LEFT, WINDOW_RIGHT,
-                SOFTCAP, PAGE_SIZE, REPAIR), BLOCK_DC, p_pages, stride_kp, stride_vp, b_sink,
-        HAS_SINK,
+                SOFTCAP, PAGE_SIZE, REPAIR, PAGE_BLOCK), BLOCK_DC, p_pages, stride_kp, stride_vp,
+        b_sink, HAS_SINK,
     )
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
@@ -197,6 +200,7 @@ def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool,
     params = dict(
         HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, **p.value_flags(),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
+        PAGE_BLOCK=cfg.page_block if page_size else 0,  # the family's (rows.PAGE_BLOCK)
         CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret, D_CHUNKS=cfg.fwd_chunks,
         **p.feature_flags(), HAS_SINK=has_sink, **tiles.launch_kwargs(),
     )

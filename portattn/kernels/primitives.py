@@ -18,7 +18,7 @@ from typing import NamedTuple
 import triton
 import triton.language as tl
 
-from portattn.kernels.addressing import paged_rows
+from portattn.kernels.addressing import load_page_tiles, page_block, paged_rows
 
 # 2**15: P <= 1 times this stays below float16's largest finite value (65504).
 P_SCALE = tl.constexpr(32768.0)
@@ -342,6 +342,7 @@ class KeyLoop(NamedTuple):
     # A repair pass (design §3.2): 0 none; else masked tiles through ``mma_visible`` with
     # REPAIR products (KernelConfig.repair_products: 1 or 2)
     REPAIR: tl.constexpr = 0
+    PAGE_BLOCK: tl.constexpr = 0  # paged: 0 or the tiles per ``page_block`` (its config field)
 
 
 @triton.jit
@@ -355,43 +356,65 @@ def forward_key_tiles(
     """The key loop of the Triton forward and decode kernels: accumulate key tiles
     [n_lo, n_hi) (ascending) into (acc, m, l), with the mask where ``MASKED``; the scores use
     all head-dim columns ``o_d``, the accumulator the value columns ``o_dc`` (from ``c_v``).
-    ``loop.PAGE_SIZE`` > 0: K and V are paged caches, key ``j`` lives in page ``p_pages[j //
-    PAGE_SIZE]`` at slot ``j % PAGE_SIZE`` (``paged_rows``); the tiles, their order and the
-    arithmetic are those of the packed layout, so a row gets the same bits from either."""
-    BLOCK_M: tl.constexpr = loop.BLOCK_M
+    ``loop.PAGE_SIZE`` > 0: paged K/V, key ``j`` in page ``p_pages[j // PAGE_SIZE]`` at slot
+    ``j % PAGE_SIZE``, the table read per tile (``paged_rows``) or ``loop.PAGE_BLOCK`` tiles at
+    a time into registers (``page_block``: the tile loop then loads only K and V, and pipelines
+    as the packed one). Same tiles, order and arithmetic as packed: the same bits from any."""
     BLOCK_N: tl.constexpr = loop.BLOCK_N
-    for n_start in range(n_lo, n_hi, BLOCK_N):
-        o_k = n_start + tl.arange(0, BLOCK_N)
-        if loop.TMA:
-            b_k = src_k.load([n_start, 0])  # [BLOCK_N, BLOCK_D]
-            b_v = src_v.load([n_start, c_v])  # [BLOCK_N, BLOCK_DC]
-        else:  # both masks and addresses before both loads: keeps the pointer path's code
-            m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
-            m_v = (o_k < seqlen_k)[:, None] & m_dc[None, :]  # = m_k when unchunked
-            if loop.PAGE_SIZE > 0:
-                o_page, o_slot = paged_rows(p_pages, o_k, seqlen_k, loop.PAGE_SIZE)
-                r_k = o_page * stride_kp + o_slot * stride_kt  # [BLOCK_N] int64
-                r_v = o_page * stride_vp + o_slot * stride_vt
-                p_k = src_k + r_k[:, None] + o_d[None, :]
-                p_v = src_v + r_v[:, None] + o_dc[None, :]
-            else:  # the packed layout's addresses, as the forward has always computed them
-                p_k = src_k + o_k.to(tl.int64)[:, None] * stride_kt + o_d[None, :]
-                p_v = src_v + o_k.to(tl.int64)[:, None] * stride_vt + o_dc[None, :]
-            b_k = tl.load(p_k, mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
-            b_v = tl.load(p_v, mask=m_v, other=0.0)  # [BLOCK_N, BLOCK_DC]
-        b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), loop.INTERPRET)
-        b_qk, step_scale = scores_log2(b_qk, scale_log2, loop.SOFTCAP)
-        if MASKED:
-            m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, loop.CAUSAL,
-                                 loop.WINDOW_LEFT, loop.WINDOW_RIGHT)
-            b_qk = mask_scores(b_qk, m_vis)
-        b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, step_scale)
-        b_acc = b_acc * b_alpha[:, None]
-        if MASKED and loop.REPAIR:  # a key a row does not see stays out of it (design §3.2)
-            b_acc = mma_visible(b_p, b_v, b_acc, m_vis, loop.SPLIT_P, loop.INTERPRET,
-                                loop.REPAIR)
-        else:
-            b_acc = mma_rounded(b_p, b_v, b_acc, loop.SPLIT_P, loop.INTERPRET)  # [M, BLOCK_DC]
+    if loop.PAGE_SIZE > 0 and loop.PAGE_BLOCK > 0:
+        TILES: tl.constexpr = loop.PAGE_BLOCK
+        for b_start in range(n_lo, n_hi, TILES * BLOCK_N):
+            b_pages = page_block(p_pages, b_start, seqlen_k, BLOCK_N, loop.PAGE_SIZE, TILES)
+            for n_start in range(b_start, tl.minimum(b_start + TILES * BLOCK_N, n_hi), BLOCK_N):
+                o_k = n_start + tl.arange(0, BLOCK_N)
+                b_k, b_v = load_page_tiles(src_k, src_v, b_pages, (n_start - b_start) // BLOCK_N,
+                                           o_k, seqlen_k, stride_kp, stride_kt, stride_vp,
+                                           stride_vt, o_d, m_d, o_dc, m_dc, BLOCK_N,
+                                           loop.PAGE_SIZE, TILES)
+                b_acc, b_m, b_l = key_tile_step(b_acc, b_m, b_l, b_q, b_k, b_v, o_q, o_k,
+                                                seqlen_k, diag, scale_log2, loop, MASKED)
+    else:
+        for n_start in range(n_lo, n_hi, BLOCK_N):
+            o_k = n_start + tl.arange(0, BLOCK_N)
+            if loop.TMA:
+                b_k = src_k.load([n_start, 0])  # [BLOCK_N, BLOCK_D]
+                b_v = src_v.load([n_start, c_v])  # [BLOCK_N, BLOCK_DC]
+            else:  # both masks and addresses before both loads: keeps the pointer path's code
+                m_k = (o_k < seqlen_k)[:, None] & m_d[None, :]
+                m_v = (o_k < seqlen_k)[:, None] & m_dc[None, :]  # = m_k when unchunked
+                if loop.PAGE_SIZE > 0:
+                    o_page, o_slot = paged_rows(p_pages, o_k, seqlen_k, loop.PAGE_SIZE)
+                    r_k = o_page * stride_kp + o_slot * stride_kt  # [BLOCK_N] int64
+                    r_v = o_page * stride_vp + o_slot * stride_vt
+                    p_k = src_k + r_k[:, None] + o_d[None, :]
+                    p_v = src_v + r_v[:, None] + o_dc[None, :]
+                else:  # the packed layout's addresses, as the forward has always computed them
+                    p_k = src_k + o_k.to(tl.int64)[:, None] * stride_kt + o_d[None, :]
+                    p_v = src_v + o_k.to(tl.int64)[:, None] * stride_vt + o_dc[None, :]
+                b_k = tl.load(p_k, mask=m_k, other=0.0)  # [BLOCK_N, BLOCK_D]
+                b_v = tl.load(p_v, mask=m_v, other=0.0)  # [BLOCK_N, BLOCK_DC]
+            b_acc, b_m, b_l = key_tile_step(b_acc, b_m, b_l, b_q, b_k, b_v, o_q, o_k, seqlen_k,
+                                            diag, scale_log2, loop, MASKED)
+    return b_acc, b_m, b_l
+
+
+@triton.jit
+def key_tile_step(b_acc, b_m, b_l, b_q, b_k, b_v, o_q, o_k, seqlen_k, diag, scale_log2, loop,
+                  MASKED: tl.constexpr):
+    """A key tile of ``forward_key_tiles``, K and V loaded: scores, mask, softmax, product."""
+    b_qk = mma(b_q, tl.trans(b_k), tl.zeros([loop.BLOCK_M, loop.BLOCK_N], tl.float32),
+               loop.INTERPRET)
+    b_qk, step_scale = scores_log2(b_qk, scale_log2, loop.SOFTCAP)
+    if MASKED:
+        m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, loop.CAUSAL,
+                             loop.WINDOW_LEFT, loop.WINDOW_RIGHT)
+        b_qk = mask_scores(b_qk, m_vis)
+    b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, step_scale)
+    b_acc = b_acc * b_alpha[:, None]
+    if MASKED and loop.REPAIR:  # a key a row does not see stays out of it (design §3.2)
+        b_acc = mma_visible(b_p, b_v, b_acc, m_vis, loop.SPLIT_P, loop.INTERPRET, loop.REPAIR)
+    else:
+        b_acc = mma_rounded(b_p, b_v, b_acc, loop.SPLIT_P, loop.INTERPRET)  # [M, BLOCK_DC]
     return b_acc, b_m, b_l
 
 
