@@ -123,11 +123,14 @@ def test_pyproject_states_the_range():
 
 
 def test_lowest_version_runs_the_base_rows():
-    """Below the first override every entry is its base row: what Triton 3.6 compiles is the
-    table without ``rows.SINCE_TRITON``."""
+    """Below the first override every entry is its base row (with its family's paged-decode
+    block-table reads, ``rows.PAGE_BLOCK``): what Triton 3.6 compiles is the table without
+    ``rows.SINCE_TRITON``."""
     base = configs.table_for(configs.SUPPORTED_TRITON[0])
     for (family, kernel, head_dim, _), cfg in base.items():
-        assert cfg is configs.base_row(family, kernel, head_dim)
+        row = configs.base_row(family, kernel, head_dim)
+        assert cfg is configs.lookup.with_page_block(row, family)
+        assert cfg.page_block == configs.rows.PAGE_BLOCK.get(family, 0)
     assert min(configs.rows.SINCE_TRITON) > configs.SUPPORTED_TRITON[0]
 
 
@@ -154,7 +157,8 @@ def test_each_version_takes_its_latest_override():
                 for s in sorted(applying)
                 if (family, kernel, head_dim) in configs.rows.SINCE_TRITON[s]
             ]
-            assert cfg == (rows[-1] if rows else configs.base_row(family, kernel, head_dim))
+            row = rows[-1] if rows else configs.base_row(family, kernel, head_dim)
+            assert cfg == configs.lookup.with_page_block(row, family)
 
 
 def test_retuned_keeps_the_amd_knobs():

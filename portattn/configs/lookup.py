@@ -56,9 +56,11 @@ def versioned_row(family: str, kernel: str, head_dim: int, triton: tuple[int, in
     return with_page_block(base_row(family, kernel, head_dim), family)
 
 
+@functools.cache
 def with_page_block(row: KernelConfig, family: str) -> KernelConfig:
     """``row`` with its family's paged-decode block-table reads (:data:`rows.PAGE_BLOCK`; the
-    row itself where the family has none)."""
+    row itself where the family has none). Kept: one row gives one entry object in every
+    version's table, as the rows themselves are."""
     tiles = rows.PAGE_BLOCK.get(family, 0)
     return row if tiles == row.page_block else dataclasses.replace(row, page_block=tiles)
 
