@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -56,12 +56,16 @@ class LaunchTemplate:
     slots: tuple[tuple[int, int], ...]
     params: dict
     tma: bool
+    # The launcher's direct launch of this template's binds, once its kernel is kept
+    # (kernels/launcher.py): empty until then.
+    direct: list = field(default_factory=list, compare=False, repr=False)
 
     def bind(self, tensors: tuple) -> KernelLaunch:
         args = list(self.args)
         for position, index in self.slots:
             args[position] = tensors[index]
-        return KernelLaunch(self.stage, self.kernel, self.grid, tuple(args), self.params, self.tma)
+        return KernelLaunch(self.stage, self.kernel, self.grid, tuple(args), self.params,
+                            self.tma, self.direct)  # fmt: skip
 
     @staticmethod
     def record(launch: KernelLaunch, index_of: dict[int, int]) -> LaunchTemplate | None:

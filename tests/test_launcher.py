@@ -168,6 +168,71 @@ def test_unknown_argument_type_and_switch_take_triton_run(fake_device, monkeypat
     assert len(jit.jit_calls) == 4 and jit.compiled.calls == []
 
 
+def bound_launches(jit, x, n=32, direct=None):
+    """A template's bind: one cell shared by its launches (``forward_replay.LaunchTemplate``)."""
+    return KernelLaunch("fwd", jit, (8, 2), (x, n, 0.5), dict(BLOCK=64, num_warps=4),
+                        direct=direct)  # fmt: skip
+
+
+def test_template_binds_launch_direct_with_addresses(fake_device):
+    """From a template's third bind on (the first compiles, the second finds the kept kernel
+    and makes the direct launch), the launcher gets the tensors' addresses as ints and the
+    values ``run`` would pass otherwise."""
+    jit, cell = Jit(), []
+    x, y = torch.ones(64), torch.zeros(64)
+    launcher.launch_kernel(bound_launches(jit, x, direct=cell))
+    assert cell == [] and len(jit.jit_calls) == 1
+    launcher.launch_kernel(bound_launches(jit, x, direct=cell))
+    assert len(cell) == 1 and jit.compiled.calls[0][9] is x
+    launcher.launch_kernel(bound_launches(jit, y, direct=cell))
+    assert len(jit.jit_calls) == 1 and len(jit.compiled.calls) == 2
+    call = jit.compiled.calls[1]
+    assert call == (8, 2, 1, 1234, "function", "packed", None, None, None, y.data_ptr(), 32,
+                    0.5, 64, 7)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change", ["misaligned", "dtype", "none", "forgotten", "device", "hook", "debug knob"]
+)
+def test_direct_launch_falls_back_where_the_signature_does_not_hold(
+    fake_device, monkeypatch, change
+):
+    """What the kept signature held and a bind may change: the launch goes the checked way
+    (through ``run`` for a new signature, else the kept kernel with the tensor itself)."""
+    jit, cell, x = Jit(), [], torch.ones(64)
+    for _ in range(2):
+        launcher.launch_kernel(bound_launches(jit, x, direct=cell))
+    assert len(cell) == 1
+    arg, runs, hook = x, 2, None
+    if change == "misaligned":
+        arg = x[1:]
+    elif change == "dtype":
+        arg = x.half()
+    elif change == "none":
+        arg = None
+    elif change == "forgotten":
+        launcher.forget_launches()
+    elif change == "device":
+        monkeypatch.setattr(launcher, "device_and_stream", lambda: (1, 1234))
+    elif change == "debug knob":
+        monkeypatch.setattr(knobs.runtime, "debug", True)
+    else:
+        hook = knobs.runtime.launch_enter_hook
+        jit.compiled.launch_metadata = lambda grid, stream, *values: "metadata"
+        hook.add(print)
+        runs = 1
+    try:
+        launcher.launch_kernel(bound_launches(jit, arg, direct=cell))
+    finally:
+        if hook is not None:
+            hook.remove(print)
+    if runs == 2:  # a new signature: run
+        assert len(jit.jit_calls) == 2 and len(jit.compiled.calls) == 1
+    else:  # the kept kernel, with the hook's metadata and the tensor
+        call = jit.compiled.calls[-1]
+        assert len(jit.jit_calls) == 1 and call[6] == "metadata" and call[9] is x
+
+
 _AS_JIT: dict = {}  # kept alive: the launcher knows a kernel by its id
 
 

@@ -16,6 +16,14 @@ alignment specialisation). The first call of a signature goes through ``run``, w
 or finds the kernel, so a kept kernel is always one ``run`` picked for an equal signature. An
 unhashable value, or the interpreter, takes ``run`` every time.
 
+A launch bound from a kept template (``forward_replay.LaunchTemplate``: the same kernel, grid
+and values but for its tensors, call after call) goes further once its signature's kernel is
+kept: a :class:`DirectLaunch` in the template's cell holds the launcher's values with the
+tensors left out, and each call puts in the tensors' addresses, checked for what the signature
+held of them (dtype, 16-byte alignment), with the current device and knobs. Addresses go to the
+launcher as ints: it then neither calls ``data_ptr`` nor asks the driver about each pointer
+(the checks before launch have put every tensor on the device).
+
 The kernels are module-level objects, never freed: tables here know them by ``id``.
 """
 
@@ -93,6 +101,8 @@ class _Prepared:
 _TEMPLATES: dict[tuple, _Template] = {}
 _KEPT: dict[tuple, _Prepared] = {}
 _KEPT_MAX = 4096  # signatures; past it, start again (a run of many pack shapes)
+# Bumped whenever _KEPT is emptied: a direct launch made before holds a kernel no longer kept.
+_generation = [0]
 
 
 def kept_launches() -> int:
@@ -103,6 +113,76 @@ def kept_launches() -> int:
 def forget_launches() -> None:
     """Drop every kept kernel: the next launch of each signature goes through ``run``."""
     _KEPT.clear()
+    _generation[0] += 1
+
+
+@dataclass(frozen=True)
+class DirectLaunch:
+    """A kept launch of a template's binds (module docstring): the launcher's values with a
+    placeholder at each tensor, and what the kept signature held of the tensors and the
+    launch's surroundings, checked call by call."""
+
+    prepared: _Prepared
+    grid: tuple[int, int, int]
+    values: tuple  # every signature parameter's value, the tensors' positions hold None
+    positions: tuple[int, ...]  # the tensors' positions among the launch's args (and values)
+    pick: Picker  # args -> the tensors, in positions' order
+    dtypes: tuple
+    aligned: bool | tuple[bool, ...]  # as the signature holds it: True, or each address's
+    device: int
+    knobs: tuple  # run's options read from Triton's knobs
+    generation: int
+
+    def run(self, args: tuple, knobs: Any) -> bool:
+        """Launch with ``args`` (a bind of the template: its tensors at ``positions``, its
+        other values those kept); False, launching nothing, where the kept signature does not
+        hold (another dtype or alignment, device, knobs, a launch hook, a forgotten kernel,
+        an argument that is no tensor). ``knobs``: Triton's."""
+        if self.generation != _generation[0] or self.knobs != _knob_values(knobs):
+            return False
+        enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        if not (_empty(enter) and _empty(exit_)):  # a hook wants the launch's metadata
+            return False
+        tensors = self.pick(args)
+        try:
+            addresses = tuple(map(torch.Tensor.data_ptr, tensors))
+            dtypes = tuple(map(_DTYPE, tensors))
+        except TypeError:  # None or another object where the template had a tensor
+            return False
+        aligned = not functools.reduce(operator.or_, addresses, 0) % 16
+        if dtypes != self.dtypes or (
+            True if aligned else tuple(a % 16 == 0 for a in addresses)
+        ) != self.aligned:
+            return False
+        device, stream = device_and_stream()
+        if device != self.device:
+            return False
+        values = list(self.values)
+        for position, address in zip(self.positions, addresses, strict=True):
+            values[position] = address
+        kept, grid = self.prepared, self.grid
+        kept.launcher(grid[0], grid[1], grid[2], stream, kept.function, kept.packed_metadata,
+                      None, None, None, *values)  # fmt: skip
+        return True
+
+
+def _knob_values(knobs: Any) -> tuple:
+    """What ``run`` reads of Triton's knobs for its options (part of a launch signature)."""
+    return (knobs.runtime.debug, knobs.compilation.instrumentation_mode)
+
+
+def _direct_launch(launch: KernelLaunch, key: tuple, template: _Template) -> DirectLaunch:
+    """The direct launch of ``launch``, whose signature ``key`` has a kept kernel."""
+    args, params = launch.args, launch.params
+    positions = tuple(i for i, value in enumerate(args) if isinstance(value, torch.Tensor))
+    values = list(launcher_values(template, args, params, tuple(params.values())))
+    for position in positions:
+        values[position] = None
+    grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
+    _, device, debug, instrumentation, _, _, dtypes, aligned = key
+    return DirectLaunch(_KEPT[key], grid, tuple(values), positions, _picker(list(positions)),
+                        dtypes, aligned, device, (debug, instrumentation),
+                        _generation[0])  # fmt: skip
 
 
 def launch_kernel(launch: KernelLaunch) -> None:
@@ -113,6 +193,9 @@ def launch_kernel(launch: KernelLaunch) -> None:
     jit, args, params = launch.kernel, launch.args, launch.params
     if not PREPARED_LAUNCHES or not hasattr(jit, "device_caches"):  # the interpreter's
         jit[launch.grid](*args, **params)
+        return
+    cell = launch.direct  # the template's, for a launch bound from one
+    if cell and cell[0].run(args, knobs):
         return
     device, stream = device_and_stream()
     values = tuple(params.values())
@@ -125,10 +208,12 @@ def launch_kernel(launch: KernelLaunch) -> None:
         compiled = jit[launch.grid](*args, **params)
         if key is not None and compiled is not None and hasattr(compiled, "packed_metadata"):
             if len(_KEPT) >= _KEPT_MAX:
-                _KEPT.clear()
+                forget_launches()
             _KEPT[key] = _Prepared(compiled, compiled.run, compiled.function,
                                    compiled.packed_metadata)
         return
+    if cell is not None and not any(isinstance(v, torch.Tensor) for v in values):
+        cell[:] = [_direct_launch(launch, key, template)]  # the template's next binds
     everything = launcher_values(template, args, params, values)
     grid = launch.grid
     grid_1 = grid[1] if len(grid) > 1 else 1

@@ -273,6 +273,9 @@ class KernelLaunch:
     args: tuple
     params: dict[str, Any] = field(default_factory=dict)
     tma: bool = False
+    # Bound from a kept template (forward_replay.LaunchTemplate): the template's cell, where
+    # the launcher keeps the direct launch of its binds (kernels/launcher.py); else None.
+    direct: list | None = field(default=None, compare=False, repr=False)
 
 
 def run_launches(
