@@ -41,7 +41,18 @@ _DERIVED_MAX = 256
 def stream_key(device: torch.device) -> int | None:
     """The current stream of ``device`` (None off CUDA): part of every key whose value is a
     device tensor, so it is read only on the stream it was made on."""
-    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    if device.type != "cuda":
+        return None
+    return _raw_stream(torch.cuda.current_device() if device.index is None else device.index)
+
+
+# The current stream's handle without a torch.cuda.Stream object per call (Triton's launch
+# path reads it the same way); torch.cuda.current_stream where torch lacks the raw getter.
+def _stream_of(index: int) -> int:
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _stream_of)
 
 
 def derived(
