@@ -55,6 +55,14 @@ elif [ "$PART" = 3 ]; then
   step pytest "${PYTEST_LIMIT:-520}" python3 -m pytest $(ls tests/test_[a-h]*.py) -v -n 15 \
     -p no:cacheprovider -W ignore::DeprecationWarning -rfE
   grep -E "FAILED|ERROR|passed|failed" "$OUT/pytest.log" | grep -v PASSED | tail -n 15
+elif [ "$PART" = 6 ]; then
+  # host time per eager call with the direct launches, and where it goes on the GPU host
+  step host 150 python3 benchmarks/host_overhead.py --gpu --n 1000
+  grep -E "^\|" "$OUT/host.log"
+  step host_prof 90 python3 benchmarks/host_overhead.py --gpu --n 500 --cases paged,varlen_nograd \
+    --profile --sort tottime
+  step llama 200 python3 benchmarks/transformers_llama.py
+  grep -E "^\|" "$OUT/llama.log" | tail -n 12
 elif [ "$PART" = 4 ]; then
   step paged_ncu 240 ncu --clock-control none --kernel-name regex:attn_decode_kernel -c 2 \
     --section WarpStateStats --section SourceCounters --print-details all \

@@ -44,7 +44,7 @@ from portattn.options import (
     needs_grad,
     options_signature,
 )
-from portattn.tensor_memo import derived, once_per_version, ramp
+from portattn.tensor_memo import derived, once_per_version, ramp, stream_key
 from portattn.validation import (
     INT32_MAX,
     DTypeError,
@@ -191,6 +191,30 @@ def _check_values(cache_seqlens: torch.Tensor | int, block_table, batch_idx, siz
         if new and len(set(rows)) != len(rows):
             raise ValueError("cache_batch_idx must not repeat a row when new keys are appended")
     return True
+
+
+def _step_indices(
+    seqlens, block_table, rows, sizes: tuple, seqlen_q: int, device, in_graph: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cu_seqlens_q, cu_seqlens_k) of a call, the index tensors' values checked first
+    (:func:`_check_values`, eager calls only). The same for every layer of a decode step: kept
+    per version of the index tensors (one lookup a call; ``tensor_memo.derived``)."""
+    batch, new = sizes[:2]
+
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
+        if not in_graph:
+            _check_values(seqlens, block_table, rows, sizes)
+        cu_seqlens_k = cache_cu_seqlens(seqlens, new, batch, device, in_graph)
+        return ramp(batch + 1, seqlen_q, device, in_graph), cu_seqlens_k
+
+    if in_graph:
+        return make()
+    tensors = (block_table, rows)
+    if isinstance(seqlens, int):
+        extra = (seqlens, sizes, seqlen_q, device, stream_key(device))
+    else:
+        tensors, extra = (seqlens, *tensors), (sizes, seqlen_q, device, stream_key(device))
+    return derived("kvcache_step", tensors, extra, make)
 
 
 def _check_launchable(q_rows, k_cache, v_cache, kernel: str) -> None:
@@ -396,15 +420,13 @@ def flash_attn_with_kvcache(
         table = derived("column", (batch_idx,), (), lambda: batch_idx[:, None], use=not in_graph)
     seqlens = _cache_seqlens(cache_seqlens, batch, capacity, q.device)
     rows = None if cache_batch_idx is None else batch_idx  # a dense cache's given rows
-    if not in_graph:
-        sizes = (batch, new, capacity, page_size, k_cache.shape[0])
-        _check_values(seqlens, block_table, rows, sizes)
+    sizes = (batch, new, capacity, page_size, k_cache.shape[0])
+    cu_seqlens_q, cu_seqlens_k = _step_indices(seqlens, block_table, rows, sizes, seqlen_q,
+                                               q.device, in_graph)  # fmt: skip
     q_rows = q.reshape(batch * seqlen_q, n_heads_q, head_dim)
     if new:
         kept = None if key is None or in_graph else call.templates
         append_rows(k_cache, v_cache, k, v, seqlens, block_table, page_size, rows, in_graph, kept)
-    cu_seqlens_k = cache_cu_seqlens(seqlens, new, batch, q.device, in_graph)
-    cu_seqlens_q = ramp(batch + 1, seqlen_q, q.device, in_graph)
     inputs = (q_rows, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, table)
     if key is None or in_graph:
         out, lse = run_forward(
