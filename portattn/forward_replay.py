@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from portattn.kernels.buffers import new_buffer, rows_aligned
+from portattn.kernels.buffers import descriptor_scratch, new_buffer, rows_aligned
 from portattn.kernels.forward import plan_forward
+from portattn.kernels.launcher import launch_all
 from portattn.kernels.plan import KernelLaunch, VarlenProblem, plan_problem, run_launches
 from portattn.options import AttentionOptions
 from portattn.validation import check_paged_values, check_varlen_values
@@ -59,6 +60,11 @@ class LaunchTemplate:
     # The launcher's direct launch of this template's binds, once its kernel is kept
     # (kernels/launcher.py): empty until then.
     direct: list = field(default_factory=list, compare=False, repr=False)
+
+    def slot_tensors(self, tensors: tuple) -> tuple:
+        """The tensors of ``tensors`` (as :meth:`bind` takes them) in the order of their
+        positions among the launch's arguments (a direct launch's order)."""
+        return tuple(tensors[index] for _, index in self.slots)
 
     def bind(self, tensors: tuple) -> KernelLaunch:
         args = list(self.args)
@@ -249,5 +255,24 @@ def launch_template(
     if template.store_o32:
         out32 = new_buffer(template.out_shape, torch.float32, q.device)
     tensors = (*inputs, out, lse, out32)
+    if before_launch is None and launch_directly(template.launches, tensors):
+        return out, lse, out32
     run_launches([launch.bind(tensors) for launch in template.launches], q.device, before_launch)
     return out, lse, out32
+
+
+def launch_directly(launches: tuple[LaunchTemplate, ...], tensors: tuple) -> bool:
+    """Launch the templates' direct launches (``kernels/launcher.py``: the kept compiled
+    kernels, with the tensors' addresses) past the binds, the launch signatures and
+    ``run_launches``' path choice, when each has one; else launch nothing and return False.
+    A direct launch exists only where ``launch_kernel`` made it: never under the interpreter
+    or a family override (its launches go as PTX)."""
+    directs = []
+    for launch in launches:
+        if not launch.direct:
+            return False
+        directs.append((launch.direct[0], launch.slot_tensors(tensors)))
+    if not any(launch.tma for launch in launches):
+        return launch_all(directs)
+    with descriptor_scratch(tensors[0].device, True):  # as run_launches sets it up
+        return launch_all(directs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from portattn.forward_replay import LaunchTemplate, tensor_indexes
+from portattn.forward_replay import LaunchTemplate, launch_directly, tensor_indexes
 from portattn.kernels.append import plan_append
 from portattn.kernels.plan import run_launches
 from portattn.tensor_memo import derived, ramp, stream_key
@@ -72,6 +72,8 @@ def append_rows(
         slot = ("append", k is v, lengths)
         template = None if kept is None else kept.get(slot)
         if template is not None:
+            if launch_directly((template,), tensors):  # its kept kernel, past the bind
+                return
             launch = template.bind(tensors)
         else:
             launch = plan_append(k_cache, v_cache, k, v, cache_seqlens, block_table, batch_idx)

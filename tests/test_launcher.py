@@ -60,7 +60,8 @@ class Jit:
 
 @pytest.fixture
 def fake_device(monkeypatch):
-    monkeypatch.setattr(launcher, "device_and_stream", lambda: (0, 1234))
+    monkeypatch.setattr(launcher, "driver_device", lambda: 0)
+    monkeypatch.setattr(launcher, "driver_stream", lambda device: 1234)
     launcher.forget_launches()
     yield
     launcher.forget_launches()
@@ -213,7 +214,7 @@ def test_direct_launch_falls_back_where_the_signature_does_not_hold(
     elif change == "forgotten":
         launcher.forget_launches()
     elif change == "device":
-        monkeypatch.setattr(launcher, "device_and_stream", lambda: (1, 1234))
+        monkeypatch.setattr(launcher, "driver_device", lambda: 1)
     elif change == "debug knob":
         monkeypatch.setattr(knobs.runtime, "debug", True)
     else:
@@ -231,6 +232,32 @@ def test_direct_launch_falls_back_where_the_signature_does_not_hold(
     else:  # the kept kernel, with the hook's metadata and the tensor
         call = jit.compiled.calls[-1]
         assert len(jit.jit_calls) == 1 and call[6] == "metadata" and call[9] is x
+
+
+def test_launch_directly_launches_all_or_none(fake_device):
+    """``forward_replay.launch_directly``: a template's launches go direct, each with its own
+    tensors of the call, when every one's kept signature holds; when one does not (here the
+    second's tensor is misaligned), none is launched and the caller takes the checked way."""
+    from portattn.forward_replay import LaunchTemplate, launch_directly, tensor_indexes
+
+    first, second = Jit(), Jit()
+    x, y = torch.ones(64), torch.ones(64)
+    templates = []
+    for jit, tensor in ((first, x), (second, y)):
+        planned = KernelLaunch("fwd", jit, (4,), (tensor, 32, 0.5), dict(BLOCK=64))
+        templates.append(LaunchTemplate.record(planned, tensor_indexes((x, y))))
+    assert not launch_directly(tuple(templates), (x, y))  # no direct launch yet
+    for _ in range(2):  # run, then the kept kernel: the direct launches are made
+        for template in templates:
+            launcher.launch_kernel(template.bind((x, y)))
+    assert all(len(t.direct) == 1 for t in templates)
+    a, b = torch.zeros(64), torch.zeros(64)
+    assert launch_directly(tuple(templates), (a, b))
+    assert first.compiled.calls[-1][9] == a.data_ptr()
+    assert second.compiled.calls[-1][9] == b.data_ptr()
+    calls = (len(first.compiled.calls), len(second.compiled.calls))
+    assert not launch_directly(tuple(templates), (a, torch.zeros(65)[1:]))
+    assert (len(first.compiled.calls), len(second.compiled.calls)) == calls
 
 
 _AS_JIT: dict = {}  # kept alive: the launcher knows a kernel by its id

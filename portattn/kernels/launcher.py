@@ -136,34 +136,62 @@ class DirectLaunch:
     def run(self, args: tuple, knobs: Any) -> bool:
         """Launch with ``args`` (a bind of the template: its tensors at ``positions``, its
         other values those kept); False, launching nothing, where the kept signature does not
-        hold (another dtype or alignment, device, knobs, a launch hook, a forgotten kernel,
-        an argument that is no tensor). ``knobs``: Triton's."""
-        if self.generation != _generation[0] or self.knobs != _knob_values(knobs):
+        hold (:meth:`values_for`). ``knobs``: Triton's."""
+        values = self.values_for(self.pick(args), knobs)
+        if values is None:
             return False
+        self.launch(values, knobs)
+        return True
+
+    def values_for(self, tensors: tuple, knobs: Any) -> list | None:
+        """The launcher's values with ``tensors`` (in ``positions``' order) put in as their
+        addresses, or None where the kept signature does not hold for them: another dtype or
+        alignment, another current device or knobs, a launch hook, a forgotten kernel, an
+        object that is no tensor."""
+        if self.generation != _generation[0] or self.knobs != _knob_values(knobs):
+            return None
         enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
         if not (_empty(enter) and _empty(exit_)):  # a hook wants the launch's metadata
-            return False
-        tensors = self.pick(args)
+            return None
         try:
             addresses = tuple(map(torch.Tensor.data_ptr, tensors))
             dtypes = tuple(map(_DTYPE, tensors))
         except TypeError:  # None or another object where the template had a tensor
-            return False
+            return None
         aligned = not functools.reduce(operator.or_, addresses, 0) % 16
         if dtypes != self.dtypes or (
             True if aligned else tuple(a % 16 == 0 for a in addresses)
         ) != self.aligned:
-            return False
-        device, stream = device_and_stream()
-        if device != self.device:
-            return False
+            return None
+        if driver_device() != self.device:
+            return None
         values = list(self.values)
         for position, address in zip(self.positions, addresses, strict=True):
             values[position] = address
+        return values
+
+    def launch(self, values: list, knobs: Any) -> None:
+        """Launch on the current stream with ``values`` (:meth:`values_for`'s)."""
         kept, grid = self.prepared, self.grid
+        stream = driver_stream(self.device)
         kept.launcher(grid[0], grid[1], grid[2], stream, kept.function, kept.packed_metadata,
                       None, None, None, *values)  # fmt: skip
-        return True
+
+
+def launch_all(launches: list[tuple[DirectLaunch, tuple]]) -> bool:
+    """Launch each (direct launch, its tensors) in order when every one's kept signature
+    holds (:meth:`DirectLaunch.values_for`); else launch nothing and return False."""
+    from triton import knobs
+
+    ready = []
+    for direct, tensors in launches:
+        values = direct.values_for(tensors, knobs)
+        if values is None:
+            return False
+        ready.append((direct, values))
+    for direct, values in ready:
+        direct.launch(values, knobs)
+    return True
 
 
 def _knob_values(knobs: Any) -> tuple:
@@ -243,10 +271,20 @@ def launcher_values(template: _Template, args: tuple, params: dict, values: tupl
 
 def device_and_stream() -> tuple[int, int]:
     """Triton's current device and its current stream, as ``run`` reads them."""
+    device = driver_device()
+    return device, driver_stream(device)
+
+
+def driver_device() -> int:
     from triton.runtime.driver import driver
 
-    device = driver.active.get_current_device()
-    return device, driver.active.get_current_stream(device)
+    return driver.active.get_current_device()
+
+
+def driver_stream(device: int) -> int:
+    from triton.runtime.driver import driver
+
+    return driver.active.get_current_stream(device)
 
 
 def launch_signature(
