@@ -70,7 +70,9 @@ def _check_features(rotary_cos, rotary_sin, cache_leftpad, alibi_slopes, num_spl
         raise _unsupported("left-padded caches", "cache_leftpad")
     if alibi_slopes is not None:
         raise _unsupported("ALiBi", "alibi_slopes")
-    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
+    if type(num_splits) is not int and (  # an int passes without the ABC check
+        isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral)
+    ):
         raise TypeError(f"num_splits must be an int, got {type_name(num_splits)}")
     if num_splits not in (0, 1):
         raise ValueError(
@@ -122,6 +124,8 @@ def _cache_seqlens(cache_seqlens, batch: int, capacity: int, device) -> torch.Te
     it is, with no device tensor to read back."""
     if cache_seqlens is None:
         return capacity
+    if type(cache_seqlens) is torch.Tensor:  # the common case first: no ABC check
+        return _index_tensor("cache_seqlens", cache_seqlens, batch, device)
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
         if not 0 <= cache_seqlens <= capacity:
             raise ValueError(f"cache_seqlens must be in [0, {capacity}], got {cache_seqlens}")

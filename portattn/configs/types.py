@@ -41,7 +41,12 @@ def table_head_dim(head_dim: int) -> int:
     """The table row a head dim runs with: the smallest table head dim at or above it. Its
     padded width (``VarlenProblem.block_d``, the next power of two) is the row's own, so the
     row's tiles take the same registers and shared memory (the compile check checks it)."""
-    return next(d for d in HEAD_DIMS if d >= head_dim)
+    row = _TABLE_ROWS.get(head_dim)
+    return row if row is not None else next(d for d in HEAD_DIMS if d >= head_dim)
+
+
+# table_head_dim of every head dim up to the widest row (it runs on every call's host path)
+_TABLE_ROWS = {d: next(r for r in HEAD_DIMS if r >= d) for d in range(1, HEAD_DIMS[-1] + 1)}
 
 
 DTYPES = (torch.float16, torch.bfloat16)
