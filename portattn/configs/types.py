@@ -176,10 +176,12 @@ class KernelConfig:
         perf-notes row 85), the forward's warps and stages (fewer warps spill on sm90 d128)."""
         if self.decode is not None:  # an entry's own decode row
             return self.decode
-        fwd = self.fwd
-        block_m = min(fwd.block_m, 64)
-        warps = fwd.num_warps
-        return dataclasses.replace(fwd, block_m=block_m, num_warps=warps)
+        derived = self.__dict__.get("_decode_tiles")  # made once per entry (planning reads it
+        if derived is None:  # several times a call); not a field: no hash or equality sees it
+            fwd = self.fwd
+            derived = dataclasses.replace(fwd, block_m=min(fwd.block_m, 64))
+            object.__setattr__(self, "_decode_tiles", derived)
+        return derived
 
     def content_hash(self) -> str:
         """SHA-256 (first 16 hex digits) of the canonical JSON of this entry. ``dkdv_passes``,

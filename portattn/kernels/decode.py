@@ -32,7 +32,7 @@ from portattn.kernels.addressing import (
     tile_index,
     value_columns,
 )
-from portattn.kernels.plan import KernelLaunch, VarlenProblem, repair_tiles
+from portattn.kernels.plan import KernelLaunch, VarlenProblem, ceil_div, next_pow2, repair_tiles
 from portattn.kernels.primitives import KeyLoop, forward_tile, tile_is_finite, visited_key_range
 
 
@@ -143,7 +143,7 @@ def attn_decode_kernel(
 def heads_per_tile(problem: VarlenProblem) -> int:
     """Query heads of one GQA group packed into a decode tile: the group, rounded up to a power
     of two, at most the tile's rows."""
-    return min(triton.next_power_of_2(problem.group), problem.cfg.decode_tiles().block_m)
+    return min(next_pow2(problem.group), problem.cfg.decode_tiles().block_m)
 
 
 def decode_fits(problem: VarlenProblem) -> bool:
@@ -195,8 +195,8 @@ def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool,
     tiles = repair_tiles(cfg.decode_tiles()) if repair else cfg.decode_tiles()
     heads = heads_per_tile(p)
     rows = tiles.block_m // heads
-    slices = triton.cdiv(p.group, heads)
-    grid = (triton.cdiv(p.grid_rows_q, rows) * p.batch, p.n_heads_k * slices, cfg.fwd_chunks)
+    slices = ceil_div(p.group, heads)
+    grid = (ceil_div(p.grid_rows_q, rows) * p.batch, p.n_heads_k * slices, cfg.fwd_chunks)
     params = dict(
         HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, **p.value_flags(),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
