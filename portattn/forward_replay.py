@@ -40,8 +40,9 @@ REPLAYED_FORWARDS = True
 # The tensors of one call, in this order, as a template's slots index them: the inputs, then
 # the outputs the replay allocates (``lse`` may be the caller's scratch buffer).
 CALL_TENSORS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "block_table", "out", "lse", "out32")
-# What a template keeps of a launch's arguments as they are (tensors are slots).
-_PLAIN_ARGS = (torch.Tensor, int, float, bool, str, type(None))
+# What a template keeps of a launch's arguments as they are (tensors are slots; another type,
+# a subclass of these included, keeps no template).
+_PLAIN_VALUES = frozenset((int, float, bool, str, type(None)))
 
 
 @dataclass(frozen=True)
@@ -78,18 +79,20 @@ class LaunchTemplate:
         """The template of ``launch`` whose tensors are those of ``index_of`` (``id`` -> index
         in the tensors :meth:`bind` takes), or None where it holds another tensor or an object
         that may hold one."""
-        if any(isinstance(value, torch.Tensor) for value in launch.params.values()):
-            return None
+        for value in launch.params.values():
+            if isinstance(value, torch.Tensor):
+                return None
         args, slots = list(launch.args), []
         for position, value in enumerate(args):
-            if not isinstance(value, _PLAIN_ARGS):  # an object that may hold a tensor
+            if type(value) in _PLAIN_VALUES:  # kept as it is
+                continue
+            if not isinstance(value, torch.Tensor):  # an object that may hold a tensor
                 return None
-            if isinstance(value, torch.Tensor):
-                index = index_of.get(id(value))
-                if index is None:
-                    return None
-                args[position] = None
-                slots.append((position, index))
+            index = index_of.get(id(value))
+            if index is None:
+                return None
+            args[position] = None
+            slots.append((position, index))
         return LaunchTemplate(launch.stage, launch.kernel, launch.grid, tuple(args),
                               tuple(slots), launch.params, launch.tma)  # fmt: skip
 
