@@ -4,16 +4,18 @@
   under Triton's interpreter: the test harness ``tests/conftest.py`` sets TRITON_INTERPRET=1,
   nox does not; every family's configuration entries run there too,
   ``tests/test_family_tiles.py``), followed by the compile-key check of every guarded entry of
-  every family against ``golden/<family>.json`` (``python -m portattn golden fingerprints``:
-  entries whose compile inputs are unchanged are not compiled; the others are compiled and
-  checked, and fail until ``golden/`` is updated). This is the README's test command with
-  ``tests_newest``, and what ``.ci/run`` runs. It pins Triton 3.6, the GPU machine's.
+  every family against ``golden/<family>.json`` (``python -m ci.golden_dev keycheck``, from the
+  checkout's root: entries whose compile inputs are unchanged are not compiled; the others are
+  compiled and checked, and fail until ``golden/`` is updated). This is the README's test
+  command with ``tests_newest``, and what ``.ci/run`` runs. It pins Triton 3.6, the GPU
+  machine's.
 - ``tests_newest``: with the newest supported Triton (3.9), whose configuration table has its
   own rows where it must (``portattn.configs.rows.SINCE_TRITON``) and whose fingerprints and keys
   ``golden/`` keeps beside 3.6's: the tests marked ``triton_version`` (of the family entries
   under the interpreter only that version's own rows), then its key check.
 - ``quick``: for iteration, a few minutes: lint, the key check naming what changed without
-  compiling, and a smoke subset of the tests (or those named after ``--``).
+  compiling (``python -m ci.golden_dev keycheck --no-compile``), and a smoke subset of the tests
+  (or those named after ``--``).
 - ``lint``: ruff check and ruff format --check.
 - ``compile``: the full ahead-of-time compile of every guarded entry, checked; CPU only.
 - ``fingerprints``: that compile under both Tritons, recorded into ``golden/`` with the compile
@@ -113,8 +115,9 @@ def _cpu_suite(session: nox.Session, triton: str, selection: list[str]) -> None:
     # Every guarded entry's compile key against golden/: unchanged keys are the recorded
     # machine code, checked when it was recorded, and are not compiled; entries whose key
     # changed are compiled and checked, and fail until `ci.golden_dev fingerprints --update`.
+    # `-m ci.golden_dev` finds ci/ in the session's working directory, the checkout's root.
     with phases("key check + compiles"):
-        session.run("python", "-m", "portattn", "golden", "fingerprints")
+        session.run("python", "-m", "ci.golden_dev", "keycheck")
     phases.report()
 
 
@@ -131,7 +134,7 @@ def quick(session: nox.Session) -> None:
         session.run("ruff", "check", *LINT_PATHS)
         session.run("ruff", "format", "--check", *LINT_PATHS)
     with phases("key check"):
-        key_check = ("python", "-m", "portattn", "golden", "fingerprints", "--no-compile")
+        key_check = ("python", "-m", "ci.golden_dev", "keycheck", "--no-compile")
         session.run(*key_check, success_codes=[0, 1])
     with phases("pytest"):
         _pytest(session, *(session.posargs or QUICK_TESTS), "-q", "-n", CPU_WORKERS)

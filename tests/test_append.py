@@ -171,7 +171,7 @@ def test_append_kernel_compiles_for_every_family():
         from portattn.families import FAMILIES
         from portattn.kernels.append import plan_append
         from portattn.tools.compile_artifacts import resource_usage
-        from portattn.tools.compile_keys import pinned_knobs
+        from portattn.tools.compile_inputs import pinned_knobs
         from portattn.tools.compile_launches import bind_launch
         from portattn.tools.compilecheck import compile_launch
 

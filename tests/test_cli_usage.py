@@ -60,11 +60,16 @@ def test_compile_help_says_what_it_does(capsys):
             ["golden", "fingerprints", "--results", "r.json"],
             "python -m ci.golden_dev fingerprints --results",
         ),
+        (
+            ["golden", "fingerprints", "--no-compile", "--family", "sm90"],
+            "python -m ci.golden_dev keycheck --no-compile",
+        ),
     ],
 )
 def test_moved_golden_actions_name_their_command(capsys, argv, command):
-    """Recording the golden files moved to the checkout's ci/golden_dev (issue 38): the former
-    spelling exits 2 with one line naming the new command, having run nothing."""
+    """Recording the golden files, and the compile-key check, moved to the checkout's
+    ci/golden_dev (issue 38): the former spelling exits 2 with one line naming the new command,
+    having run nothing."""
     from portattn.tools.cli import main
 
     assert main(argv) == 2
@@ -77,3 +82,13 @@ def test_golden_dev_runs_from_the_checkout():
     """``python -m ci.golden_dev --help`` from the checkout's root: the documented spelling."""
     assert "refresh" in _help(["-m", "ci.golden_dev"], ROOT)
     assert "--update" in _help(["-m", "ci.golden_dev", "fingerprints"], ROOT)
+    assert "--no-compile" in _help(["-m", "ci.golden_dev", "keycheck"], ROOT)
+
+
+def test_golden_fingerprints_help_names_the_key_check(capsys):
+    """``golden fingerprints`` is the full compile; its help names the checkout's key check."""
+    with pytest.raises(SystemExit) as exit_:
+        build_parser("portattn").parse_args(["golden", "fingerprints", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "python -m ci.golden_dev keycheck" in text and "--no-compile" not in text

@@ -1,4 +1,4 @@
-"""Compile keys (portattn.tools.compile_keys) and the key check CI runs (golden fingerprints).
+"""Compile keys (ci.golden_dev.keys) and the key check CI runs (python -m ci.golden_dev keycheck).
 
 A key must be honest: an edit of one jit function changes the keys of exactly the kernels that
 reach it, another Triton changes every key, and a clone at another path computes the same keys.
@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 from golden_helpers import FAKE, TC, capture
 
+from ci.golden_dev import key_check, keys
 from ci.golden_dev.fingerprints import update_fingerprints
+from ci.golden_dev.key_check import run_key_check
 from ci.golden_dev.merging import merge
-from portattn.tools.compile_keys import GUARDED_PAIRS, guarded_entries
+from portattn.tools.compile_inputs import GUARDED_PAIRS, guarded_entries
 from portattn.tools.compile_launches import STAGES
-from portattn.tools.golden.fingerprints import run_key_check
 from portattn.tools.golden.layout import load
 
 pytestmark = pytest.mark.triton_version  # keys hash the installed Triton
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KEY_FAMILIES = ("sm90", "cdna3")
 _KEYS = """
 import json, sys
-import portattn.tools.compile_keys as ck
+import ci.golden_dev.keys as ck
 families = sys.argv[1].split(",")
 keys = {f: ck.family_keys(f) for f in families}
 if len(sys.argv) > 2:  # another Triton: its installation's identity differs
@@ -43,8 +44,8 @@ json.dump(keys, sys.stdout)
 
 
 def _keys(tree: Path, *extra: str) -> dict:
-    """Compile keys of KEY_FAMILIES computed by a fresh process importing portattn from
-    ``tree``, run from ``tree`` (so paths differ when ``tree`` is a copy)."""
+    """Compile keys of KEY_FAMILIES computed by a fresh process importing portattn and
+    ci.golden_dev from ``tree``, run from ``tree`` (so paths differ when ``tree`` is a copy)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(tree)
     argv = [sys.executable, "-c", _KEYS, ",".join(KEY_FAMILIES), *extra]
@@ -60,7 +61,8 @@ def base_keys() -> dict:
 
 def _copy(tmp_path: Path) -> Path:
     tree = tmp_path / "clone"
-    shutil.copytree(ROOT / "portattn", tree / "portattn", ignore=shutil.ignore_patterns("*.pyc"))
+    for part in ("portattn", "ci/golden_dev"):
+        shutil.copytree(ROOT / part, tree / part, ignore=shutil.ignore_patterns("*.pyc"))
     return tree
 
 
@@ -82,19 +84,18 @@ def test_keys_cover_every_guarded_kernel(base_keys):
 
 
 def test_an_entry_hashed_alone_has_the_key_of_the_family_check(base_keys):
-    """The compile records each entry's keys in a fresh process; the key check hashes every
-    entry in one. Under Triton 3.6 a jit function's hash depended on what the process hashed
-    before (compile_keys._forget_jit_hashes): sm90's d128 Gluon kernels are where it showed."""
+    """An entry's keys hashed alone, in a fresh process, are those of the family's keys, every
+    entry hashed in one process. Under Triton 3.6 a jit function's hash depended on what the
+    process hashed before (keys._forget_jit_hashes): sm90's d128 Gluon kernels showed it."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     code = (
-        "import json; from portattn.tools.compile_keys import entry_keys; "
+        "import json; from ci.golden_dev.keys import entry_keys; "
         "from portattn.tools.compile_launches import Entry; "
         "print(json.dumps(entry_keys(Entry('sm90', 'fixed_order', 128, 'fp16'))))"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
-    )
+    argv = [sys.executable, "-c", code]
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout) == base_keys["sm90"]["fixed_order/d128/fp16"]
 
@@ -249,3 +250,54 @@ def test_merge_drops_the_key_of_fingerprints_recorded_without_one():
     doc, changes = merge(doc, {"family": FAKE, "cases": {}, "toolchains": {TC: update}})
     assert set(doc["toolchains"][TC]["fingerprints"]) == {"b"}
     assert any("removed for 1 entries no longer compiled: a" in c for c in changes)
+
+
+def test_keyed_records_attach_each_kernels_key(monkeypatch):
+    """``fingerprints --update`` records the package's compile records (which hold no key)
+    with the keys of ci.golden_dev.keys attached, kernel by kernel."""
+    import portattn.tools.golden.fingerprints as package_fingerprints
+
+    def compile_records(family):
+        return {
+            label: {s: {k: v for k, v in r.items() if k != "key"} for s, r in stages.items()}
+            for label, stages in ENTRIES.items()
+        }
+
+    monkeypatch.setattr(package_fingerprints, "compile_records", compile_records)
+    monkeypatch.setattr(keys, "family_keys", lambda family: _keys_of(ENTRIES))
+    assert keys.keyed_records(FAKE) == ENTRIES
+
+
+def test_a_family_outside_the_table_has_no_keys():
+    assert keys.family_keys(FAKE) == {}
+
+
+def test_compile_changed_compiles_whole_entries(monkeypatch):
+    """The key check compiles each changed entry whole (its stages in order in one process, as
+    when golden/ was recorded) and reads the changed stages' records."""
+    calls = []
+
+    def compile_records(family, labels):
+        calls.append((family, labels))
+        return {label: ENTRIES[label] for label in labels if label in ENTRIES}
+
+    monkeypatch.setattr(key_check, "compile_records", compile_records)
+    changed = {"varlen/d32/fp16": ["fwd"], "varlen/d40/bf16": ["bwd_dq"]}
+    made = key_check.compile_changed(FAKE, changed)
+    assert calls == [(FAKE, ["varlen/d32/fp16", "varlen/d40/bf16"])]
+    assert made == {
+        "varlen/d32/fp16": {"fwd": ENTRIES["varlen/d32/fp16"]["fwd"]},
+        "varlen/d40/bf16": {},
+    }
+
+
+def test_keycheck_command_without_recorded_keys(tmp_path, capsys):
+    """``python -m ci.golden_dev keycheck``: exit 2 naming the recording command when golden/
+    holds no fingerprints or keys for this Triton, before any key is computed."""
+    from ci.golden_dev.__main__ import main
+
+    argv = ["keycheck", "--no-compile", "--family", "sm80", "--golden-dir", str(tmp_path)]
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("sm80: no fingerprints for ")
+    assert line.endswith("run python -m ci.golden_dev fingerprints --update")

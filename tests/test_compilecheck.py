@@ -58,7 +58,7 @@ def twice() -> dict:
         from triton.compiler.compiler import make_backend
         from triton.runtime.jit import create_function_from_signature
         from portattn.tools import compilecheck as cc
-        from portattn.tools.compile_keys import specialize
+        from portattn.tools.compile_inputs import specialize
         from portattn.families import FAMILIES
 
         out = {}
@@ -257,9 +257,11 @@ def test_error_summary_keeps_the_first_lines():
 def test_cli_json_and_fingerprints_api(tmp_path):
     """``python -m portattn compile`` for one entry, and ``compile_records()`` (from this
     process, which may be interpreted: it then compiles in a child) agree bit for bit: the
-    same compile keys for every stage, the same machine code for golden/'s stages. Not the
-    repair passes' machine code: Triton 3.9's AMD backend orders a few integer instructions of
-    cdna2's ``fwd_repair`` differently in about one process of six (compile_launches)."""
+    same configuration for every stage, the same records (machine code, resources, checks)
+    for golden/'s stages; neither has a compile key (those are the checkout's,
+    ci/golden_dev/keys.py). Not the repair passes' machine code: Triton 3.9's AMD backend
+    orders a few integer instructions of cdna2's ``fwd_repair`` differently in about one
+    process of six (compile_launches)."""
     path = tmp_path / "cc.json"
     argv = ["--family", "cdna2", "--kernel", "varlen", "--head-dim", "32", "--dtype", "bf16"]
     proc = run_python(["-m", "portattn", "compile", *argv, "--json", str(path), "-j", "1"])
@@ -272,11 +274,13 @@ def test_cli_json_and_fingerprints_api(tmp_path):
         assert rec["config_hash"] == records["fwd"]["config_hash"]
     made = cc.compile_records("cdna2", kernels=["varlen"], head_dims=[32], dtypes=["bf16"])
     assert set(made) == {"varlen/d32/bf16"}
-    assert {s: r["key"] for s, r in made["varlen/d32/bf16"].items()} == {
-        s: r["key"] for s, r in records.items()
+    assert {s: r["config_hash"] for s, r in made["varlen/d32/bf16"].items()} == {
+        s: r["config_hash"] for s, r in records.items()
     }
+    assert not any("key" in r for r in [*records.values(), *made["varlen/d32/bf16"].values()])
     prints = {s: r["fingerprint"] for s, r in made["varlen/d32/bf16"].items() if s in cc.STAGES}
     assert prints == {s: records[s]["fingerprint"] for s in cc.STAGES}
+    assert {s: made["varlen/d32/bf16"][s] for s in cc.STAGES} == {s: records[s] for s in cc.STAGES}
 
 
 # ----------------------------------------------------------------------------- no compiling

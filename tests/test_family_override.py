@@ -195,7 +195,7 @@ from triton.compiler.compiler import make_backend
 from portattn.families import FAMILIES
 from portattn.kernels.ptx_jit import family_ptx
 from portattn.tools.compile_launches import Entry, record_launches
-from portattn.tools.compile_keys import PINNED_OPTIONS, pinned_knobs, specialize
+from portattn.tools.compile_inputs import PINNED_OPTIONS, pinned_knobs, specialize
 
 launch = record_launches(Entry("sm80", "varlen", 64, "bf16"))[sys.argv[1]][0]
 

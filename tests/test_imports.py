@@ -194,6 +194,23 @@ def test_package_does_not_import_the_benchmarks():
     assert (PACKAGE.parent / "benchmarks" / "bench.py").is_file()
 
 
+def test_package_does_not_import_ci():
+    """``ci/`` (the golden files' recording and the compile-key check, run from a checkout) is
+    not shipped: no module of the package imports it, anywhere."""
+    imports = {}
+    for name, path in _modules().items():
+        for node in _import_nodes(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                targets = [node.module or ""] if not node.level else []
+            bad = [t for t in targets if t == "ci" or t.startswith("ci.")]
+            if bad:
+                imports[f"{name}:{node.lineno}"] = bad
+    assert not imports
+    assert (PACKAGE.parent / "ci" / "golden_dev" / "keys.py").is_file()
+
+
 def _private_imports(path: Path) -> list[str]:
     """``from <a module of the package> import _name`` statements of one file (absolute or
     relative), as ``line: module._name``."""

@@ -1,10 +1,11 @@
-"""``python -m ci.golden_dev {refresh,fingerprints}``, from the root of a checkout."""
+"""``python -m ci.golden_dev {refresh,fingerprints,keycheck}``, from the root of a checkout."""
 
 from __future__ import annotations
 
 import argparse
 
 from ci.golden_dev.fingerprints import results_fingerprints, update_fingerprints
+from ci.golden_dev.key_check import compile_changed, run_key_check
 from ci.golden_dev.refresh import compile_fingerprints, run_refresh
 from portattn.families import FAMILIES
 from portattn.tools.golden.cli import Hardware, usable_hardware
@@ -42,9 +43,17 @@ def cmd_fingerprints(args: argparse.Namespace) -> int:
     return run_fingerprints(families, args.golden_dir or default_golden_dir(), fingerprint_fn=made)
 
 
+def cmd_keycheck(args: argparse.Namespace) -> int:
+    """``keycheck [--no-compile]``: CI's compile-key check (CPU: Triton's compiler, no GPU)."""
+    compile_fn = None if args.no_compile else compile_changed
+    families = args.family or list(FAMILIES)
+    return run_key_check(families, args.golden_dir or default_golden_dir(), compile_fn=compile_fn)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m ci.golden_dev", description="Record portattn's golden files."
+        prog="python -m ci.golden_dev",
+        description="Record portattn's golden files, and check their compile keys.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     golden_dir = argparse.ArgumentParser(add_help=False)
@@ -95,6 +104,22 @@ def build_parser() -> argparse.ArgumentParser:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--update", action="store_true", help="compile, store fingerprints, keys")
     what.add_argument("--results", metavar="PATH", help="compare a compile's results")
+    p = sub.add_parser(
+        "keycheck",
+        parents=[golden_dir],
+        help="the compile-key check CI runs: compile only the entries whose key changed (CPU)",
+        description="Computes every guarded entry's compile key (a hash of everything its "
+        "machine code is a function of) without compiling, compiles and checks only the "
+        "entries whose key differs from golden/<family>.json, and says whether their machine "
+        "code changed. Exit 0: every key matches; 1: a key, a recorded entry or a "
+        "configuration hash differs; 2: no fingerprints or keys for this Triton, or an "
+        "unusable golden file.",
+    )
+    p.set_defaults(func=cmd_keycheck)
+    p.add_argument("--family", action="append", choices=list(FAMILIES), help="(repeatable)")
+    p.add_argument(
+        "--no-compile", action="store_true", help="name the entries whose key changed, compile none"
+    )
     return parser
 
 

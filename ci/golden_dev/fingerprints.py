@@ -1,7 +1,7 @@
 """``python -m ci.golden_dev fingerprints``: record golden/'s compile fingerprints and keys
 (``--update``: compile every guarded entry), or compare the fingerprints of a compile's results
-(``--results PATH``) as ``python -m portattn golden fingerprints --full`` compares its own
-compile (docs/golden.md, "Fingerprints guard the goldens").
+(``--results PATH``) as ``python -m portattn golden fingerprints`` compares its own compile
+(docs/golden.md, "Fingerprints guard the goldens").
 """
 
 from __future__ import annotations
@@ -10,16 +10,11 @@ import json
 import os
 from typing import Any
 
+from ci.golden_dev.keys import keyed_records
 from ci.golden_dev.merging import case_definition, empty_doc
 from ci.golden_dev.write import check_writable, write_record
 from portattn.tools.golden.cases import CASES, CASES_VERSION
-from portattn.tools.golden.fingerprints import (
-    ConfigHashFn,
-    RecordsFn,
-    compile_records,
-    config_differences,
-    listed,
-)
+from portattn.tools.golden.fingerprints import ConfigHashFn, RecordsFn, config_differences, listed
 from portattn.tools.golden.layout import GoldenError, golden_path, load
 from portattn.tools.golden.records import stale_outputs
 from portattn.tools.golden.verify import Printer, family_config_hash, say, toolchain_key
@@ -46,10 +41,11 @@ def update_fingerprints(
     golden_dir: str | os.PathLike,
     out: Printer = say,
     toolchain: str | None = None,
-    fingerprint_fn: RecordsFn = compile_records,
+    fingerprint_fn: RecordsFn = keyed_records,
     config_hash_fn: ConfigHashFn = family_config_hash,
 ) -> int:
-    """Compile every guarded entry of each family (``fingerprint_fn``) and store its
+    """Compile every guarded entry of each family with its compile keys (``fingerprint_fn``:
+    records with a ``"key"``, :func:`ci.golden_dev.keys.keyed_records`) and store its
     fingerprints, the compile keys of what passed its checks, and the configuration hashes in
     ``golden/<family>.json``. Exit 1 when a kernel failed a check (its entry is not keyed)."""
     toolchain = toolchain or toolchain_key()

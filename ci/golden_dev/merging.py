@@ -161,7 +161,7 @@ def merge(
             if target["fingerprints"].get(entry) != stages:
                 (updated if entry in target["fingerprints"] else added).append(entry)
                 target["fingerprints"][entry] = stages
-        # Compile keys (compile_keys) attest the fingerprints they were recorded with: a
+        # Compile keys (ci.golden_dev.keys) attest the fingerprints they were recorded with: a
         # record's keys replace the stored ones, and an entry whose fingerprints change
         # without a key loses its stored one (the key check then compiles it again).
         new_keys = section.get("keys", {})

@@ -142,8 +142,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         _cmd_golden,
         help="verify the golden output hashes of this GPU's family (docs/golden.md)",
         description="Golden output hashes per GPU family: verify them bitwise on this GPU, "
-        "or check the compile fingerprints beside them (CPU). Recording them is the "
-        "checkout's python -m ci.golden_dev.",
+        "or check the compile fingerprints beside them (CPU, a full compile). Recording them, "
+        "and CI's compile-key check (python -m ci.golden_dev keycheck), are the checkout's "
+        "python -m ci.golden_dev.",
     )
     from portattn.tools.golden.cli import add_arguments as add_golden_arguments
 

@@ -5,8 +5,9 @@ the table's tiles, fits shared memory, no spills, the family's matrix instructio
 (:mod:`.compile_artifacts`).
 
 The launches compiled are the real planners' for a representative call on CPU tensors
-(:mod:`.compile_launches`), specialised as Triton's JIT does it (:func:`.compile_keys.specialize`):
-causal, with GQA and a ``dlse`` input. Fingerprints describe that specialisation.
+(:mod:`.compile_launches`), specialised as Triton's JIT does it
+(:func:`.compile_inputs.specialize`): causal, with GQA and a ``dlse`` input. Fingerprints
+describe that specialisation.
 """
 
 from __future__ import annotations
@@ -43,12 +44,7 @@ from portattn.tools.compile_artifacts import (
     matrix_instruction,
     merge_artifacts,
 )
-from portattn.tools.compile_keys import (
-    compile_source,
-    guarded_entries,
-    pinned_knobs,
-    stage_key,
-)
+from portattn.tools.compile_inputs import compile_source, guarded_entries, pinned_knobs
 from portattn.tools.compile_launches import (
     CHECKED_STAGES,
     DTYPE_ALIASES,
@@ -86,9 +82,6 @@ class KernelResult:
     # fifth). Reported, not a failure.
     wgmma_serialized: bool | None = None
     fingerprint: str | None = None
-    # The compile key of what was compiled (compile_keys.stage_key): golden/ records it beside
-    # the fingerprint, so CI compiles again only the kernels whose key changed.
-    key: str | None = None
     seconds: float = 0.0
 
     @property
@@ -145,10 +138,6 @@ def check_entry(
             group = launches[result.stage]
             for launch in group:
                 result.failures.extend(table_mismatches(launch, cfg))
-            try:
-                result.key = stage_key(group, family)
-            except Exception as exc:  # noqa: BLE001 - reported as a failed check
-                result.failures.append(f"compile key failed: {error_summary(exc)}")
             start = time.perf_counter()
             parts = _compile_group(result, group, family)
             if parts is not None:
@@ -274,18 +263,18 @@ def compile_records(
     kernels: Iterable[str] | None = None,
     head_dims: Iterable[int] | None = None,
     dtypes: Iterable[str] | None = None,
-    stages_of: dict[str, list[str]] | None = None,
+    labels: Iterable[str] | None = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Compile and check entries of ``family``: entry label -> stage -> record
-    (:meth:`KernelResult.record`: fingerprint, key, ok, resources). Without filters, every
-    guarded entry (``compile_keys.guarded_entries``, the set golden/ records), or only the
-    records of ``stages_of`` (entry label -> stages; the whole entry compiles, its stages in
-    order in one process, as when golden/ was recorded: Triton 3.9's AMD backend keeps state
-    from one compile to the next); with filters, the table's entries they select. Under
-    Triton's interpreter the compile runs in a child process without ``TRITON_INTERPRET``."""
+    (:meth:`KernelResult.record`: fingerprint, ok, resources). Without filters, every guarded
+    entry (``compile_inputs.guarded_entries``, the set golden/ records), or only those of
+    ``labels`` (each entry compiles whole, its stages in order in one process, as when golden/
+    was recorded: Triton 3.9's AMD backend keeps state from one compile to the next); with
+    filters, the table's entries they select. Under Triton's interpreter the compile runs in a
+    child process without ``TRITON_INTERPRET``."""
     kernels, head_dims, dtypes = (list(x) if x else None for x in (kernels, head_dims, dtypes))
     filtered = any((kernels, head_dims, dtypes))
-    labels = list(stages_of) if stages_of is not None else None
+    labels = list(labels) if labels is not None else None
     if labels == []:
         return {}
     if interpreter_active():
@@ -301,18 +290,12 @@ def compile_records(
             entries = select_entries([family], kernels, head_dims, dtypes)
         else:
             entries = guarded_entries(family)
-        if stages_of is not None:
-            entries = [e for e in entries if e.label in stages_of]
+        if labels is not None:
+            entries = [e for e in entries if e.label in labels]
         jobs = min(os.cpu_count() or 1, len(entries))
         stages = CHECKED_STAGES if filtered else STAGES  # golden/ records STAGES
         data = results_json(run_entries(entries, jobs, stages=stages))
-    records = data.get(family, {})
-    if stages_of is not None:
-        records = {
-            label: {s: r for s, r in records.get(label, {}).items() if s in stages}
-            for label, stages in stages_of.items()
-        }
-    return records
+    return data.get(family, {})
 
 
 def _run_child(argv: list[str]) -> dict:
@@ -385,7 +368,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subset", choices=["ci"], help=ci)
     guarded = (
         "every entry golden/ records (the table's, and the borrowed head dims and value-head-dim "
-        "pairs of compile_keys); --family still applies, the other filters do not"
+        "pairs of compile_inputs); --family still applies, the other filters do not"
     )
     parser.add_argument("--guarded", action="store_true", help=guarded)
     entry_help = "with --guarded: only this entry label (repeatable), e.g. varlen/d80/bf16"

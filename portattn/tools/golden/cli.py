@@ -1,7 +1,8 @@
 """Command line of ``python -m portattn golden``: hardware detection, arguments, dispatch.
 
-Recording (``refresh``, ``fingerprints --update``) and ``fingerprints --results`` are the
-checkout's ``python -m ci.golden_dev``; here they exit 2 with a line that names it."""
+Recording (``refresh``, ``fingerprints --update``), ``fingerprints --results`` and the
+compile-key check (``fingerprints --no-compile``) are the checkout's ``python -m ci.golden_dev``;
+here they exit 2 with a line that names it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from portattn.tools.golden.fingerprints import compile_records, run_fingerprints, run_key_check
+from portattn.tools.golden.fingerprints import run_fingerprints
 from portattn.tools.golden.verify import default_golden_dir, run_verify, say
 
 NOT_A_FAMILY = (
@@ -75,11 +76,13 @@ def cmd_verify(args: argparse.Namespace, hw: Hardware | None = None) -> int:
     return run_verify(hw.family, hw.device, args.golden_dir or default_golden_dir(), args.case)
 
 
-# The actions that record golden files (maintainers', from a checkout) live in ci/golden_dev.
+# The actions that record golden files (maintainers', from a checkout) and CI's compile-key
+# check live in ci/golden_dev.
 MOVED = {
     "refresh": "python -m ci.golden_dev refresh [--family F] [--force] [--case NAME] [--repeat N]",
     "fingerprints --update": "python -m ci.golden_dev fingerprints --update [--family F]",
     "fingerprints --results": "python -m ci.golden_dev fingerprints --results PATH [--family F]",
+    "fingerprints --no-compile": "python -m ci.golden_dev keycheck --no-compile [--family F]",
 }
 
 
@@ -94,20 +97,15 @@ def moved(what: str) -> int:
 
 
 def cmd_fingerprints(args: argparse.Namespace) -> int:
-    """``golden fingerprints [--full]`` (CPU: needs Triton's compiler, not a GPU). Without
-    options: the compile-key check (compiles only what changed)."""
+    """``golden fingerprints`` (CPU: needs Triton's compiler, not a GPU): compile every guarded
+    entry and compare its fingerprints."""
     from portattn.families import FAMILIES
 
-    for option in ("update", "results"):
+    for option in ("update", "results", "no_compile"):
         if getattr(args, option):
-            return moved(f"fingerprints --{option}")
+            return moved(f"fingerprints --{option.replace('_', '-')}")
     families = args.family or list(FAMILIES)
-    golden_dir = args.golden_dir or default_golden_dir()
-    if args.full:
-        return run_fingerprints(families, golden_dir)
-    return run_key_check(
-        families, golden_dir, compile_fn=None if args.no_compile else compile_records
-    )
+    return run_fingerprints(families, args.golden_dir or default_golden_dir())
 
 
 def _add_action(
@@ -166,12 +164,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "fingerprints",
         cmd_fingerprints,
         common,
-        help="check the compile keys and fingerprints in golden/ (CPU)",
-        description="Computes every guarded entry's compile key (a hash of everything its "
-        "machine code is a function of) without compiling, compiles and checks only the "
-        "entries whose key differs from golden/<family>.json, and fails (exit 1) on any "
-        "difference. --full compiles every entry and compares its fingerprints. Recording "
-        "them is the checkout's python -m ci.golden_dev fingerprints --update.",
+        help="compile every guarded entry and compare its fingerprints with golden/ (CPU)",
+        description="Compiles every guarded entry and compares its fingerprints (and the "
+        "configuration hashes) with golden/<family>.json: exit 0 when all match, 1 on any "
+        "difference, 2 when none are recorded for this Triton or a golden file is unusable. "
+        "Recording them is the checkout's python -m ci.golden_dev fingerprints --update. "
+        "CI's compile-key check, which compiles only the entries whose key changed, is the "
+        "checkout's python -m ci.golden_dev keycheck (the package computes no keys).",
     )
     p.add_argument(
         "--family",
@@ -179,15 +178,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=list(FAMILIES),
         help="family (repeatable; default: all)",
     )
-    p.add_argument(
-        "--full", action="store_true", help="compile every entry and compare its fingerprints"
-    )
-    p.add_argument(
-        "--no-compile",
-        action="store_true",
-        help="the key check names the entries whose key changed without compiling them",
-    )
-    for moved_option, kind in (("--update", "store_true"), ("--results", "store")):
+    p.add_argument("--full", action="store_true", help=argparse.SUPPRESS)  # what it always does
+    for moved_option, kind in (
+        ("--update", "store_true"),
+        ("--results", "store"),
+        ("--no-compile", "store_true"),
+    ):
         p.add_argument(moved_option, action=kind, help=argparse.SUPPRESS)  # moved: ci/golden_dev
 
 
