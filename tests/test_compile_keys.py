@@ -277,11 +277,11 @@ def test_compile_changed_compiles_whole_entries(monkeypatch):
     when golden/ was recorded) and reads the changed stages' records."""
     calls = []
 
-    def compile_records(family, labels):
+    def compile_entries(family, labels):
         calls.append((family, labels))
         return {label: ENTRIES[label] for label in labels if label in ENTRIES}
 
-    monkeypatch.setattr(key_check, "compile_records", compile_records)
+    monkeypatch.setattr(key_check, "compile_entries", compile_entries)
     changed = {"varlen/d32/fp16": ["fwd"], "varlen/d40/bf16": ["bwd_dq"]}
     made = key_check.compile_changed(FAKE, changed)
     assert calls == [(FAKE, ["varlen/d32/fp16", "varlen/d40/bf16"])]

@@ -254,14 +254,16 @@ def test_error_summary_keeps_the_first_lines():
     assert len(cc.error_summary(ValueError("z" * 900))) == cc.ERROR_CHARS
 
 
-def test_cli_json_and_fingerprints_api(tmp_path):
-    """``python -m portattn compile`` for one entry, and ``compile_records()`` (from this
-    process, which may be interpreted: it then compiles in a child) agree bit for bit: the
-    same configuration for every stage, the same records (machine code, resources, checks)
-    for golden/'s stages; neither has a compile key (those are the checkout's,
-    ci/golden_dev/keys.py). Not the repair passes' machine code: Triton 3.9's AMD backend
-    orders a few integer instructions of cdna2's ``fwd_repair`` differently in about one
-    process of six (compile_launches)."""
+def test_cli_json_and_the_key_checks_compile(tmp_path):
+    """``python -m portattn compile`` for one entry, and the key check's compile of that guarded
+    entry (``ci.golden_dev.key_check.compile_entries``, from this process, which may be
+    interpreted: it then compiles in a child) agree bit for bit: the same configuration for
+    every stage, the same records (machine code, resources, checks) for golden/'s stages;
+    neither has a compile key (those are ci/golden_dev/keys.py's, recorded beside). Not the
+    repair passes' machine code: Triton 3.9's AMD backend orders a few integer instructions of
+    cdna2's ``fwd_repair`` differently in about one process of six (compile_launches)."""
+    from ci.golden_dev.key_check import compile_entries
+
     path = tmp_path / "cc.json"
     argv = ["--family", "cdna2", "--kernel", "varlen", "--head-dim", "32", "--dtype", "bf16"]
     proc = run_python(["-m", "portattn", "compile", *argv, "--json", str(path), "-j", "1"])
@@ -272,15 +274,10 @@ def test_cli_json_and_fingerprints_api(tmp_path):
     for rec in records.values():
         assert rec["ok"] and len(rec["fingerprint"]) == 64
         assert rec["config_hash"] == records["fwd"]["config_hash"]
-    made = cc.compile_records("cdna2", kernels=["varlen"], head_dims=[32], dtypes=["bf16"])
-    assert set(made) == {"varlen/d32/bf16"}
-    assert {s: r["config_hash"] for s, r in made["varlen/d32/bf16"].items()} == {
-        s: r["config_hash"] for s, r in records.items()
-    }
+    made = compile_entries("cdna2", ["varlen/d32/bf16"])
+    assert set(made) == {"varlen/d32/bf16"} and set(made["varlen/d32/bf16"]) == set(cc.STAGES)
     assert not any("key" in r for r in [*records.values(), *made["varlen/d32/bf16"].values()])
-    prints = {s: r["fingerprint"] for s, r in made["varlen/d32/bf16"].items() if s in cc.STAGES}
-    assert prints == {s: records[s]["fingerprint"] for s in cc.STAGES}
-    assert {s: made["varlen/d32/bf16"][s] for s in cc.STAGES} == {s: records[s] for s in cc.STAGES}
+    assert made["varlen/d32/bf16"] == {s: records[s] for s in cc.STAGES}
 
 
 # ----------------------------------------------------------------------------- no compiling

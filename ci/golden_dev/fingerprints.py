@@ -14,10 +14,15 @@ from ci.golden_dev.keys import keyed_records
 from ci.golden_dev.merging import case_definition, empty_doc
 from ci.golden_dev.write import check_writable, write_record
 from portattn.tools.golden.cases import CASES, CASES_VERSION
-from portattn.tools.golden.fingerprints import ConfigHashFn, RecordsFn, config_differences, listed
+from portattn.tools.golden.fingerprints import ConfigHashFn, RecordsFn, config_differences
 from portattn.tools.golden.layout import GoldenError, golden_path, load
 from portattn.tools.golden.records import stale_outputs
 from portattn.tools.golden.verify import Printer, family_config_hash, say, toolchain_key
+
+
+def listed(items: list[str], most: int = 8) -> str:
+    """``items`` joined, at most ``most`` of them, with how many more."""
+    return ", ".join(items[:most]) + (f" (+{len(items) - most} more)" if len(items) > most else "")
 
 
 def split_records(made: dict[str, dict[str, Any]]) -> tuple[dict, dict]:

@@ -12,13 +12,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ci.golden_dev.keys import family_keys
+from ci.golden_dev.fingerprints import listed
+from ci.golden_dev.keys import family_keys, in_compiler_process
+from portattn.families import FAMILIES
+from portattn.tools.compile_inputs import guarded_entries
+from portattn.tools.compile_launches import STAGES
+from portattn.tools.compilecheck import results_json, run_entries
 from portattn.tools.golden.fingerprints import (
     UPDATE_HINT,
     ConfigHashFn,
-    compile_records,
     config_differences,
-    listed,
     stale_note,
 )
 from portattn.tools.golden.layout import GoldenError, golden_path, load
@@ -30,10 +33,26 @@ CompileFn = Callable[[str, dict[str, list[str]]], dict[str, dict[str, dict[str, 
 KeyFn = Callable[[str], dict[str, dict[str, str]]]
 
 
+def compile_entries(family: str, labels: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Compile and check the guarded entries of ``family`` that ``labels`` names, each whole (its
+    stages in order in one process, as when golden/ was recorded: Triton 3.9's AMD backend
+    keeps state from one compile to the next): label -> stage -> record. Under Triton's
+    interpreter in a child process without it."""
+    if family not in FAMILIES or not labels:
+        return {}
+    return in_compiler_process(_compile_entries, family, labels)
+
+
+def _compile_entries(family: str, labels: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    entries = [e for e in guarded_entries(family) if e.label in labels]
+    jobs = min(os.cpu_count() or 1, len(entries))
+    return results_json(run_entries(entries, jobs, stages=STAGES)).get(family, {})
+
+
 def compile_changed(family: str, stages_of: dict[str, list[str]]) -> dict:
     """Compile and check the entries ``stages_of`` names (entry label -> stages; each entry
     compiles whole, as when golden/ was recorded): label -> stage -> record, of those stages."""
-    records = compile_records(family, list(stages_of))
+    records = compile_entries(family, list(stages_of))
     return {
         label: {s: r for s, r in records.get(label, {}).items() if s in stages}
         for label, stages in stages_of.items()

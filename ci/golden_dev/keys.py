@@ -19,7 +19,7 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -122,30 +122,40 @@ def family_keys(family: str) -> dict[str, dict[str, str]]:
     ``TRITON_INTERPRET=1`` it runs in a child process."""
     if family not in FAMILIES:
         return {}
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return _keys_in_child(family)
+    return in_compiler_process(_family_keys, family)
+
+
+def _family_keys(family: str) -> dict[str, dict[str, str]]:
     return {entry.label: entry_keys(entry) for entry in guarded_entries(family)}
 
 
-def _keys_in_child(family: str) -> dict[str, dict[str, str]]:
+def in_compiler_process(func: Callable[..., Any], *args: Any) -> Any:
+    """``func(*args)``, which needs Triton's compiler: here, or, when this process runs Triton's
+    interpreter (``TRITON_INTERPRET=1``, as the test harness sets it), in a child process
+    without it. ``func`` is a module-level function; its arguments and result are JSON."""
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return func(*args)
     import subprocess
+    import tempfile
 
     code = (
-        "import json, sys; from ci.golden_dev.keys import family_keys; "
-        "json.dump(family_keys(sys.argv[1]), sys.stdout)"
+        "import importlib, json, pathlib, sys; module, name, args, path = sys.argv[1:]; "
+        "func = getattr(importlib.import_module(module), name); "
+        "pathlib.Path(path).write_text(json.dumps(func(*json.loads(args))))"
     )
     env = compiler_env()  # portattn's checkout first on PYTHONPATH, then this one (for ci/)
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(CHECKOUT)])
-    proc = subprocess.run(
-        [sys.executable, "-c", code, family],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode:
-        raise RuntimeError(f"compile keys child failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout)
+    with tempfile.TemporaryDirectory(prefix="portattn-child-") as tmp:
+        path = os.path.join(tmp, "result.json")
+        argv = [func.__module__, func.__name__, json.dumps(args), path]
+        cmd = [sys.executable, "-c", code, *argv]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if proc.returncode or not os.path.exists(path):
+            raise RuntimeError(
+                f"{func.__name__} child failed ({proc.returncode}): {proc.stderr[-2000:]}"
+            )
+        with open(path) as f:
+            return json.load(f)
 
 
 def keyed_records(family: str) -> dict[str, dict[str, dict[str, Any]]]:

@@ -142,9 +142,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         _cmd_golden,
         help="verify the golden output hashes of this GPU's family (docs/golden.md)",
         description="Golden output hashes per GPU family: verify them bitwise on this GPU, "
-        "or check the compile fingerprints beside them (CPU, a full compile). Recording them, "
-        "and CI's compile-key check (python -m ci.golden_dev keycheck), are the checkout's "
-        "python -m ci.golden_dev.",
+        "or check the compile fingerprints beside them (CPU, a full compile). Recording them "
+        "(golden refresh, fingerprints --update / --results before) and CI's compile-key check "
+        "moved out of the package: python -m ci.golden_dev {refresh,fingerprints,keycheck}, "
+        "from a checkout of portattn.",
     )
     from portattn.tools.golden.cli import add_arguments as add_golden_arguments
 
@@ -167,9 +168,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and not getattr(args, "takes_any_arguments", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")  # as parse_args says it
+    args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -258,44 +258,16 @@ def results_json(results: list[KernelResult]) -> dict[str, dict[str, dict[str, d
     return out
 
 
-def compile_records(
-    family: str,
-    kernels: Iterable[str] | None = None,
-    head_dims: Iterable[int] | None = None,
-    dtypes: Iterable[str] | None = None,
-    labels: Iterable[str] | None = None,
-) -> dict[str, dict[str, dict[str, Any]]]:
-    """Compile and check entries of ``family``: entry label -> stage -> record
-    (:meth:`KernelResult.record`: fingerprint, ok, resources). Without filters, every guarded
-    entry (``compile_inputs.guarded_entries``, the set golden/ records), or only those of
-    ``labels`` (each entry compiles whole, its stages in order in one process, as when golden/
-    was recorded: Triton 3.9's AMD backend keeps state from one compile to the next); with
-    filters, the table's entries they select. Under Triton's interpreter the compile runs in a
-    child process without ``TRITON_INTERPRET``."""
-    kernels, head_dims, dtypes = (list(x) if x else None for x in (kernels, head_dims, dtypes))
-    filtered = any((kernels, head_dims, dtypes))
-    labels = list(labels) if labels is not None else None
-    if labels == []:
-        return {}
+def compile_records(family: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """Compile and check every guarded entry of ``family`` (``compile_inputs.guarded_entries``,
+    the set golden/ records; each entry whole, its stages in order in one process): entry label
+    -> stage -> record (:meth:`KernelResult.record`: fingerprint, ok, resources). Under Triton's
+    interpreter the compile runs in a child process without ``TRITON_INTERPRET``."""
     if interpreter_active():
-        argv = ["--family", family] + ([] if filtered else ["--guarded"])
-        for flag, values in (("--kernel", kernels), ("--head-dim", head_dims), ("--dtype", dtypes)):
-            for value in values or ():
-                argv += [flag, str(value)]
-        for label in labels or ():
-            argv += ["--entry", label]
-        data = _run_child(argv)
-    else:
-        if filtered:
-            entries = select_entries([family], kernels, head_dims, dtypes)
-        else:
-            entries = guarded_entries(family)
-        if labels is not None:
-            entries = [e for e in entries if e.label in labels]
-        jobs = min(os.cpu_count() or 1, len(entries))
-        stages = CHECKED_STAGES if filtered else STAGES  # golden/ records STAGES
-        data = results_json(run_entries(entries, jobs, stages=stages))
-    return data.get(family, {})
+        return _run_child(["--family", family, "--guarded"]).get(family, {})
+    entries = guarded_entries(family)
+    jobs = min(os.cpu_count() or 1, len(entries))
+    return results_json(run_entries(entries, jobs, stages=STAGES)).get(family, {})
 
 
 def _run_child(argv: list[str]) -> dict:
@@ -371,8 +343,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "pairs of compile_inputs); --family still applies, the other filters do not"
     )
     parser.add_argument("--guarded", action="store_true", help=guarded)
-    entry_help = "with --guarded: only this entry label (repeatable), e.g. varlen/d80/bf16"
-    parser.add_argument("--entry", action="append", metavar="LABEL", help=entry_help)
     json_help = "write family -> entry -> kernel -> record as JSON"
     parser.add_argument("--json", metavar="PATH", help=json_help)
     jobs_help = "worker processes (default: CPU count)"
@@ -383,16 +353,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _entries_from_args(args: argparse.Namespace) -> list[Entry]:
     if getattr(args, "guarded", False):
         if args.kernel or args.head_dim or args.dtype or args.subset:
-            raise ValueError("--guarded takes --family and --entry, no other filter")
-        entries = [e for f in args.family or FAMILIES for e in guarded_entries(f)]
-        if args.entry:
-            unknown = set(args.entry) - {e.label for e in entries}
-            if unknown:
-                raise ValueError(f"no guarded entry {sorted(unknown)[0]!r}")
-            entries = [e for e in entries if e.label in args.entry]
-        return entries
-    if getattr(args, "entry", None):
-        raise ValueError("--entry needs --guarded")
+            raise ValueError("--guarded takes --family, no other filter")
+        return [e for f in args.family or FAMILIES for e in guarded_entries(f)]
     head_dims, dtypes = args.head_dim, args.dtype
     if args.subset == "ci":
         head_dims = head_dims or list(CI_HEAD_DIMS)

@@ -1,13 +1,12 @@
 """Command line of ``python -m portattn golden``: hardware detection, arguments, dispatch.
 
 Recording (``refresh``, ``fingerprints --update``), ``fingerprints --results`` and the
-compile-key check (``fingerprints --no-compile``) are the checkout's ``python -m ci.golden_dev``;
-here they exit 2 with a line that names it."""
+compile-key check are the checkout's ``python -m ci.golden_dev`` (the ``golden`` parser's
+description says so)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -76,34 +75,11 @@ def cmd_verify(args: argparse.Namespace, hw: Hardware | None = None) -> int:
     return run_verify(hw.family, hw.device, args.golden_dir or default_golden_dir(), args.case)
 
 
-# The actions that record golden files (maintainers', from a checkout) and CI's compile-key
-# check live in ci/golden_dev.
-MOVED = {
-    "refresh": "python -m ci.golden_dev refresh [--family F] [--force] [--case NAME] [--repeat N]",
-    "fingerprints --update": "python -m ci.golden_dev fingerprints --update [--family F]",
-    "fingerprints --results": "python -m ci.golden_dev fingerprints --results PATH [--family F]",
-    "fingerprints --no-compile": "python -m ci.golden_dev keycheck --no-compile [--family F]",
-}
-
-
-def moved(what: str) -> int:
-    """Exit 2 with one line naming the checkout's command that ``what`` became."""
-    print(
-        f"error: golden {what} moved out of the package: from a checkout of "
-        f"portattn, run {MOVED[what]}",
-        file=sys.stderr,
-    )
-    return 2
-
-
 def cmd_fingerprints(args: argparse.Namespace) -> int:
     """``golden fingerprints`` (CPU: needs Triton's compiler, not a GPU): compile every guarded
     entry and compare its fingerprints."""
     from portattn.families import FAMILIES
 
-    for option in ("update", "results", "no_compile"):
-        if getattr(args, option):
-            return moved(f"fingerprints --{option.replace('_', '-')}")
     families = args.family or list(FAMILIES)
     return run_fingerprints(families, args.golden_dir or default_golden_dir())
 
@@ -155,10 +131,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "compare (no GPU, wrong family, no golden for this toolchain, stale).",
     )
 
-    p = sub.add_parser("refresh", add_help=False, help=f"moved: {MOVED['refresh']}")
-    # Any arguments: the action says where it went, whatever followed it.
-    p.set_defaults(golden_func=lambda args: moved("refresh"), takes_any_arguments=True)
-
     p = _add_action(
         sub,
         "fingerprints",
@@ -179,12 +151,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="family (repeatable; default: all)",
     )
     p.add_argument("--full", action="store_true", help=argparse.SUPPRESS)  # what it always does
-    for moved_option, kind in (
-        ("--update", "store_true"),
-        ("--results", "store"),
-        ("--no-compile", "store_true"),
-    ):
-        p.add_argument(moved_option, action=kind, help=argparse.SUPPRESS)  # moved: ci/golden_dev
 
 
 def main(args: argparse.Namespace) -> int:

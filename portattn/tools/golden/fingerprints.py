@@ -26,16 +26,16 @@ ConfigHashFn = Callable[[str], Callable[[str], str | None]]
 UPDATE_HINT = "python -m ci.golden_dev fingerprints --update"
 
 
-def compile_records(family: str, labels: list[str] | None = None) -> dict:
-    """Compile and check the guarded entries of ``family`` (or only those ``labels`` names):
-    label -> stage -> record. Empty for a family the table does not have."""
+def compile_records(family: str) -> dict:
+    """Compile and check every guarded entry of ``family``: label -> stage -> record. Empty for
+    a family the table does not have."""
     from portattn.families import FAMILIES
 
     if family not in FAMILIES:
         return {}
     from portattn.tools.compilecheck import compile_records as compile_family
 
-    return compile_family(family, labels=labels)
+    return compile_family(family)
 
 
 def fingerprints_of(made: dict[str, dict[str, Any]]) -> dict[str, dict[str, str | None]]:
@@ -65,10 +65,6 @@ def config_differences(
 def stale_note(doc: dict, family: str, toolchain: str, config_hash_fn: ConfigHashFn) -> str:
     stale = stale_outputs(doc, toolchain, config_hash_fn(family))
     return f"; stale outputs: re-record on {family} hardware" if stale else ""
-
-
-def listed(items: list[str], most: int = 8) -> str:
-    return ", ".join(items[:most]) + (f" (+{len(items) - most} more)" if len(items) > most else "")
 
 
 # ----------------------------------------------------------------------------- full compile
