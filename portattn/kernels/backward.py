@@ -15,7 +15,7 @@ with which tiles, constexprs and grid); this file keeps the kernels and binds th
 (``BACKWARD_KERNELS``, :func:`plan_backward`, :func:`attn_bwd`). No line above the last kernel
 may be added or removed: Triton's cache key of a ``@triton.jit`` function includes the line it
 starts on, so a kernel that moves changes the compile key of every entry that runs it (though
-not its machine code), and ``python -m portattn golden fingerprints`` then fails until the keys
+not its machine code), and CI's ``python -m ci.golden_dev keycheck`` then fails until the keys
 are recorded again (``--update``, which compiles every guarded entry under both Tritons: see
 docs/golden.md).
 """

@@ -5,7 +5,7 @@ constexprs and grid; the Triton kernels themselves are ``backward.py``'s (passed
 
 Host code only, kept apart from ``backward.py`` so that file holds the kernels: Triton's cache
 key of a ``@triton.jit`` function includes the line it starts on, so the kernels' lines there
-never move (``python -m portattn golden fingerprints`` compares the compile keys).
+never move (CI's ``python -m ci.golden_dev keycheck`` compares the compile keys).
 """
 
 from __future__ import annotations
