@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them).
-# Session 29 ran parts 1 and 5 of the previous list on the H200 at its end (perf-notes row 91):
-# the kept launches' GPU tests (207 passed, 1 failed: test_kvcache_replay's forget/patched-entry
-# test, fixed in the test afterwards, not re-run), host times (paged decode 89.5 us a call), the
-# transformers decode step (0.85x / 0.84x SDPA), the paged page-block loop (+14-22% at B64,
-# golden sm90 30/30; landed). What is left:
-#   1. bash ci/gpu_next.sh 1   # run first: the GPU tests of the kept launches and the landed
-#                              # paged loop (kvcache, kvcache replay, page block, append,
-#                              # rollout, CUDA graphs, host caches, launcher), golden verify
-#                              # sm90, decode_paged_ab (row 91: B64 paged 2.42-2.52 TB/s against
-#                              # packed 3.12)                                        (~5 min)
+# The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;
+# a refused start costs 15 s or more: check `status` before asking).
+# Session 30 ran part 1 (GPU tests of the kept launches 240 passed, golden verify sm90 30/30,
+# decode_paged_ab as row 91) and part 6 (host times, transformers) on main 3a3e588, and a host
+# A/B (perf-notes row 92). What is left, in this order:
+#   0. bash ci/gpu_host.sh     # first: the GPU tests of the launch paths with the direct
+#                              # launches (launch_directly, 08f566a: CPU-verified only) and the
+#                              # host A/B against ab_base/ (git archive 1759810 portattn
+#                              # benchmarks | tar -x -C ab_base, untracked)         (~5 min)
 #   2. bash ci/gpu_next.sh 2   # the repair passes at 4 warps (ci/patches/repair_four_warps.diff;
 #                              # rows 81, 84: now mostly the dK/dV repairs, 2 x 18 us at 8x2048):
 #                              # bench_repair on main, then patched, and the GPU unseen-key
@@ -18,6 +16,7 @@
 #                              # (~9 min)
 #   4. bash ci/gpu_next.sh 4   # the paged decode's stall reasons with the page block: ncu with
 #                              # --print-details all on packed and paged B64        (~3 min)
+#   6. bash ci/gpu_next.sh 6   # host times, their cProfile on the GPU host, transformers_llama
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
