@@ -56,9 +56,11 @@ elif [ "$PART" = 3 ]; then
   grep -E "FAILED|ERROR|passed|failed" "$OUT/pytest.log" | grep -v PASSED | tail -n 15
 elif [ "$PART" = 6 ]; then
   # host time per eager call with the direct launches, and where it goes on the GPU host
+  # (paged_append_i: an int cache_seqlens read 181 us against 113 with a tensor on session 30's
+  # host, equal on the CPU with launches stubbed: a GPU-side launch cost to find)
   step host 150 python3 benchmarks/host_overhead.py --gpu --n 1000
   grep -E "^\|" "$OUT/host.log"
-  step host_prof 90 python3 benchmarks/host_overhead.py --gpu --n 500 --cases paged,varlen_nograd \
+  step host_prof 90 python3 benchmarks/host_overhead.py --gpu --n 500 --cases paged,paged_append_i,varlen_nograd \
     --profile --sort tottime
   step llama 200 python3 benchmarks/transformers_llama.py
   grep -E "^\|" "$OUT/llama.log" | tail -n 12
