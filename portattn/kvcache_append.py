@@ -43,6 +43,16 @@ def cache_cu_seqlens(seqlens: torch.Tensor | int, new: int, batch: int, device, 
     return derived("cu_seqlens_k", (seqlens,), extra, make, use=not capturing)
 
 
+def int_lengths(value: int, batch: int, device) -> torch.Tensor:
+    """An int cache_seqlens as an int32 [B] tensor, kept per value (a decode step's layers)."""
+    return derived(
+        "int_lengths",
+        (),
+        (value, batch, device, stream_key(device)),
+        lambda: torch.full((batch,), value, dtype=torch.int32, device=device),
+    )
+
+
 def append_rows(
     k_cache,
     v_cache,
@@ -61,10 +71,14 @@ def append_rows(
     under torch.compile. Every element is written by one copy (no two writes to one slot,
     checked before), so either gives the bytes of any other way of writing them. ``kept``: the
     dict of the caller's record for a call signature that holds every layout here (eager
-    ``flash_attn_with_kvcache``): a paged append with a tensor ``cache_seqlens`` keeps its
-    launch there, with these tensors as slots, and launches it from the next call on."""
+    ``flash_attn_with_kvcache``): a paged append keeps its launch there, with these tensors
+    as slots (an int ``cache_seqlens`` as a tensor), and launches it from the next call on."""
     compiling = torch.compiler.is_compiling()
     if APPEND_KERNEL and not compiling:  # one launch for k and v, eager and captured alike
+        if kept is not None and block_table is not None and type(cache_seqlens) is int:
+            # An int is a value of the launch, new each step: as an int32 [B] tensor, made once
+            # a step (tensor_memo.derived), the launch is kept as a tensor's is (same copies).
+            cache_seqlens = int_lengths(cache_seqlens, k.shape[0], k.device)
         tensors = (k, v, k_cache, v_cache, cache_seqlens, block_table)
         # What the signature does not hold: whether k is v (one tensor has one slot) and the
         # layout of cache_seqlens (its stride is a value of the launch)

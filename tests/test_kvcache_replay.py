@@ -172,3 +172,32 @@ def test_forgotten_problems_and_a_changed_entry_plan_again(monkeypatch):
             other = 1 if cfg.repair_products == 2 else 2
             monkeypatch.setitem(table, key, dataclasses.replace(cfg, repair_products=other))
         assert [kept(i) for i in range(5, 7)] == [False, True]
+
+
+def test_int_cache_seqlens_append_is_kept_and_writes_as_a_tensor(monkeypatch):
+    """A paged append with an int ``cache_seqlens`` keeps its launch in the call's record as
+    a tensor's does (the int as a kept int32 [B] tensor, ``kvcache_append.int_lengths``), and
+    writes and attends as the same lengths given as a tensor."""
+    table = torch.tensor([[3, 1, 0], [2, 5, 7], [4, 6, 0]], dtype=torch.int32, device=DEVICE)
+    results = {}
+    for as_int in (False, True):
+        _fresh_call_records(monkeypatch)
+        k_cache = seeded_tensor(PAGES, PAGE, HKV, D, seed=1)
+        v_cache = seeded_tensor(PAGES, PAGE, HKV, D, seed=2)
+        outs = []
+        with torch.no_grad():
+            for i in range(4):
+                lens = 5 + i
+                seqlens = lens if as_int else torch.full((3,), lens, dtype=torch.int32,
+                                                         device=DEVICE)  # fmt: skip
+                outs.append(portattn.flash_attn_with_kvcache(
+                    seeded_tensor(3, 1, HQ, D, seed=50 + i), k_cache, v_cache,
+                    seeded_tensor(3, 1, HKV, D, seed=30 + i),
+                    seeded_tensor(3, 1, HKV, D, seed=40 + i),
+                    cache_seqlens=seqlens, block_table=table, causal=True,
+                ))  # fmt: skip
+        results[as_int] = (*outs, k_cache, v_cache)
+        slots = [slot for record in kvcache._CHECKED_CALLS.values() for slot in record.templates]
+        assert ("append", False, (1,)) in slots
+    for x, y in zip(results[False], results[True], strict=True):
+        assert torch.equal(_bits(x), _bits(y))
