@@ -24,18 +24,6 @@ KERNELS = ("varlen", "fixed_order")
 ROOT = Path(__file__).resolve().parents[1]  # the checkout
 
 
-@dataclasses.dataclass(frozen=True)
-class PackShape:
-    """A packed batch's shape: per-sequence query and key lengths, query and kv heads (GQA:
-    ``heads_q % heads_kv == 0``) and the head dim."""
-
-    lens_q: tuple[int, ...]
-    lens_k: tuple[int, ...]
-    heads_q: int
-    heads_kv: int
-    head_dim: int
-
-
 def python_stdout(code: str) -> str:
     """What ``python -c code`` prints, run in a new process from the checkout (a fresh import
     of portattn, which this process has already done); a non-zero exit fails."""
@@ -63,7 +51,7 @@ def make_pack(
     (token stride and head stride larger than dense) with ``stride(-1) == 1``. ``head_dim_v``:
     v and dO get a head dim of their own, ``[T, H, Dv]`` (see :func:`_value_dim_pack`)."""
     if head_dim_v is not None:
-        shape = PackShape(tuple(lens_q), tuple(lens_k), n_heads_q, n_heads_k, head_dim)
+        shape = harness.PackShape(tuple(lens_q), tuple(lens_k), n_heads_q, n_heads_k, head_dim)
         return _value_dim_pack(shape, head_dim_v, dtype, seed, noncontiguous, device)
     if not noncontiguous:
         q, k, v, do, dlse = harness.seeded_inputs(
@@ -86,7 +74,7 @@ def make_pack(
 
 
 def _value_dim_pack(
-    shape: PackShape,
+    shape: harness.PackShape,
     head_dim_v: int,
     dtype: torch.dtype,
     seed: int,

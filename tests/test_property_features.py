@@ -23,7 +23,6 @@ from helpers import (
     HAS_GPU,
     KERNELS,
     Pack,
-    PackShape,
     assert_bitwise_equal,
     assert_outputs_accurate,
     cu_seqlens,
@@ -33,6 +32,8 @@ from helpers import (
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from invariance_checks import rows_of
+
+from portattn.tools.harness import PackShape
 
 # The interpreter is slow: few, small examples on the CPU (each runs the kernels twice).
 EXAMPLES = 40 if HAS_GPU else 16

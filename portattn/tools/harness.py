@@ -29,6 +29,18 @@ def cu_seqlens(lengths: Iterable[int], device: torch.device | str | None = None)
     return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
 
 
+@dataclass(frozen=True)
+class PackShape:
+    """A packed batch's shape: per-sequence query and key lengths, query and kv heads (GQA:
+    ``heads_q % heads_kv == 0``) and the head dim."""
+
+    lens_q: tuple[int, ...]
+    lens_k: tuple[int, ...]
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+
+
 def seeded_inputs(
     lens_q: Sequence[int],
     lens_k: Sequence[int],
