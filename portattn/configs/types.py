@@ -132,6 +132,11 @@ class KernelConfig:
     # which keeps the key loop free of other loads than K's and V's. Same bits either way; set
     # per family (``rows.PAGE_BLOCK``), and in no content hash (see ``content_hash``).
     page_block: int = 0
+    # The key chunk (design §3.1): 0, a row's keys are one key loop; else a multiple of the
+    # forward's and the decode's block_n, each chunk of that many keys from a sequence's first
+    # its own loop, merged in order (row_state.merge_partial): the decode may then split a
+    # sequence's keys over programs with the prefill's bits.
+    key_chunk: int = 0
 
     def __post_init__(self) -> None:
         """An entry is checked when it is made: a field outside what the launchers implement,
@@ -152,6 +157,10 @@ class KernelConfig:
             problems.append(f"repair_products must be 1 or 2, got {self.repair_products}")
         if self.page_block < 0 or self.page_block & (self.page_block - 1):
             problems.append(f"page_block must be 0 or a power of two, got {self.page_block}")
+        if self.key_chunk < 0 or self.key_chunk % self.fwd.block_n:
+            problems.append(f"key_chunk must be 0 or a multiple of block_n, got {self.key_chunk}")
+        if self.key_chunk and self.fwd_ws:
+            problems.append("key_chunk needs the Triton forward (fwd_ws merges no chunks yet)")
         if self.decode is not None and self.decode.block_n != self.fwd.block_n:
             problems.append("decode tiles need the forward's block_n (a row's key tiles)")
         if problems:
@@ -185,9 +194,10 @@ class KernelConfig:
 
     def content_hash(self) -> str:
         """SHA-256 (first 16 hex digits) of the canonical JSON of this entry. ``dkdv_passes``,
-        ``fwd_chunks``, ``bwd_dv``, ``tma``, ``fwd_ws``, ``bwd_ws``, ``dq_ws``, ``decode`` and
-        ``repair_products`` (added later) enter only when they are not their defaults, so the
-        hashes of entries without them are the ones recorded before they existed.
+        ``fwd_chunks``, ``bwd_dv``, ``tma``, ``fwd_ws``, ``bwd_ws``, ``dq_ws``, ``decode``,
+        ``repair_products`` and ``key_chunk`` (added later) enter only when they are not their
+        defaults, so the hashes of entries without them are the ones recorded before they
+        existed.
         ``page_block`` enters never: it is the family's way of reading a paged cache's block
         table (``rows.PAGE_BLOCK``), not a tile or a kernel choice of the entry, and gives the
         same bits, so the hashes golden/ records with an entry's bits stay those of its tiles
@@ -204,6 +214,7 @@ class KernelConfig:
             ("bwd_ws", False),
             ("dq_ws", False),
             ("decode", None),
+            ("key_chunk", 0),
         ):
             if fields[later] == default:
                 del fields[later]

@@ -62,6 +62,7 @@ def attn_decode_kernel(
     sinks,
     REPAIR: tl.constexpr = 0,
     PAGE_BLOCK: tl.constexpr = 0,
+    KEY_CHUNK: tl.constexpr = 0,
 ):
     """Program ids: 0 = (position tile, sequence) as ``tile_index`` decodes it; 1 = kv head
     times the group's head slices (``HEADS`` query heads each, a power of two); 2 = head-dim
@@ -126,7 +127,8 @@ def attn_decode_kernel(
         b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
         KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, WINDOW_LEFT, WINDOW_RIGHT,
-                SOFTCAP, PAGE_SIZE, REPAIR, PAGE_BLOCK), BLOCK_DC, p_pages, stride_kp, stride_vp,
+                SOFTCAP, PAGE_SIZE, REPAIR, PAGE_BLOCK, KEY_CHUNK), BLOCK_DC, p_pages, stride_kp,
+        stride_vp,
         b_sink, HAS_SINK,
     )
 
@@ -206,4 +208,6 @@ def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool,
     )
     if repair:
         params.update(REPAIR=p.cfg.repair_products)
+    if cfg.key_chunk:  # design §3.1 (absent at 0: the kernel's default)
+        params.update(KEY_CHUNK=cfg.key_chunk)
     return grid, params

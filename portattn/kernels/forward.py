@@ -69,6 +69,7 @@ def attn_fwd_kernel(
     HAS_SINK: tl.constexpr,
     sinks,
     REPAIR: tl.constexpr = 0,
+    KEY_CHUNK: tl.constexpr = 0,
 ):
     """One program per (query tile of one sequence, query head, head-dim chunk). With
     ``D_CHUNKS`` = 2 each program computes the scores and softmax over the whole head dim and
@@ -116,7 +117,7 @@ def attn_fwd_kernel(
                         n_heads_q, scale_log2, sinks, i_h, i_h // group, bos_q, seqlen_q,
                         bos_k, seqlen_k, m_start, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV,
                         BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, STORE_O32, INTERPRET, D_CHUNKS, TMA,
-                        WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, HAS_SINK, REPAIR,
+                        WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, HAS_SINK, REPAIR, KEY_CHUNK,
                     )
     else:
         i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
@@ -128,7 +129,7 @@ def attn_fwd_kernel(
             stride_vh, stride_ot, stride_oh, stride_o32t, stride_o32h, n_heads_q, scale_log2,
             sinks, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start, HEAD_DIM, BLOCK_D,
             HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, STORE_O32, INTERPRET,
-            D_CHUNKS, TMA, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, HAS_SINK, REPAIR,
+            D_CHUNKS, TMA, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, HAS_SINK, REPAIR, KEY_CHUNK,
         )
 
 
@@ -144,7 +145,7 @@ def forward_program(
     SPLIT_P: tl.constexpr, STORE_O32: tl.constexpr, INTERPRET: tl.constexpr,
     D_CHUNKS: tl.constexpr, TMA: tl.constexpr, WINDOW_LEFT: tl.constexpr,
     WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINK: tl.constexpr,
-    REPAIR: tl.constexpr,
+    REPAIR: tl.constexpr, KEY_CHUNK: tl.constexpr = 0,
 ):
     """The forward of one query tile (rows from ``m_start``) of one query head ``i_h``: the
     kernel's parameters (strides in elements, ``row_strides``'), the tile's sequence bounds,
@@ -179,7 +180,7 @@ def forward_program(
         b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
         KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
-                SOFTCAP, 0, REPAIR), BLOCK_DC, b_sink=b_sink, HAS_SINK=HAS_SINK,
+                SOFTCAP, 0, REPAIR, 0, KEY_CHUNK), BLOCK_DC, b_sink=b_sink, HAS_SINK=HAS_SINK,
     )
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]
@@ -301,6 +302,8 @@ def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool,
                   HAS_SINK=has_sink, **tiles.launch_kwargs())
     if repair:
         params.update(REPAIR=p.cfg.repair_products)
+    if cfg.key_chunk:  # design §3.1 (absent at 0: the kernel's default)
+        params.update(KEY_CHUNK=cfg.key_chunk)
     return grid, False, params
 
 

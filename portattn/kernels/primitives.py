@@ -19,10 +19,10 @@ import triton
 import triton.language as tl
 
 from portattn.kernels.addressing import load_page_tiles, page_block, paged_rows
+from portattn.kernels.row_state import fold_sink, merge_partial, normalize_rows
 
 # 2**15: P <= 1 times this stays below float16's largest finite value (65504).
 P_SCALE = tl.constexpr(32768.0)
-LN2 = tl.constexpr(0.6931471805599453)  # lse leaves the kernels in natural-log units
 
 
 @triton.jit
@@ -343,6 +343,9 @@ class KeyLoop(NamedTuple):
     # REPAIR products (KernelConfig.repair_products: 1 or 2)
     REPAIR: tl.constexpr = 0
     PAGE_BLOCK: tl.constexpr = 0  # paged: 0 or the tiles per ``page_block`` (its config field)
+    # The key chunk (design §3.1, KernelConfig.key_chunk): 0, one key loop per row; else each
+    # chunk of KEY_CHUNK keys from the sequence's first is its own loop, merged in order
+    KEY_CHUNK: tl.constexpr = 0
 
 
 @triton.jit
@@ -436,44 +439,38 @@ def forward_tile(
     b_acc = tl.zeros([loop.BLOCK_M, BLOCK_DC], tl.float32)
     b_m = tl.full([loop.BLOCK_M], float("-inf"), tl.float32)
     b_l = tl.zeros([loop.BLOCK_M], tl.float32)
-    b_acc, b_m, b_l = forward_key_tiles(
-        b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
-        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, loop, False,
-        p_pages, stride_kp, stride_vp,
-    )
-    b_acc, b_m, b_l = forward_key_tiles(
-        b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
-        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi, loop, True,
-        p_pages, stride_kp, stride_vp,
-    )
+    if loop.KEY_CHUNK == 0:
+        b_acc, b_m, b_l = forward_key_tiles(
+            b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
+            o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, loop,
+            False, p_pages, stride_kp, stride_vp,
+        )
+        b_acc, b_m, b_l = forward_key_tiles(
+            b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
+            o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi, loop,
+            True, p_pages, stride_kp, stride_vp,
+        )
+    else:  # each chunk's tiles from the empty state, merged in order (design §3.1)
+        for c_lo in range((n_lo // loop.KEY_CHUNK) * loop.KEY_CHUNK, n_hi, loop.KEY_CHUNK):
+            lo = tl.maximum(c_lo, n_lo)
+            hi = tl.minimum(c_lo + loop.KEY_CHUNK, n_hi)
+            mid = tl.minimum(tl.maximum(n_full, lo), hi)  # [lo, mid) unmasked, [mid, hi) not
+            c_acc, c_m, c_l = forward_key_tiles(
+                tl.zeros([loop.BLOCK_M, BLOCK_DC], tl.float32),
+                tl.full([loop.BLOCK_M], float("-inf"), tl.float32),
+                tl.zeros([loop.BLOCK_M], tl.float32), b_q, src_k, src_v, stride_kt, stride_vt,
+                o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, lo, mid, loop,
+                False, p_pages, stride_kp, stride_vp,
+            )
+            c_acc, c_m, c_l = forward_key_tiles(
+                c_acc, c_m, c_l, b_q, src_k, src_v, stride_kt, stride_vt,
+                o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, mid, hi, loop,
+                True, p_pages, stride_kp, stride_vp,
+            )
+            b_acc, b_m, b_l = merge_partial(b_acc, b_m, b_l, c_acc, c_m, c_l)
     if HAS_SINK:
         b_acc, b_m, b_l = fold_sink(b_acc, b_m, b_l, b_sink)
     return normalize_rows(b_acc, b_m, b_l)
-
-
-@triton.jit
-def fold_sink(b_acc, b_m, b_l, b_sink):
-    """An attention sink (gpt-oss): one more score per row, ``b_sink`` (natural log, [M] or a
-    scalar), that has no value: it enters the softmax's denominator only. Folded in after the
-    key loop as one more online-softmax step, so the key loop is the same with and without
-    sinks; the lse then includes it. A sink of -inf is none (a row that saw no key keeps l = 0:
-    out 0, lse -inf)."""
-    b_sink2 = b_sink * 1.4426950408889634  # log2 units, as the scores
-    b_m_new = tl.maximum(b_m, b_sink2)
-    b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-    b_alpha = tl.exp2(b_m - b_m_use)
-    b_l = b_l * b_alpha + tl.exp2(b_sink2 - b_m_use)
-    return b_acc * b_alpha[:, None], b_m_new, b_l
-
-
-@triton.jit
-def normalize_rows(b_acc, b_m, b_l):
-    """The forward's last step: out = acc / l (b_acc [M, D]) and the natural-log lse
-    ``(m + log2 l) ln 2`` [M]. Rows that saw no visible key (l = 0): out 0, lse -inf."""
-    m_empty = b_l == 0.0
-    b_out = b_acc / tl.where(m_empty, 1.0, b_l)[:, None]
-    b_lse = tl.where(m_empty, float("-inf"), (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * LN2)
-    return b_out, b_lse
 
 
 @triton.jit

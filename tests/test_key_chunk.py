@@ -1,0 +1,153 @@
+"""The fixed key split (design §3.1, ``KernelConfig.key_chunk``) under the interpreter: the
+interpreter's entries patched to a chunk of two key tiles (32 keys), every row's keys are
+loops of 32 keys from its sequence's first, merged in order (``row_state.merge_partial``).
+The design's invariances hold bitwise with it (decode == prefill, packed and paged, causal
+query chunks, pack positions), a row of at most one chunk keeps the unsplit bits, longer rows
+take the split's, and the accuracy rule holds against float64."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import invariance_checks as checks
+import pytest
+import torch
+from helpers import DEVICE, KERNELS, assert_outputs_accurate, cu_seqlens, make_pack, run_kernel
+
+import portattn
+from portattn import configs
+from portattn.kernels import plan
+
+F16 = torch.float16
+D = 32
+CHUNK = 32  # two key tiles of the interpreter's entries (block_n 16)
+
+
+@pytest.fixture
+def chunked(monkeypatch):
+    """Every interpreter entry with ``key_chunk`` = CHUNK (the table patched for this test)."""
+    table = configs.config_table()
+    for key, cfg in list(table.items()):
+        if key[0] == "interpreter":
+            assert cfg.fwd.block_n == 16
+            monkeypatch.setitem(table, key, dataclasses.replace(cfg, key_chunk=CHUNK))
+    plan.forget_problems()
+    yield
+    plan.forget_problems()
+
+
+def unchunked(p, kernel, causal, **kw):
+    """``run_kernel`` with the table as recorded (no split)."""
+    mp = pytest.MonkeyPatch()
+    table = configs.config_table()
+    for key, cfg in list(table.items()):
+        if key[0] == "interpreter":
+            mp.setitem(table, key, dataclasses.replace(cfg, key_chunk=0))
+    plan.forget_problems()
+    try:
+        return run_kernel(p, kernel, causal, **kw)
+    finally:
+        mp.undo()
+        plan.forget_problems()
+
+
+def test_entry_rejects_a_chunk_that_cuts_a_key_tile():
+    cfg = configs.config_table()[("interpreter", "varlen", 64, F16)]
+    with pytest.raises(ValueError, match="key_chunk must be 0 or a multiple of block_n"):
+        dataclasses.replace(cfg, key_chunk=24)
+    assert dataclasses.replace(cfg, key_chunk=0).content_hash() == cfg.content_hash()
+    assert dataclasses.replace(cfg, key_chunk=32).content_hash() != cfg.content_hash()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_decode_steps(chunked, kernel):
+    checks.check_decode_steps(kernel, 100, 5, (4, 2), D, F16, 41)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_causal_chunks(chunked, kernel):
+    chunks = [(0, 32), (32, 70), (5, 38), (17, 18), (69, 70), (1, 64)]
+    checks.check_causal_chunks(kernel, 70, 105, (2, 1), D, F16, 40, chunks)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_pack_positions(chunked, kernel):
+    checks.check_pack_positions(kernel, True, (40, 97), [(17, 17), (5, 63), (33, 1)], (2, 1), D,
+                                F16, 43)  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("features", [{}, {"window_size": (40, 0)}, {"softcap": 5.0}],
+                         ids=["plain", "window", "softcap"])  # fmt: skip
+def test_accuracy_and_the_split_in_effect(chunked, kernel, features):
+    """Against float64, the accuracy rule; rows of at most one chunk of keys have the unsplit
+    bits, and the split moves some longer row (it is in effect)."""
+    lens = [1, 17, 31, 32, 113, 70]
+    p = make_pack(lens, lens, 4, 2, D, F16, seed=7)
+    got = run_kernel(p, kernel, True, **features)
+    assert_outputs_accurate(got, p, True, **features)
+    plain = unchunked(p, kernel, True, **features)
+    bos = 0
+    moved = False
+    for n in lens:
+        rows = slice(bos, bos + n)
+        short = n <= CHUNK
+        for name in ("out", "lse"):
+            same = torch.equal(got[name][rows], plain[name][rows])
+            assert same or not short, (name, n)
+            moved |= not same
+        bos += n
+    assert moved
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("page", [16, 64])
+def test_paged_decode_equals_prefill(chunked, kernel, page):
+    """``flash_attn_with_kvcache`` on a paged cache: each sequence's new row has the prefill's
+    bits (its last row), sequences of 1 to 130 keys (up to five chunks)."""
+    lens = [1, 33, 64, 130]
+    p = make_pack(lens, lens, 4, 2, D, F16, seed=9)
+    full = run_kernel(p, kernel, True)
+    pages_per = -(-max(lens) // page)
+    k_cache = torch.zeros(len(lens) * pages_per, page, 2, D, dtype=F16, device=DEVICE)
+    v_cache = torch.zeros_like(k_cache)
+    order = torch.randperm(len(lens) * pages_per, generator=torch.Generator().manual_seed(3))
+    table = order.view(len(lens), pages_per).to(torch.int32).to(DEVICE)
+    bos, last = 0, []
+    for b, n in enumerate(lens):
+        for j in range(n):
+            page_id, slot = table[b, j // page], j % page
+            k_cache[page_id, slot] = p.k[bos + j]
+            v_cache[page_id, slot] = p.v[bos + j]
+        last.append(bos + n - 1)
+        bos += n
+    q = p.q[last][:, None]  # [B, 1, Hq, D]
+    lengths = torch.tensor([n - 1 for n in lens], dtype=torch.int32, device=DEVICE)
+    new_k, new_v = p.k[last][:, None], p.v[last][:, None]
+    with torch.no_grad():
+        out, lse = portattn.flash_attn_with_kvcache(
+            q, k_cache, v_cache, new_k, new_v, cache_seqlens=lengths, block_table=table,
+            causal=True, kernel=kernel, return_softmax_lse=True,
+        )  # fmt: skip
+    assert torch.equal(out[:, 0], full["out"][last])
+    assert torch.equal(lse[:, :, 0], full["lse"][last])
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_windowed_decode_steps(chunked, kernel):
+    """With a window a row's first key tile depends on its query tile (the prefill's 32 rows,
+    a decode's one): the chunks are anchored at the sequence's first key, not at the tile's
+    first, so decode and prefill rows still merge the same chunks."""
+    window = dict(window_size=(45, 0))
+    p = make_pack([150], [150], 4, 2, D, F16, seed=44)
+    full = run_kernel(p, kernel, True, **window)
+    rows = [100, 127, 128, 149]
+    dec = checks.pack_of([
+        checks.Pack(p.q[t:t + 1], p.k[:t + 1], p.v[:t + 1], cu_seqlens([1]), cu_seqlens([t + 1]),
+                    p.do[t:t + 1], p.dlse[t:t + 1])
+        for t in rows
+    ])  # fmt: skip
+    res = run_kernel(dec, kernel, True, **window)
+    for i, t in enumerate(rows):
+        for name in ("out", "lse", "dq"):
+            assert torch.equal(res[name][i], full[name][t]), (name, t)
