@@ -1,9 +1,10 @@
-"""The fixed key split (design §3.1, ``KernelConfig.key_chunk``) under the interpreter: the
-interpreter's entries patched to a chunk of two key tiles (32 keys), every row's keys are
-loops of 32 keys from its sequence's first, merged in order (``row_state.merge_partial``).
-The design's invariances hold bitwise with it (decode == prefill, packed and paged, causal
-query chunks, pack positions), a row of at most one chunk keeps the unsplit bits, longer rows
-take the split's, and the accuracy rule holds against float64."""
+"""The fixed key split (design §3.1, ``KernelConfig.key_chunk``): the entries of the family
+in use patched to a chunk of two key tiles (the interpreter's: 32 keys), every row's keys are
+loops of C keys from its sequence's first, merged in order (``row_state.merge_partial``). The
+design's invariances hold bitwise with it (decode == prefill, packed and paged, causal query
+chunks, pack positions), a row of at most one chunk keeps the unsplit bits, longer rows take
+the split's, and the accuracy rule holds against float64. On a GPU the patched entries run
+the Triton forward (``fwd_ws`` off: the Gluon forward merges no chunks yet)."""
 
 from __future__ import annotations
 
@@ -16,34 +17,47 @@ from helpers import DEVICE, KERNELS, assert_outputs_accurate, cu_seqlens, make_p
 
 import portattn
 from portattn import configs
+from portattn.configs.types import INTERPRETER
+from portattn.families import config_family
 from portattn.kernels import plan
 
 F16 = torch.float16
 D = 32
-CHUNK = 32  # two key tiles of the interpreter's entries (block_n 16)
+
+
+def _family() -> str:
+    """The table family the tests' tensors run (the interpreter's on a CPU)."""
+    device = torch.device(DEVICE)
+    if device.type == "cpu":
+        return INTERPRETER
+    return config_family(device)
+
+
+def _patch(mp: pytest.MonkeyPatch, chunk: bool) -> int:
+    """Every entry of the family in use with key_chunk = two of its key tiles (``chunk``) or
+    0; returns the chunk of the d32 fp16 entry."""
+    table = configs.config_table()
+    family = _family()
+    for key, cfg in list(table.items()):
+        if key[0] == family:
+            size = 2 * cfg.fwd.block_n if chunk else 0
+            mp.setitem(table, key, dataclasses.replace(cfg, fwd_ws=False, key_chunk=size))
+    plan.forget_problems()
+    return 2 * table[(family, "varlen", D, F16)].fwd.block_n
 
 
 @pytest.fixture
-def chunked(monkeypatch):
-    """Every interpreter entry with ``key_chunk`` = CHUNK (the table patched for this test)."""
-    table = configs.config_table()
-    for key, cfg in list(table.items()):
-        if key[0] == "interpreter":
-            assert cfg.fwd.block_n == 16
-            monkeypatch.setitem(table, key, dataclasses.replace(cfg, key_chunk=CHUNK))
-    plan.forget_problems()
-    yield
+def chunk(monkeypatch) -> int:
+    """The entries of the family in use split (for this test); the chunk C in keys."""
+    size = _patch(monkeypatch, True)
+    yield size
     plan.forget_problems()
 
 
 def unchunked(p, kernel, causal, **kw):
-    """``run_kernel`` with the table as recorded (no split)."""
+    """``run_kernel`` with the family's entries unsplit (the Triton forward, as the split)."""
     mp = pytest.MonkeyPatch()
-    table = configs.config_table()
-    for key, cfg in list(table.items()):
-        if key[0] == "interpreter":
-            mp.setitem(table, key, dataclasses.replace(cfg, key_chunk=0))
-    plan.forget_problems()
+    _patch(mp, False)
     try:
         return run_kernel(p, kernel, causal, **kw)
     finally:
@@ -60,29 +74,29 @@ def test_entry_rejects_a_chunk_that_cuts_a_key_tile():
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_decode_steps(chunked, kernel):
-    checks.check_decode_steps(kernel, 100, 5, (4, 2), D, F16, 41)
+def test_decode_steps(chunk, kernel):
+    checks.check_decode_steps(kernel, 3 * chunk + 4, 5, (4, 2), D, F16, 41)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_causal_chunks(chunked, kernel):
+def test_causal_chunks(chunk, kernel):
     chunks = [(0, 32), (32, 70), (5, 38), (17, 18), (69, 70), (1, 64)]
-    checks.check_causal_chunks(kernel, 70, 105, (2, 1), D, F16, 40, chunks)
+    checks.check_causal_chunks(kernel, 70, 70 + 2 * chunk - 29, (2, 1), D, F16, 40, chunks)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_pack_positions(chunked, kernel):
-    checks.check_pack_positions(kernel, True, (40, 97), [(17, 17), (5, 63), (33, 1)], (2, 1), D,
-                                F16, 43)  # fmt: skip
+def test_pack_positions(chunk, kernel):
+    checks.check_pack_positions(kernel, True, (40, 3 * chunk + 1), [(17, 17), (5, 63), (33, 1)],
+                                (2, 1), D, F16, 43)  # fmt: skip
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("features", [{}, {"window_size": (40, 0)}, {"softcap": 5.0}],
                          ids=["plain", "window", "softcap"])  # fmt: skip
-def test_accuracy_and_the_split_in_effect(chunked, kernel, features):
+def test_accuracy_and_the_split_in_effect(chunk, kernel, features):
     """Against float64, the accuracy rule; rows of at most one chunk of keys have the unsplit
     bits, and the split moves some longer row (it is in effect)."""
-    lens = [1, 17, 31, 32, 113, 70]
+    lens = [1, 17, chunk - 1, chunk, 3 * chunk + 17, 2 * chunk + 6]
     p = make_pack(lens, lens, 4, 2, D, F16, seed=7)
     got = run_kernel(p, kernel, True, **features)
     assert_outputs_accurate(got, p, True, **features)
@@ -91,7 +105,7 @@ def test_accuracy_and_the_split_in_effect(chunked, kernel, features):
     moved = False
     for n in lens:
         rows = slice(bos, bos + n)
-        short = n <= CHUNK
+        short = n <= chunk
         for name in ("out", "lse"):
             same = torch.equal(got[name][rows], plain[name][rows])
             assert same or not short, (name, n)
@@ -102,10 +116,10 @@ def test_accuracy_and_the_split_in_effect(chunked, kernel, features):
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("page", [16, 64])
-def test_paged_decode_equals_prefill(chunked, kernel, page):
+def test_paged_decode_equals_prefill(chunk, kernel, page):
     """``flash_attn_with_kvcache`` on a paged cache: each sequence's new row has the prefill's
     bits (its last row), sequences of 1 to 130 keys (up to five chunks)."""
-    lens = [1, 33, 64, 130]
+    lens = [1, chunk + 1, 2 * chunk, 4 * chunk + 2]
     p = make_pack(lens, lens, 4, 2, D, F16, seed=9)
     full = run_kernel(p, kernel, True)
     pages_per = -(-max(lens) // page)
@@ -134,14 +148,15 @@ def test_paged_decode_equals_prefill(chunked, kernel, page):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_windowed_decode_steps(chunked, kernel):
+def test_windowed_decode_steps(chunk, kernel):
     """With a window a row's first key tile depends on its query tile (the prefill's 32 rows,
     a decode's one): the chunks are anchored at the sequence's first key, not at the tile's
     first, so decode and prefill rows still merge the same chunks."""
-    window = dict(window_size=(45, 0))
-    p = make_pack([150], [150], 4, 2, D, F16, seed=44)
+    window = dict(window_size=(chunk + 13, 0))
+    n = 5 * chunk - 10
+    p = make_pack([n], [n], 4, 2, D, F16, seed=44)
     full = run_kernel(p, kernel, True, **window)
-    rows = [100, 127, 128, 149]
+    rows = [3 * chunk + 4, 4 * chunk - 1, 4 * chunk, n - 1]
     dec = checks.pack_of([
         checks.Pack(p.q[t:t + 1], p.k[:t + 1], p.v[:t + 1], cu_seqlens([1]), cu_seqlens([t + 1]),
                     p.do[t:t + 1], p.dlse[t:t + 1])
