@@ -5,7 +5,8 @@
 # decode_paged_ab as row 91) and part 6 (host times, transformers) on main 3a3e588, and a host
 # A/B (perf-notes row 92). What is left, in this order:
 #   0. bash ci/gpu_host.sh     # first: the GPU tests of the launch paths with the direct
-#                              # launches (launch_directly, 08f566a: CPU-verified only) and the
+#                              # launches (launch_directly, 08f566a: CPU-verified only), the
+#                              # key split's (tests/test_key_chunk.py: d11b0a9, CPU only) and the
 #                              # host A/B against ab_base/ (git archive 1759810 portattn
 #                              # benchmarks | tar -x -C ab_base, untracked)         (~5 min)
 #   2. bash ci/gpu_next.sh 2   # the repair passes at 4 warps (ci/patches/repair_four_warps.diff;
