@@ -44,7 +44,7 @@ from portattn.options import (
     needs_grad,
     options_signature,
 )
-from portattn.tensor_memo import derived, once_per_version, ramp, stream_key
+from portattn.tensor_memo import derived, ramp, stream_key
 from portattn.validation import (
     INT32_MAX,
     DTypeError,
@@ -161,12 +161,11 @@ def _check_new_kv(k, v, q, k_cache, v_cache) -> int:
     return k.shape[1]
 
 
-@once_per_version("kvcache_values")
 def _check_values(cache_seqlens: torch.Tensor | int, block_table, batch_idx, sizes: tuple) -> bool:
     """The eager checks of the index tensors' values (host copies, once per tensor version;
     an int ``cache_seqlens`` is its own host value), before anything is written. Run once per
-    version of the index tensors and these sizes (``tensor_memo.derived``): the layers of a
-    decode step check the step's indices at the first (loops over sequences and pages).
+    version of the index tensors and these sizes (by :func:`_step_indices`' memo): the layers
+    of a decode step check the step's indices at the first (loops over sequences and pages).
     ``sizes``: the batch, the new rows, the keys a cache holds, the page size and the cache's
     pages (or rows, dense)."""
     batch, new, capacity, page_size, n_cache_rows = sizes

@@ -21,26 +21,14 @@ APPEND_KERNEL = True
 
 
 def cache_cu_seqlens(seqlens: torch.Tensor | int, new: int, batch: int, device, capturing: bool):
-    """int32 [B + 1]: 0, then the running sum of each sequence's keys (cache plus new). The
-    same for every layer of a decode step: made once per ``cache_seqlens`` version (or int
-    value), see :mod:`portattn.tensor_memo`."""
-    extra = (new, batch, device, stream_key(device))
-    if isinstance(seqlens, int):  # the step changes from step to step: not a kept ramp
-        return derived(
-            "cu_seqlens_k_int",
-            (),
-            (seqlens, *extra),
-            lambda: ramp(batch + 1, 1, device, capturing) * (seqlens + new),
-            use=not capturing,
-        )
-
-    def make() -> torch.Tensor:
-        counts = seqlens + new if new else seqlens
-        # int32 sums: the same bits as int64 sums stored to int32 (both wrap mod 2**32)
-        total = torch.cumsum(counts, 0, dtype=torch.int32)
-        return torch.cat((ramp(1, 0, device, capturing), total))  # a leading 0
-
-    return derived("cu_seqlens_k", (seqlens,), extra, make, use=not capturing)
+    """int32 [B + 1]: 0, then the running sum of each sequence's keys (cache plus new). Made
+    once per decode step by its caller's memo (``kvcache._step_indices``)."""
+    if isinstance(seqlens, int):
+        return ramp(batch + 1, 1, device, capturing) * (seqlens + new)
+    counts = seqlens + new if new else seqlens
+    # int32 sums: the same bits as int64 sums stored to int32 (both wrap mod 2**32)
+    total = torch.cumsum(counts, 0, dtype=torch.int32)
+    return torch.cat((ramp(1, 0, device, capturing), total))  # a leading 0
 
 
 def int_lengths(value: int, batch: int, device) -> torch.Tensor:

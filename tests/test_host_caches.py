@@ -4,7 +4,7 @@
   size is never planned from a stale entry.
 * ``flash_attn_with_kvcache``'s append (fewer index ops) and its checks once per tensor
   version: an in-place write to ``cache_seqlens`` moves the append and the checks with it.
-* ``tensor_memo.derived`` (``cu_seqlens_k``, the append's slots, kept per version of
+* ``tensor_memo.derived`` (a step's ``cu_seqlens_k``, the append's slots, kept per version of
   ``cache_seqlens`` / ``block_table``): every write through PyTorch, another tensor or int,
   another new-key count derives anew; ``forget_host_values`` drops them.
 * The lse scratch of calls that drop their lse: a returned or saved lse is never the scratch.
@@ -242,8 +242,8 @@ def test_derived_index_tensors_follow_their_sources(change, new_kv):
     lens = 14 if change == "int_value" else torch.tensor([15, 3], dtype=torch.int32, device=DEVICE)
     with torch.no_grad():
         first = _paged_call(lens, table, new_kv)
-        tag = "cu_seqlens_k_int" if change == "int_value" else "cu_seqlens_k"
-        assert any(key[0] == tag for key in tensor_memo._DERIVED)
+        # the step's index tensors, cu_seqlens_k among them, kept (kvcache._step_indices)
+        assert any(key[0] == "kvcache_step" for key in tensor_memo._DERIVED)
         again = _paged_call(lens, table, new_kv)  # the kept tensors: the same bits
         assert_same_results(first, again)
         if change == "lens_in_place":

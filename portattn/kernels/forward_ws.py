@@ -45,10 +45,10 @@ from portattn.kernels import ws_common as ws
 from portattn.kernels.addressing import query_tile
 from portattn.kernels.primitives import (
     mask_scores,
-    normalize_rows,
     online_softmax_step,
     visible_mask,
 )
+from portattn.kernels.row_state import normalize_rows
 
 
 def ws_supports(tiles: Tiles, head_dim: int) -> bool:

@@ -158,10 +158,7 @@ class DirectLaunch:
             dtypes = tuple(map(_DTYPE, tensors))
         except TypeError:  # None or another object where the template had a tensor
             return None
-        aligned = not functools.reduce(operator.or_, addresses, 0) % 16
-        if dtypes != self.dtypes or (
-            True if aligned else tuple(a % 16 == 0 for a in addresses)
-        ) != self.aligned:
+        if dtypes != self.dtypes or alignment(addresses) != self.aligned:
             return None
         if driver_device() != self.device:
             return None
@@ -300,7 +297,6 @@ def launch_signature(
         template = _TEMPLATES[shape] = _make_template(jit, arg_types, shape[2], param_types)
     tensors = template.tensors_in_args(args) + template.tensors_in_params(values)
     addresses = tuple(map(torch.Tensor.data_ptr, tensors))
-    aligned = not functools.reduce(operator.or_, addresses, 0) % 16
     key = (
         shape,
         device,
@@ -309,9 +305,17 @@ def launch_signature(
         template.others_in_args(args),
         template.others_in_params(values),
         tuple(map(_DTYPE, tensors)),
-        True if aligned else tuple(a % 16 == 0 for a in addresses),
+        alignment(addresses),
     )
     return key, template
 
 
 _DTYPE = operator.attrgetter("dtype")
+
+
+def alignment(addresses: tuple[int, ...]) -> bool | tuple[bool, ...]:
+    """Triton's alignment specialisation of pointer arguments, as a signature holds it: True
+    when every address is a multiple of 16, else whether each one is."""
+    if not functools.reduce(operator.or_, addresses, 0) % 16:
+        return True
+    return tuple(a % 16 == 0 for a in addresses)
