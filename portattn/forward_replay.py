@@ -38,8 +38,10 @@ from portattn.validation import check_paged_values, check_varlen_values
 REPLAYED_FORWARDS = True
 
 # The tensors of one call, in this order, as a template's slots index them: the inputs, then
-# the outputs the replay allocates (``lse`` may be the caller's scratch buffer).
-CALL_TENSORS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "block_table", "out", "lse", "out32")
+# the outputs the replay allocates (``lse`` may be the caller's scratch buffer; ``partials``:
+# the split decode's workspace, design §3.1).
+CALL_TENSORS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "block_table", "out", "lse", "out32",
+                "partials")  # fmt: skip
 # What a template keeps of a launch's arguments as they are (tensors are slots; another type,
 # a subclass of these included, keeps no template).
 _PLAIN_VALUES = frozenset((int, float, bool, str, type(None)))
@@ -113,6 +115,7 @@ class ForwardTemplate:
     out_shape: tuple[int, ...]  # [total_q, Hq, Dv]; lse is [total_q, Hq]
     store_o32: bool
     launches: tuple[LaunchTemplate, ...]
+    partials_shape: tuple[int, ...] | None = None  # the split decode's workspace, float32
 
     @staticmethod
     def record(launches: tuple[KernelLaunch, ...], tensors: tuple) -> ForwardTemplate | None:
@@ -127,8 +130,9 @@ class ForwardTemplate:
             if template is None:
                 return None
             kept.append(template)
-        out = tensors[6]
-        return ForwardTemplate(tuple(out.shape), tensors[8] is not None, tuple(kept))
+        out, partials = tensors[6], tensors[9]
+        shape = None if partials is None else tuple(partials.shape)
+        return ForwardTemplate(tuple(out.shape), tensors[8] is not None, tuple(kept), shape)
 
 
 def value_checks(
@@ -233,7 +237,7 @@ def replayed_forward(
     )
     if key is not None:
         tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, plan.out, plan.lse,
-                   plan.out32)  # fmt: skip
+                   plan.out32, plan.partials)  # fmt: skip
         template = ForwardTemplate.record(plan.launches, tensors)
         if template is not None:
             problem.memo[key] = template
@@ -257,7 +261,10 @@ def launch_template(
     out32 = None
     if template.store_o32:
         out32 = new_buffer(template.out_shape, torch.float32, q.device)
-    tensors = (*inputs, out, lse, out32)
+    partials = None
+    if template.partials_shape is not None:
+        partials = new_buffer(template.partials_shape, torch.float32, q.device)
+    tensors = (*inputs, out, lse, out32, partials)
     if before_launch is None and launch_directly(template.launches, tensors):
         return out, lse, out32
     run_launches([launch.bind(tensors) for launch in template.launches], q.device, before_launch)

@@ -19,7 +19,7 @@ import portattn
 from portattn import configs
 from portattn.configs.types import INTERPRETER
 from portattn.families import config_family
-from portattn.kernels import plan
+from portattn.kernels import decode, forward, plan
 
 F16 = torch.float16
 D = 32
@@ -52,6 +52,32 @@ def chunk(monkeypatch) -> int:
     size = _patch(monkeypatch, True)
     yield size
     plan.forget_problems()
+
+
+@pytest.fixture
+def stages(monkeypatch) -> list[str]:
+    """The stages of the decode launches planned from here on (``forward.plan_decode``'s)."""
+    seen: list[str] = []
+    real = forward.plan_decode
+
+    def spy(*args, **kw):
+        launches, partials = real(*args, **kw)
+        seen.extend(launch.stage for launch in launches)
+        return launches, partials
+
+    monkeypatch.setattr(forward, "plan_decode", spy)
+    return seen
+
+
+def no_grad_call(p, kernel, **features) -> tuple[torch.Tensor, torch.Tensor]:
+    """``varlen_attention`` of pack ``p``, causal, without autograd (the decode kernel takes
+    every call whose query rows fit its tile, either kernel): (out, lse)."""
+    max_q = int((p.cu_q[1:] - p.cu_q[:-1]).max())
+    max_k = int((p.cu_k[1:] - p.cu_k[:-1]).max())
+    with torch.no_grad():
+        return portattn.varlen_attention(p.q, p.k, p.v, p.cu_q, p.cu_k, max_q, max_k,
+                                         causal=True, kernel=kernel, return_lse=True,
+                                         **features)  # fmt: skip
 
 
 def unchunked(p, kernel, causal, **kw):
@@ -115,10 +141,10 @@ def test_accuracy_and_the_split_in_effect(chunk, kernel, features):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("page", [16, 64])
-def test_paged_decode_equals_prefill(chunk, kernel, page):
-    """``flash_attn_with_kvcache`` on a paged cache: each sequence's new row has the prefill's
-    bits (its last row), sequences of 1 to 130 keys (up to five chunks)."""
+@pytest.mark.parametrize("page", [16, 64, 256])
+def test_paged_decode_equals_prefill(chunk, stages, kernel, page):
+    """``flash_attn_with_kvcache`` on a paged cache, split: each sequence's new row has the
+    prefill's bits (its last row), sequences of 1 to 130 keys (up to five chunks)."""
     lens = [1, chunk + 1, 2 * chunk, 4 * chunk + 2]
     p = make_pack(lens, lens, 4, 2, D, F16, seed=9)
     full = run_kernel(p, kernel, True)
@@ -145,6 +171,7 @@ def test_paged_decode_equals_prefill(chunk, kernel, page):
         )  # fmt: skip
     assert torch.equal(out[:, 0], full["out"][last])
     assert torch.equal(lse[:, :, 0], full["lse"][last])
+    assert "decode_combine" in stages  # the split decode (a small grid)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -166,3 +193,41 @@ def test_windowed_decode_steps(chunk, kernel):
     for i, t in enumerate(rows):
         for name in ("out", "lse", "dq"):
             assert torch.equal(res[name][i], full[name][t]), (name, t)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("features", ["plain", "window", "softcap", "sinks"])
+def test_split_decode_is_the_prefill(chunk, stages, monkeypatch, kernel, features):
+    """The split decode (each key chunk's partial in a program of its own, then the combine)
+    gives the bits of the unsplit decode and of the prefill's rows, rows of one to five
+    chunks, with windows, softcap and sinks; the split ran, and did not where the grid is
+    large enough (``decode.SPLIT_BELOW_PROGRAMS``)."""
+    kw = {
+        "plain": {},
+        "window": {"window_size": (chunk + 13, 0)},
+        "softcap": {"softcap": 5.0},
+        "sinks": {"sinks": torch.tensor([0.5, -1.0, 2.0, -30.0], device=DEVICE)},
+    }[features]
+    lens = [4 * chunk + 3, chunk + 5, 7]
+    p = make_pack(lens, lens, 4, 2, D, F16, seed=45)
+    full_out, full_lse = no_grad_call(p, kernel, **kw)
+    rows = [(0, 4 * chunk + 2), (0, 2 * chunk), (0, chunk - 1), (1, chunk + 4), (2, 6)]
+    starts = [0, lens[0], lens[0] + lens[1]]
+    dec = checks.pack_of([
+        checks.Pack(p.q[starts[b] + t:starts[b] + t + 1], p.k[starts[b]:starts[b] + t + 1],
+                    p.v[starts[b]:starts[b] + t + 1], cu_seqlens([1]), cu_seqlens([t + 1]),
+                    p.do[:1], p.dlse[:1])
+        for b, t in rows
+    ])  # fmt: skip
+    monkeypatch.setattr(decode, "SPLIT_BELOW_PROGRAMS", 1 << 30)
+    split = no_grad_call(dec, kernel, **kw)
+    assert "decode_split" in stages and "decode_combine" in stages
+    stages.clear()
+    monkeypatch.setattr(decode, "SPLIT_BELOW_PROGRAMS", 0)
+    plan.forget_problems()
+    whole = no_grad_call(dec, kernel, **kw)
+    assert stages and "decode_split" not in stages
+    assert torch.equal(split[0], whole[0]) and torch.equal(split[1], whole[1])
+    for i, (b, t) in enumerate(rows):
+        assert torch.equal(split[0][i], full_out[starts[b] + t]), (b, t)
+        assert torch.equal(split[1][i], full_lse[starts[b] + t]), (b, t)

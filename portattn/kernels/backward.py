@@ -51,13 +51,12 @@ from portattn.kernels.primitives import (
     mma_visible,
     query_range,
     recompute_p,
-    repair_check_rows,
     softcap_log2,
     softcap_scores,
-    tile_is_finite,
     visible_mask,
     window_query_range,
 )
+from portattn.kernels.repair_checks import repair_check_rows, tile_is_finite
 
 
 @triton.jit

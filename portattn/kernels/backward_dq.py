@@ -23,21 +23,19 @@ from portattn.kernels.addressing import (
     value_columns,
 )
 from portattn.kernels.primitives import (
-    REPAIR_HEADS,
     KeyLoop,
-    head_is_bad,
     load_row_lse2,
     mask_scores,
     mma,
     mma_rounded,
     mma_visible,
     recompute_p,
-    repair_head_block,
     softcap_log2,
     softcap_scores,
     visible_mask,
     visited_key_range,
 )
+from portattn.kernels.repair_checks import REPAIR_HEADS, head_is_bad, repair_head_block
 
 
 @triton.jit

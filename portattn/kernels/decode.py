@@ -17,10 +17,17 @@ K and V are either packed ([total_k, Hkv, D], as the prefill reads them) or page
 (``PAGE_SIZE`` > 0: [num_pages, PAGE_SIZE, Hkv, D], key ``j`` of sequence ``b`` in page
 ``block_table[b, j // PAGE_SIZE]``); a dense cache [B_cache, S_cache, Hkv, D] is a paged cache
 of one page of ``S_cache`` rows per sequence (``kvcache.py``).
+
+With an entry's key chunk (design §3.1) a decode whose grid would not fill the GPU is split
+(``split_slots``): one program per (tile, kv head, key chunk) writes the chunk's partial
+``(acc, m, l)`` to a float32 workspace (``SPLIT`` 1), then the combine (``SPLIT`` 2, the same
+grid as unsplit) merges a tile's partials in ascending order (``row_state.merge_partial``) and
+normalises: the merges the prefill does in registers, so the same bits with or without it.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -32,13 +39,22 @@ from portattn.kernels.addressing import (
     tile_index,
     value_columns,
 )
+from portattn.kernels.buffers import new_buffer
 from portattn.kernels.plan import KernelLaunch, VarlenProblem, ceil_div, next_pow2, repair_tiles
-from portattn.kernels.primitives import KeyLoop, forward_tile, tile_is_finite, visited_key_range
+from portattn.kernels.primitives import (
+    KeyLoop,
+    chunk_range,
+    forward_tile,
+    key_range_tiles,
+    visited_key_range,
+)
+from portattn.kernels.repair_checks import tile_is_finite
+from portattn.kernels.row_state import finish_rows, merge_partial
 
 
 @triton.jit
 def attn_decode_kernel(
-    q, k, v, o, lse, block_table,
+    q, k, v, o, lse, block_table, partials,
     cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ot, stride_oh, stride_bt,
@@ -63,6 +79,7 @@ def attn_decode_kernel(
     REPAIR: tl.constexpr = 0,
     PAGE_BLOCK: tl.constexpr = 0,
     KEY_CHUNK: tl.constexpr = 0,
+    SPLIT: tl.constexpr = 0,
 ):
     """Program ids: 0 = (position tile, sequence) as ``tile_index`` decodes it; 1 = kv head
     times the group's head slices (``HEADS`` query heads each, a power of two); 2 = head-dim
@@ -71,7 +88,11 @@ def attn_decode_kernel(
     ``HEAD_DIM_V`` / ``BLOCK_DV``: v's and the output's head dim (as the forward's).
     ``REPAIR``: the repair pass (design §3.2, as the forward's). ``PAGE_BLOCK`` (paged): the
     key tiles whose block-table entries the key loop reads at once (0: per tile; the entry's
-    ``page_block``).
+    ``page_block``). ``SPLIT`` (design §3.1, with ``KEY_CHUNK``): 0 the whole key loop; 1 one
+    key chunk's partial per program, written to ``partials`` (program id 1 also counts the
+    chunks, slowest), not ``o``; 2 the combine: the tile's partials merged in order into ``o``
+    and ``lse``. ``partials``: float32 [chunk slots, rows, Hq, BLOCK_DV + 4] (acc, then m
+    and l; ``partial_rows``), None unsplit.
     """
     stride_qt, stride_qh = row_strides(stride_qt, stride_qh, HEAD_DIM)
     stride_kt, stride_kh = row_strides(stride_kt, stride_kh, HEAD_DIM)
@@ -82,8 +103,12 @@ def attn_decode_kernel(
     ROWS: tl.constexpr = BLOCK_M // HEADS  # query positions per tile
     i_b, i_m = tile_index(batch, CAUSAL)
     slices = (group + HEADS - 1) // HEADS
-    i_hk = tl.program_id(1) // slices
-    i_s = tl.program_id(1) % slices
+    i_head = tl.program_id(1)  # kv head times the group's slices
+    if SPLIT == 1:  # ... times the chunk slots, slowest
+        i_c = i_head // ((n_heads_q // group) * slices)
+        i_head = i_head % ((n_heads_q // group) * slices)
+    i_hk = i_head // slices
+    i_s = i_head % slices
     bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
     bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
     m_start = i_m * ROWS
@@ -108,38 +133,85 @@ def attn_decode_kernel(
         m_check = m_row & (o_t == tl.max(tl.where(m_row, o_t, 0), 0))
         if tile_is_finite(p_first, m_check[:, None] & m_rc[None, :]):
             return
-    p_q = q + (bos_q + o_q.to(tl.int64))[:, None] * stride_qt + i_h[:, None] * stride_qh
-    b_q = tl.load(p_q + o_d[None, :], mask=m_row[:, None] & m_d[None, :], other=0.0)
+    if SPLIT != 2:  # the combine reads no q, k or v
+        p_q = q + (bos_q + o_q.to(tl.int64))[:, None] * stride_qt + i_h[:, None] * stride_qh
+        b_q = tl.load(p_q + o_d[None, :], mask=m_row[:, None] & m_d[None, :], other=0.0)
     BLOCK_DC: tl.constexpr = BLOCK_DV // D_CHUNKS
     o_dv, m_dv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)  # [BLOCK_DV]
     o_dc, m_dc, c_v = head_dim_chunk(o_dv, m_dv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
 
-    if PAGE_SIZE > 0:
-        bos_k = 0  # a paged sequence starts at its block-table row
-    p_pages = block_table + i_b.to(tl.int64) * stride_bt
-    src_k = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
-    src_v = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
+    if SPLIT != 2:
+        if PAGE_SIZE > 0:
+            bos_k = 0  # a paged sequence starts at its block-table row
+        p_pages = block_table + i_b.to(tl.int64) * stride_bt
+        src_k = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
+        src_v = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
     n_lo, n_full, n_hi = visited_key_range(m_start, seqlen_k, diag, ROWS, BLOCK_N, CAUSAL,
                                            WINDOW_LEFT, WINDOW_RIGHT)
 
-    b_sink = tl.load(sinks + i_h, mask=m_row, other=0.0) if HAS_SINK else None  # [BLOCK_M]
-    b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
-        b_q, src_k, src_v, stride_kt, stride_vt,
-        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
-        KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, WINDOW_LEFT, WINDOW_RIGHT,
-                SOFTCAP, PAGE_SIZE, REPAIR, PAGE_BLOCK, KEY_CHUNK), BLOCK_DC, p_pages, stride_kp,
-        stride_vp,
-        b_sink, HAS_SINK,
-    )
+    if SPLIT == 1:  # chunk i_c's partial, where the tile visits it (design §3.1); no output
+        c_lo = i_c * KEY_CHUNK
+        if (c_lo < n_hi) & (c_lo + KEY_CHUNK > n_lo):
+            lo, mid, hi = chunk_range(c_lo, n_lo, n_full, n_hi, KEY_CHUNK)
+            c_acc, c_m, c_l = key_range_tiles(  # [BLOCK_M, BLOCK_DC], [BLOCK_M], [BLOCK_M]
+                tl.zeros([BLOCK_M, BLOCK_DC], tl.float32),
+                tl.full([BLOCK_M], float("-inf"), tl.float32),
+                tl.zeros([BLOCK_M], tl.float32), b_q, src_k, src_v, stride_kt, stride_vt,
+                o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, lo, mid, hi,
+                KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, WINDOW_LEFT,
+                        WINDOW_RIGHT, SOFTCAP, PAGE_SIZE, REPAIR, PAGE_BLOCK, KEY_CHUNK),
+                p_pages, stride_kp, stride_vp,
+            )
+            p_part = partial_rows(partials, cu_seqlens_q, batch, i_c, bos_q, o_q, i_h,
+                                  n_heads_q, BLOCK_DV)  # [BLOCK_M]
+            tl.store(p_part[:, None] + o_dc[None, :], c_acc, mask=m_row[:, None] & m_dc[None, :])
+            if (D_CHUNKS == 1) or (tl.program_id(2) == 0):
+                tl.store(p_part + BLOCK_DV, c_m, mask=m_row)
+                tl.store(p_part + BLOCK_DV + 1, c_l, mask=m_row)
+    else:
+        b_sink = tl.load(sinks + i_h, mask=m_row, other=0.0) if HAS_SINK else None  # [BLOCK_M]
+        if SPLIT == 2:  # the partials of the chunks the tile visits, merged in order
+            b_acc = tl.zeros([BLOCK_M, BLOCK_DC], tl.float32)
+            b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            b_l = tl.zeros([BLOCK_M], tl.float32)
+            for c_lo in range((n_lo // KEY_CHUNK) * KEY_CHUNK, n_hi, KEY_CHUNK):
+                p_part = partial_rows(partials, cu_seqlens_q, batch, c_lo // KEY_CHUNK, bos_q,
+                                      o_q, i_h, n_heads_q, BLOCK_DV)
+                c_acc = tl.load(p_part[:, None] + o_dc[None, :],
+                                mask=m_row[:, None] & m_dc[None, :], other=0.0)
+                c_m = tl.load(p_part + BLOCK_DV, mask=m_row, other=float("-inf"))
+                c_l = tl.load(p_part + BLOCK_DV + 1, mask=m_row, other=0.0)
+                b_acc, b_m, b_l = merge_partial(b_acc, b_m, b_l, c_acc, c_m, c_l)
+            b_out, b_lse = finish_rows(b_acc, b_m, b_l, b_sink, HAS_SINK)
+        else:
+            b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
+                b_q, src_k, src_v, stride_kt, stride_vt,
+                o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
+                KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, WINDOW_LEFT,
+                        WINDOW_RIGHT, SOFTCAP, PAGE_SIZE, REPAIR, PAGE_BLOCK, KEY_CHUNK),
+                BLOCK_DC, p_pages, stride_kp, stride_vp, b_sink, HAS_SINK,
+            )
 
-    o_rows = (bos_q + o_q.to(tl.int64))[:, None]
-    p_o = o + o_rows * stride_ot + i_h[:, None] * stride_oh + o_dc[None, :]
-    tl.store(p_o, b_out.to(o.dtype.element_ty), mask=m_row[:, None] & m_dc[None, :])
-    p_lse = lse + (bos_q + o_q.to(tl.int64)) * n_heads_q + i_h
-    if D_CHUNKS == 1:  # noqa: SIM114 - a constexpr branch, then a runtime one
-        tl.store(p_lse, b_lse, mask=m_row)
-    elif tl.program_id(2) == 0:
-        tl.store(p_lse, b_lse, mask=m_row)
+        o_rows = (bos_q + o_q.to(tl.int64))[:, None]
+        p_o = o + o_rows * stride_ot + i_h[:, None] * stride_oh + o_dc[None, :]
+        tl.store(p_o, b_out.to(o.dtype.element_ty), mask=m_row[:, None] & m_dc[None, :])
+        p_lse = lse + (bos_q + o_q.to(tl.int64)) * n_heads_q + i_h
+        if D_CHUNKS == 1:  # noqa: SIM114 - a constexpr branch, then a runtime one
+            tl.store(p_lse, b_lse, mask=m_row)
+        elif tl.program_id(2) == 0:
+            tl.store(p_lse, b_lse, mask=m_row)
+
+
+@triton.jit
+def partial_rows(partials, cu_seqlens_q, batch, i_c, bos_q, o_q, i_h, n_heads_q,
+                 BLOCK_DV: tl.constexpr):
+    """Addresses [BLOCK_M] of the rows' records in chunk slot ``i_c`` of the split decode's
+    workspace (float32 [slots, rows, Hq, BLOCK_DV + 4]: the chunk's acc in the first columns,
+    its m and l at ``BLOCK_DV`` and ``BLOCK_DV + 1``; ``rows`` = the pack's query rows,
+    ``cu_seqlens_q[batch]``, so the layout needs no size beyond the call's)."""
+    rows = tl.load(cu_seqlens_q + batch).to(tl.int64)
+    row = i_c * rows + bos_q + o_q.to(tl.int64)  # i_c: a program id or a loop's int
+    return partials + (row * n_heads_q + i_h) * (BLOCK_DV + 4)
 
 
 def heads_per_tile(problem: VarlenProblem) -> int:
@@ -156,22 +228,50 @@ def decode_fits(problem: VarlenProblem) -> bool:
     return problem.max_seqlen_q * heads_per_tile(problem) <= tiles.block_m
 
 
-def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                block_table, page_size: int, sinks=None, repair: bool = False) -> KernelLaunch:
-    """The decode launch writing ``out`` / ``lse`` (see ``forward.plan_forward``); ``repair``:
-    its repair pass (design §3.2), launched after it.
+# A decode whose unsplit grid has fewer programs than this runs each sequence's key chunks in
+# programs of their own (design §3.1: with an entry's ``key_chunk``, and keys past one chunk):
+# two waves of an H100's or H200's 132 SMs. The bits are the same either way.
+SPLIT_BELOW_PROGRAMS = 264
+# ... where the partials' workspace stays within this (float32 [slots, rows, Hq, BLOCK_DV + 4]).
+SPLIT_MAX_BYTES = 1 << 28
 
-    q: [total_q, Hq, D]; k, v: packed [total_k, Hkv, D] (``page_size`` 0) or paged caches
-    [num_pages, page_size, Hkv, D]; block_table: int32 [B, pages_per_seq] (paged) or None;
-    sinks: float32 [Hq] or None.
+
+def split_slots(problem: VarlenProblem) -> int:
+    """The chunk slots of a split decode of ``problem`` (the key chunks of its longest
+    sequence, ``max_seqlen_k``), or 0 where it runs unsplit: no key chunk in the entry, one
+    chunk of keys, or a grid that fills the GPU already (:data:`SPLIT_BELOW_PROGRAMS`)."""
+    p, chunk = problem, problem.cfg.key_chunk
+    if not chunk or p.max_seqlen_k <= chunk:
+        return 0
+    grid, _ = _decode_static(p, p.page_size, False)
+    slots = ceil_div(p.max_seqlen_k, chunk)
+    size = slots * p.total_q * p.n_heads_q * (p.block_dv + 4) * 4
+    if grid[0] * grid[1] * grid[2] >= SPLIT_BELOW_PROGRAMS or size > SPLIT_MAX_BYTES:
+        return 0
+    return slots
+
+
+def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                block_table, sinks=None) -> tuple[tuple[KernelLaunch, ...], torch.Tensor | None]:
+    """The decode's launches writing ``out`` / ``lse`` (see ``forward.plan_forward``), and the
+    workspace of its partials: one launch, or where :func:`split_slots` splits it the chunks'
+    partials then their combine (design §3.1); then, where the problem has unseen keys, the
+    repair pass (design §3.2).
+
+    q: [total_q, Hq, D]; k, v: packed [total_k, Hkv, D] (``problem.page_size`` 0) or paged
+    caches [num_pages, page_size, Hkv, D]; block_table: int32 [B, pages_per_seq] (paged) or
+    None; sinks: float32 [Hq] or None. The workspace: float32 [slots, total_q, Hq, Dv
+    padded + 4] (``partial_rows``) or None.
     """
     p = problem
-    key = ("decode", page_size, sinks is None, repair)
-    static = p.memo.get(key)
-    if static is None:  # the grid and compile-time parameters: the problem's alone
-        static = p.memo[key] = _decode_static(p, page_size, sinks is not None, repair)
-    grid, params = static
-    if page_size:
+    slots = p.memo.get("decode_slots")
+    if slots is None:
+        slots = p.memo["decode_slots"] = split_slots(p)
+    partials = None
+    if slots:
+        shape = (slots, p.total_q, p.n_heads_q, p.block_dv + 4)
+        partials = new_buffer(shape, torch.float32, q.device)
+    if p.page_size:
         stride_kp, stride_kt, stride_kh = k.stride(0), k.stride(1), k.stride(2)
         stride_vp, stride_vt, stride_vh = v.stride(0), v.stride(1), v.stride(2)
         table, stride_bt = block_table, block_table.stride(0)
@@ -180,20 +280,33 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
         stride_vp, stride_vt, stride_vh = 0, v.stride(0), v.stride(1)
         table, stride_bt = cu_seqlens_k, 0  # not read
     args = (
-        q, k, v, out, lse, table,
+        q, k, v, out, lse, table, partials,
         cu_seqlens_q, cu_seqlens_k,
         q.stride(0), q.stride(1), stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
         stride_vh, out.stride(0), out.stride(1), stride_bt,
         p.batch, p.n_heads_q, p.group, p.scale_log2,
     )
-    stage = "decode_repair" if repair else "decode"
-    return KernelLaunch(stage, attn_decode_kernel, grid, args, dict(params, sinks=sinks), tma=False)
+    stages = ("decode_split", "decode_combine") if slots else ("decode",)
+    stages += ("decode_repair",) * p.has_unseen_keys
+    launches = []
+    for stage in stages:
+        key = (stage, p.page_size, sinks is None)
+        static = p.memo.get(key)
+        if static is None:  # the grid and compile-time parameters: the problem's alone
+            static = p.memo[key] = _decode_static(p, p.page_size, sinks is not None, stage, slots)
+        grid, params = static
+        launches.append(KernelLaunch(stage, attn_decode_kernel, grid, args,
+                                     dict(params, sinks=sinks), tma=False))
+    return tuple(launches), partials
 
 
-def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool,
-                   repair: bool = False) -> tuple[tuple, dict]:
-    """The decode launch's grid and its compile-time parameters but ``sinks`` (a tensor)."""
+def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool, stage: str = "decode",
+                   slots: int = 0) -> tuple[tuple, dict]:
+    """A decode launch's grid and its compile-time parameters but ``sinks`` (a tensor):
+    ``stage`` decode (the whole key loop), decode_split (``slots`` chunks' partials),
+    decode_combine (their merge) or decode_repair (design §3.2)."""
     cfg = p.cfg
+    repair = stage == "decode_repair"
     tiles = repair_tiles(cfg.decode_tiles()) if repair else cfg.decode_tiles()
     heads = heads_per_tile(p)
     rows = tiles.block_m // heads
@@ -210,4 +323,9 @@ def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool,
         params.update(REPAIR=p.cfg.repair_products)
     if cfg.key_chunk:  # design §3.1 (absent at 0: the kernel's default)
         params.update(KEY_CHUNK=cfg.key_chunk)
+    if stage == "decode_split":
+        grid = (grid[0], grid[1] * slots, grid[2])
+        params.update(SPLIT=1)
+    elif stage == "decode_combine":
+        params.update(SPLIT=2)
     return grid, params

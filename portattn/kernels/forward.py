@@ -34,13 +34,11 @@ from portattn.kernels.plan import (
     run_launches,
 )
 from portattn.kernels.primitives import (
-    REPAIR_HEADS,
     KeyLoop,
     forward_tile,
-    head_is_bad,
-    repair_head_block,
     visited_key_range,
 )
+from portattn.kernels.repair_checks import REPAIR_HEADS, head_is_bad, repair_head_block
 from portattn.kernels.ws_kernels import attn_fwd_ws_kernel, ws_launch_options, ws_supports
 
 
@@ -214,6 +212,8 @@ class ForwardPlan:
     lse: torch.Tensor
     out32: torch.Tensor | None
     launches: tuple[KernelLaunch, ...]
+    # The split decode's workspace (decode.plan_decode, design §3.1), else None.
+    partials: torch.Tensor | None = None
 
 
 def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
@@ -245,12 +245,9 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     if fits is None:
         fits = p.memo["decode_fits"] = decode_fits(p)
     if p.page_size or (not store_o32 and fits):
-        launches = tuple(
-            plan_decode(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
-                        p.page_size, sinks, repair)
-            for repair in (False, True)[: 1 + p.has_unseen_keys]
-        )
-        return ForwardPlan(out, lse, out32, launches)
+        launches, partials = plan_decode(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                         block_table, sinks)
+        return ForwardPlan(out, lse, out32, launches, partials)
     o32_arg = out32 if store_o32 else out
     args = (
         q, k, v, out, lse, o32_arg,

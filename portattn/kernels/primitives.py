@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from portattn.kernels.addressing import load_page_tiles, page_block, paged_rows
-from portattn.kernels.row_state import fold_sink, merge_partial, normalize_rows
+from portattn.kernels.row_state import finish_rows, merge_partial
 
 # 2**15: P <= 1 times this stays below float16's largest finite value (65504).
 P_SCALE = tl.constexpr(32768.0)
@@ -106,67 +106,6 @@ def mma_visible(b_x, b_b, b_acc, m_vis, SPLIT_P: tl.constexpr, INTERPRET: tl.con
     if SPLIT_P:
         b_plain = mma(b_lo, b_b, b_plain, INTERPRET)
     return tl.where(b_sees[:, None] > 0, b_plain, b_fixed)
-
-
-@triton.jit
-def tile_is_finite(p_x, m_x):
-    """Whether the tile at ``p_x`` (elements where ``m_x``) holds no NaN and no infinity: a
-    repair pass's test of what the first pass wrote (masked-off elements are not read)."""
-    b_x = tl.load(p_x, mask=m_x, other=0.0).to(tl.float32)
-    return tl.max(nonfinite_rows(b_x), 0) == 0
-
-
-# Query heads whose check rows a repair program over all heads tests with one load.
-REPAIR_HEADS = tl.constexpr(16)
-
-
-@triton.jit
-def repair_head_block(p_x, stride_t, stride_h, bos, h_first, n_heads, m_start, seqlen, o_c, m_c,
-                      BLOCK: tl.constexpr):
-    """A repair program over all heads of one tile (rows from ``m_start`` of a sequence from
-    row ``bos``): the check rows (``repair_check_rows``' rows) of heads ``h_first`` onwards,
-    ``REPAIR_HEADS`` of them, in one load of ``p_x`` (columns ``o_c`` where ``m_c``). Returns
-    (o_h, b_bad), [REPAIR_HEADS * slabs]: each row's head, and 1 where it holds a NaN or an
-    infinity (``head_is_bad`` reads one head's)."""
-    SLABS: tl.constexpr = (BLOCK + 63) // 64
-    SLAB: tl.constexpr = BLOCK // SLABS
-    o_r = tl.arange(0, REPAIR_HEADS * SLABS)  # (head, slab) pairs
-    o_slab = m_start + (o_r % SLABS) * SLAB
-    o_row = tl.minimum(o_slab + SLAB - 1, seqlen - 1)  # the slab's last valid row
-    o_h = h_first + o_r // SLABS
-    m_r = (o_slab < seqlen) & (o_h < n_heads)
-    p_r = (p_x + (bos + o_row.to(tl.int64))[:, None] * stride_t
-           + o_h.to(tl.int64)[:, None] * stride_h + o_c[None, :])
-    b_x = tl.load(p_r, mask=m_r[:, None] & m_c[None, :], other=0.0).to(tl.float32)
-    return o_h, nonfinite_rows(b_x)
-
-
-@triton.jit
-def head_is_bad(o_h, b_bad, i_h):
-    """Whether ``repair_head_block`` found a NaN or an infinity in a check row of head ``i_h``."""
-    return tl.max(tl.where(o_h == i_h, b_bad, 0), 0) > 0
-
-
-@triton.jit
-def repair_check_rows(o_r, n_valid, BLOCK: tl.constexpr, LAST: tl.constexpr):
-    """[BLOCK] mask of the rows of a first pass's tile (positions ``o_r``, ascending from the
-    tile's start; ``o_r < n_valid`` are valid) whose finiteness a repair pass tests: one per
-    64-row slab, its last valid row (``LAST``) or its first. One row stands for its slab
-    (design §3.2): a key a row does not see reaches it only as 0 * (NaN or inf) in a product
-    over the slab's tiles, every valid row of the slab takes part in those products with a
-    finite factor (rows that see no key too: ``normalize_rows`` divides their sums by 1), so
-    the poisoned column is non-finite in every valid row. A warp-specialised first pass gives
-    each 64-row group its own tile range, hence one row per slab; a group with no valid row
-    takes no product."""
-    o_t = tl.arange(0, BLOCK)
-    SLABS: tl.constexpr = (BLOCK + 63) // 64
-    SLAB: tl.constexpr = BLOCK // SLABS
-    if LAST:
-        slab_last = o_r - o_t % SLAB + SLAB - 1  # the position of the slab's last row
-        pick = o_r == tl.minimum(slab_last, n_valid - 1)
-    else:
-        pick = o_t % SLAB == 0
-    return pick & (o_r < n_valid)
 
 
 @triton.jit
@@ -422,6 +361,36 @@ def key_tile_step(b_acc, b_m, b_l, b_q, b_k, b_v, o_q, o_k, seqlen_k, diag, scal
 
 
 @triton.jit
+def key_range_tiles(
+    b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
+    o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, lo, mid, hi, loop,
+    p_pages=None, stride_kp=0, stride_vp=0,
+):
+    """``forward_key_tiles`` over the key tiles [lo, mid) that every row sees whole (no mask),
+    then [mid, hi) with the mask, ascending, into (acc, m, l)."""
+    b_acc, b_m, b_l = forward_key_tiles(
+        b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
+        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, lo, mid, loop,
+        False, p_pages, stride_kp, stride_vp,
+    )
+    return forward_key_tiles(
+        b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
+        o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, mid, hi, loop,
+        True, p_pages, stride_kp, stride_vp,
+    )
+
+
+@triton.jit
+def chunk_range(c_lo, n_lo, n_full, n_hi, KEY_CHUNK: tl.constexpr):
+    """The key tiles of the chunk from key ``c_lo`` that a tile visiting [n_lo, n_hi) (whole
+    below ``n_full``) visits: (lo, mid, hi), [lo, mid) unmasked, [mid, hi) masked. Its first
+    chunk is the one holding ``n_lo``: ``(n_lo // KEY_CHUNK) * KEY_CHUNK`` (design §3.1)."""
+    lo = tl.maximum(c_lo, n_lo)
+    hi = tl.minimum(c_lo + KEY_CHUNK, n_hi)
+    return lo, tl.minimum(tl.maximum(n_full, lo), hi), hi
+
+
+@triton.jit
 def forward_tile(
     b_q, src_k, src_v, stride_kt, stride_vt,
     o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
@@ -433,44 +402,30 @@ def forward_tile(
     """The forward of one query tile (the Triton forward and decode kernels; ``loop``: its
     ``KeyLoop``): the key tiles from ``n_lo`` below ``n_full`` that every row sees whole (no
     mask), then those up to ``n_hi`` that need the mask (``visited_key_range``), in ascending
-    order; returns (out [BLOCK_M, BLOCK_DC], lse [BLOCK_M]) by ``normalize_rows`` (rows that
-    saw no key: out 0, lse -inf), with ``HAS_SINK`` after ``fold_sink`` of the rows' sinks
-    ``b_sink``."""
+    order; with ``loop.KEY_CHUNK`` each chunk's tiles from the empty state, merged in order
+    (design §3.1; the split decode computes the same partials in programs of their own).
+    Returns (out [BLOCK_M, BLOCK_DC], lse [BLOCK_M]) by ``finish_rows``."""
     b_acc = tl.zeros([loop.BLOCK_M, BLOCK_DC], tl.float32)
     b_m = tl.full([loop.BLOCK_M], float("-inf"), tl.float32)
     b_l = tl.zeros([loop.BLOCK_M], tl.float32)
     if loop.KEY_CHUNK == 0:
-        b_acc, b_m, b_l = forward_key_tiles(
-            b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
-            o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, loop,
-            False, p_pages, stride_kp, stride_vp,
+        b_acc, b_m, b_l = key_range_tiles(
+            b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt, o_q, o_d, m_d, o_dc,
+            m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi, loop, p_pages,
+            stride_kp, stride_vp,
         )
-        b_acc, b_m, b_l = forward_key_tiles(
-            b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt,
-            o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_full, n_hi, loop,
-            True, p_pages, stride_kp, stride_vp,
-        )
-    else:  # each chunk's tiles from the empty state, merged in order (design §3.1)
+    else:
         for c_lo in range((n_lo // loop.KEY_CHUNK) * loop.KEY_CHUNK, n_hi, loop.KEY_CHUNK):
-            lo = tl.maximum(c_lo, n_lo)
-            hi = tl.minimum(c_lo + loop.KEY_CHUNK, n_hi)
-            mid = tl.minimum(tl.maximum(n_full, lo), hi)  # [lo, mid) unmasked, [mid, hi) not
-            c_acc, c_m, c_l = forward_key_tiles(
+            lo, mid, hi = chunk_range(c_lo, n_lo, n_full, n_hi, loop.KEY_CHUNK)
+            c_acc, c_m, c_l = key_range_tiles(
                 tl.zeros([loop.BLOCK_M, BLOCK_DC], tl.float32),
                 tl.full([loop.BLOCK_M], float("-inf"), tl.float32),
                 tl.zeros([loop.BLOCK_M], tl.float32), b_q, src_k, src_v, stride_kt, stride_vt,
-                o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, lo, mid, loop,
-                False, p_pages, stride_kp, stride_vp,
-            )
-            c_acc, c_m, c_l = forward_key_tiles(
-                c_acc, c_m, c_l, b_q, src_k, src_v, stride_kt, stride_vt,
-                o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, mid, hi, loop,
-                True, p_pages, stride_kp, stride_vp,
+                o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, lo, mid, hi, loop,
+                p_pages, stride_kp, stride_vp,
             )
             b_acc, b_m, b_l = merge_partial(b_acc, b_m, b_l, c_acc, c_m, c_l)
-    if HAS_SINK:
-        b_acc, b_m, b_l = fold_sink(b_acc, b_m, b_l, b_sink)
-    return normalize_rows(b_acc, b_m, b_l)
+    return finish_rows(b_acc, b_m, b_l, b_sink, HAS_SINK)
 
 
 @triton.jit

@@ -56,3 +56,12 @@ def normalize_rows(b_acc, b_m, b_l):
     b_out = b_acc / tl.where(m_empty, 1.0, b_l)[:, None]
     b_lse = tl.where(m_empty, float("-inf"), (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * LN2)
     return b_out, b_lse
+
+
+@triton.jit
+def finish_rows(b_acc, b_m, b_l, b_sink, HAS_SINK: tl.constexpr):
+    """The rows' state after their last key: with ``HAS_SINK`` the sinks folded in
+    (``fold_sink``), then ``normalize_rows``'s (out, lse)."""
+    if HAS_SINK:
+        b_acc, b_m, b_l = fold_sink(b_acc, b_m, b_l, b_sink)
+    return normalize_rows(b_acc, b_m, b_l)

@@ -1,0 +1,190 @@
+"""The split decode on the GPU (design §3.1, issue 37 item 1): the device's table entries patched
+to a key chunk ``C`` (``KernelConfig.key_chunk``; ``fwd_ws`` off, as the Gluon forward merges no
+chunks yet), against the entries as they ship, and FA4 deterministic (paged) where importable.
+
+1. Bits: for each workload and ``C``, the split decode equals the same entries' unsplit decode
+   (``decode.SPLIT_BELOW_PROGRAMS`` 0); one 32k-key sequence's decode row equals its prefill row
+   (the Triton forward, the chunks merged in registers), both kernels.
+2. Decode: ``flash_attn_with_kvcache`` on paged-64 caches, bf16 GQA 32/8 d128, K/V TB/s of the
+   CUDA-graph replay and of the eager call (median ms, L2 flushed).
+3. Prefill: the training forward (``varlen_attention`` with grad, forward only timed) of 4 x 4096
+   and one 16k sequence, causal, d128: shipped entries, ``fwd_ws`` off, and ``C`` set.
+
+Usage (GPU): python ci/split_decode_ab.py [--chunks 2048,1024] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+if not __package__:  # run as `python ci/split_decode_ab.py`: the checkout's root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+import portattn
+from benchmarks import bench
+from benchmarks import bench_decode as bd
+from portattn import configs
+from portattn.families import config_family
+from portattn.kernels import decode, plan
+
+WORKLOADS = {
+    "B1 32k": (32768,),
+    "B8 32k": (32768,) * 8,
+    "B1": bd.kv_lengths(1),
+    "B8": bd.kv_lengths(8),
+    "B64": bd.kv_lengths(64),
+}
+
+
+def patch_entries(chunk: int | None) -> None:
+    """The device family's entries with ``key_chunk`` = ``chunk`` and fwd_ws off, or as they
+    ship (None); every planned problem forgotten."""
+    table = configs.config_table()
+    family = config_family(torch.device("cuda"))
+    if not hasattr(patch_entries, "shipped"):
+        patch_entries.shipped = {key: cfg for key, cfg in table.items() if key[0] == family}
+    for key, cfg in patch_entries.shipped.items():
+        if chunk is None:
+            table[key] = cfg
+        else:
+            table[key] = dataclasses.replace(cfg, fwd_ws=False, key_chunk=chunk)
+    plan.forget_problems()
+
+
+def decode_call(inp: bd.DecodeInputs, kernel: str):
+    return lambda: portattn.flash_attn_with_kvcache(
+        inp.q, inp.k_pages, inp.v_pages, cache_seqlens=inp.seqlens, block_table=inp.block_table,
+        causal=True, return_softmax_lse=True, kernel=kernel,
+    )  # fmt: skip
+
+
+def fa4_call(w: bd.DecodeWorkload, inp: bd.DecodeInputs):
+    try:
+        from flash_attn.cute import flash_attn_varlen_func as fa4
+    except ImportError:
+        return None
+    kw = dict(max_seqlen_q=1, max_seqlen_k=max(w.kv_lens), causal=True, deterministic=True,
+              page_table=inp.block_table, seqused_k=inp.seqlens)  # fmt: skip
+    return lambda: fa4(inp.q, inp.k_pages, inp.v_pages, **kw)
+
+
+def tbps(w: bd.DecodeWorkload, fn) -> tuple[float, float]:
+    """(graph replay, eager) K/V TB/s of ``fn``."""
+    graph, _ = bench.cuda_graph(fn, warmup=2)
+    ms_graph = bd.gpu_timer(graph.replay)[0]
+    ms_eager = bd.gpu_timer(fn)[0]
+    return w.kv_bytes() / ms_graph / 1e9, w.kv_bytes() / ms_eager / 1e9
+
+
+def decode_rows(chunks: list[int], names: list[str]) -> list[str]:
+    lines = ["| decode (paged 64, bf16 gqa32/8 d128) | variant | graph TB/s | eager TB/s | bits |",
+             "| --- | --- | ---: | ---: | --- |"]  # fmt: skip
+    for name in names:
+        w = bd.DecodeWorkload(name, WORKLOADS[name], 1, 32, 8, 128)
+        inp = bd.make_inputs(w)
+        variants: list[tuple[str, int | None, int]] = [("shipped", None, 0)]
+        variants += [(f"C{c} split", c, 1 << 30) for c in chunks]
+        results = {}
+        for label, chunk, below in variants:
+            patch_entries(chunk)
+            decode.SPLIT_BELOW_PROGRAMS = below
+            fn = decode_call(inp, "varlen")
+            with torch.no_grad():
+                got = fn()
+                bits = "-"
+                if chunk is not None:  # the same entries unsplit: the same bits
+                    decode.SPLIT_BELOW_PROGRAMS = 0
+                    plan.forget_problems()
+                    whole = fn()
+                    same = all(torch.equal(a, b) for a, b in zip(got, whole, strict=True))
+                    bits = "= unsplit" if same else "DIFFER"
+                    decode.SPLIT_BELOW_PROGRAMS = below
+                    plan.forget_problems()
+                results[label] = (*tbps(w, fn), bits)
+        fa4 = fa4_call(w, inp)
+        if fa4 is not None:
+            patch_entries(None)
+            results["FA4 det paged"] = (*tbps(w, fa4), "-")
+        for label, (g, e, bits) in results.items():
+            lines.append(f"| {name} | {label} | {g:.2f} | {e:.2f} | {bits} |")
+        print("\n".join(lines[-len(results) :]), flush=True)
+    return lines
+
+
+def prefill_equals_decode(chunk: int, kernel: str) -> str:
+    """One 32k-key sequence: its last prefill row against its paged decode row, at ``chunk``."""
+    patch_entries(chunk)
+    decode.SPLIT_BELOW_PROGRAMS = 1 << 30
+    n, gen = 32768, torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(n, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        full, lse = portattn.varlen_attention(q, k, v, cu, cu, n, n, causal=True, kernel=kernel,
+                                              return_lse=True)  # fmt: skip
+        table = torch.arange(n // 64, dtype=torch.int32, device="cuda")[None]
+        k_pages, v_pages = k.view(-1, 64, 8, 128), v.view(-1, 64, 8, 128)
+        out, lse_d = portattn.flash_attn_with_kvcache(
+            q[-1:][None], k_pages, v_pages, cache_seqlens=torch.tensor([n], dtype=torch.int32,
+            device="cuda"), block_table=table, causal=True, return_softmax_lse=True, kernel=kernel,
+        )  # fmt: skip
+    same = torch.equal(out[0, 0], full[-1]) and torch.equal(lse_d[0, :, 0], lse[-1])
+    bits = "equal" if same else "DIFFER"
+    return f"| 32k prefill row == decode row | C{chunk} {kernel} | {bits} |"
+
+
+def prefill_rows(chunks: list[int]) -> list[str]:
+    lines = ["| training forward (causal, bf16 h16 d128) | variant | ms | TF/s |",
+             "| --- | --- | ---: | ---: |"]  # fmt: skip
+    for name, lens in (("4x4096", [4096] * 4), ("1x16384", [16384])):
+        total = sum(lens)
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        q, k, v = (torch.randn(total, 16, 128, device="cuda", dtype=torch.bfloat16,
+                               generator=gen).requires_grad_() for _ in range(3))  # fmt: skip
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
+                          device="cuda")  # fmt: skip
+        flops = sum(4 * n * n * 16 * 128 / 2 for n in lens)
+        variants = [("shipped", None), ("fwd_ws off", 0)] + [(f"C{c}", c) for c in chunks]
+        for label, chunk in variants * 2:  # alternating passes; the best kept
+            patch_entries(chunk)
+
+            def step(q=q, k=k, v=v, cu=cu, n=max(lens)):
+                return portattn.varlen_attention(q, k, v, cu, cu, n, n, causal=True)
+
+            ms = bench.gpu_timer(step)[0]
+            best = prefill_rows.best.get((name, label))
+            prefill_rows.best[(name, label)] = ms if best is None else min(best, ms)
+        for label, _ in variants:
+            ms = prefill_rows.best[(name, label)]
+            lines.append(f"| {name} | {label} | {ms:.3f} | {flops / ms / 1e9:.0f} |")
+        print("\n".join(lines[-len(variants) :]), flush=True)
+    return lines
+
+
+prefill_rows.best = {}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", default="2048,1024")
+    parser.add_argument("--quick", action="store_true", help="B1 32k and B8 only")
+    args = parser.parse_args()
+    chunks = [int(c) for c in args.chunks.split(",")]
+    names = ["B1 32k", "B8"] if args.quick else list(WORKLOADS)
+    lines = [prefill_equals_decode(chunks[0], kernel) for kernel in ("varlen", "fixed_order")]
+    print("\n".join(lines), flush=True)
+    lines += decode_rows(chunks, names)
+    lines += prefill_rows(chunks)
+    patch_entries(None)
+    print("\n## summary\n" + "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
