@@ -8,7 +8,8 @@ chunks yet), against the entries as they ship, and FA4 deterministic (paged) whe
 2. Decode: ``flash_attn_with_kvcache`` on paged-64 caches, bf16 GQA 32/8 d128, K/V TB/s of the
    CUDA-graph replay and of the eager call (median ms, L2 flushed).
 3. Prefill: the training forward (``varlen_attention`` with grad, forward only timed) of 4 x 4096
-   and one 16k sequence, causal, d128: shipped entries, ``fwd_ws`` off, and ``C`` set.
+   and one 16k sequence, causal, d128: shipped entries, ``fwd_ws`` off, ``C`` set (the Triton
+   forward), and the Gluon forward with 64-key tiles with and without ``C``.
 
 Usage (GPU): python ci/split_decode_ab.py [--chunks 2048,1024] [--quick]
 """
@@ -41,9 +42,10 @@ WORKLOADS = {
 }
 
 
-def patch_entries(chunk: int | None) -> None:
-    """The device family's entries with ``key_chunk`` = ``chunk`` and fwd_ws off, or as they
-    ship (None); every planned problem forgotten."""
+def patch_entries(chunk: int | None, ws: bool = False, block_n: int | None = None) -> None:
+    """The device family's entries with ``key_chunk`` = ``chunk`` and fwd_ws off (``ws``: as
+    shipped; ``block_n``: the forward's key tile, with two pipeline stages where it changes),
+    or as they ship (None); every planned problem forgotten."""
     table = configs.config_table()
     family = config_family(torch.device("cuda"))
     if not hasattr(patch_entries, "shipped"):
@@ -51,8 +53,11 @@ def patch_entries(chunk: int | None) -> None:
     for key, cfg in patch_entries.shipped.items():
         if chunk is None:
             table[key] = cfg
-        else:
-            table[key] = dataclasses.replace(cfg, fwd_ws=False, key_chunk=chunk)
+            continue
+        fwd = cfg.fwd
+        if block_n is not None and block_n != fwd.block_n:
+            fwd = dataclasses.replace(fwd, block_n=block_n, num_stages=2)
+        table[key] = dataclasses.replace(cfg, fwd=fwd, fwd_ws=cfg.fwd_ws and ws, key_chunk=chunk)
     plan.forget_problems()
 
 
@@ -88,30 +93,26 @@ def decode_rows(chunks: list[int], names: list[str]) -> list[str]:
         w = bd.DecodeWorkload(name, WORKLOADS[name], 1, 32, 8, 128)
         inp = bd.make_inputs(w)
         variants: list[tuple[str, int | None, int]] = [("shipped", None, 0)]
-        variants += [(f"C{c} split", c, 1 << 30) for c in chunks]
-        results = {}
+        for c in chunks:  # split, and the same entries unsplit (the chunks in registers)
+            variants += [(f"C{c} split", c, 1 << 30), (f"C{c} unsplit", c, 0)]
+        results, outputs = {}, {}
         for label, chunk, below in variants:
             patch_entries(chunk)
             decode.SPLIT_BELOW_PROGRAMS = below
             fn = decode_call(inp, "varlen")
             with torch.no_grad():
-                got = fn()
-                bits = "-"
-                if chunk is not None:  # the same entries unsplit: the same bits
-                    decode.SPLIT_BELOW_PROGRAMS = 0
-                    plan.forget_problems()
-                    whole = fn()
-                    same = all(torch.equal(a, b) for a, b in zip(got, whole, strict=True))
-                    bits = "= unsplit" if same else "DIFFER"
-                    decode.SPLIT_BELOW_PROGRAMS = below
-                    plan.forget_problems()
-                results[label] = (*tbps(w, fn), bits)
+                outputs[label] = fn()
+                results[label] = tbps(w, fn)
+        for c in chunks:  # the split's bits are the unsplit decode's
+            split, whole = outputs[f"C{c} split"], outputs[f"C{c} unsplit"]
+            same = all(torch.equal(a, b) for a, b in zip(split, whole, strict=True))
+            results[f"C{c} split"] += ("= unsplit" if same else "DIFFER",)
         fa4 = fa4_call(w, inp)
         if fa4 is not None:
             patch_entries(None)
-            results["FA4 det paged"] = (*tbps(w, fa4), "-")
-        for label, (g, e, bits) in results.items():
-            lines.append(f"| {name} | {label} | {g:.2f} | {e:.2f} | {bits} |")
+            results["FA4 det paged"] = tbps(w, fa4)
+        for label, (g, e, *bits) in results.items():
+            lines.append(f"| {name} | {label} | {g:.2f} | {e:.2f} | {bits[0] if bits else '-'} |")
         print("\n".join(lines[-len(results) :]), flush=True)
     return lines
 
@@ -150,9 +151,13 @@ def prefill_rows(chunks: list[int]) -> list[str]:
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
                           device="cuda")  # fmt: skip
         flops = sum(4 * n * n * 16 * 128 / 2 for n in lens)
-        variants = [("shipped", None), ("fwd_ws off", 0)] + [(f"C{c}", c) for c in chunks]
-        for label, chunk in variants * 2:  # alternating passes; the best kept
-            patch_entries(chunk)
+        variants = [("shipped", None, False, None), ("fwd_ws off", 0, False, None)]
+        variants += [(f"C{c}", c, False, None) for c in chunks]
+        # the Gluon forward with the chunks in registers: spill-free at d128 with 64-key tiles
+        variants += [(f"C{c} ws n64", c, True, 64) for c in chunks]
+        variants += [("ws n64", 0, True, 64)]
+        for label, chunk, ws, block_n in variants * 2:  # alternating passes; the best kept
+            patch_entries(chunk, ws, block_n)
 
             def step(q=q, k=k, v=v, cu=cu, n=max(lens)):
                 return portattn.varlen_attention(q, k, v, cu, cu, n, n, causal=True)
@@ -160,7 +165,7 @@ def prefill_rows(chunks: list[int]) -> list[str]:
             ms = bench.gpu_timer(step)[0]
             best = prefill_rows.best.get((name, label))
             prefill_rows.best[(name, label)] = ms if best is None else min(best, ms)
-        for label, _ in variants:
+        for label, *_ in variants:
             ms = prefill_rows.best[(name, label)]
             lines.append(f"| {name} | {label} | {ms:.3f} | {flops / ms / 1e9:.0f} |")
         print("\n".join(lines[-len(variants) :]), flush=True)

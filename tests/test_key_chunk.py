@@ -13,6 +13,7 @@ import dataclasses
 import invariance_checks as checks
 import pytest
 import torch
+import unseen_checks
 from helpers import DEVICE, KERNELS, assert_outputs_accurate, cu_seqlens, make_pack, run_kernel
 
 import portattn
@@ -231,3 +232,50 @@ def test_split_decode_is_the_prefill(chunk, stages, monkeypatch, kernel, feature
     for i, (b, t) in enumerate(rows):
         assert torch.equal(split[0][i], full_out[starts[b] + t]), (b, t)
         assert torch.equal(split[1][i], full_lse[starts[b] + t]), (b, t)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("setup", ["causal", "window"])
+def test_unseen_key_with_chunks(chunk, kernel, setup):
+    """A NaN value no row of the other rows sees leaves them a clean run's bits with the split
+    (rows of three chunks: the repair passes recompute their tiles through the same chunk
+    loop, parking included)."""
+    if setup == "causal":
+        unseen_checks.check_unseen_key(kernel, unseen_checks.Setup(77, 77), 40, "v", float("nan"))
+    else:
+        window = unseen_checks.Setup(90, 90, window=(chunk + 9, 0))
+        unseen_checks.check_unseen_key(kernel, window, 5, "v", float("nan"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_gluon_forward_merges_chunks_as_the_triton_forward(monkeypatch, causal):
+    """The warp-specialised Gluon forward (``fwd_ws``, no CPU interpreter; sm90's varlen d128
+    bf16 entry) with the key chunk gives the Triton forward's bits (both at C = two key
+    tiles), rows of one to six chunks, GQA; the Gluon kernel ran."""
+    head_dim = 128
+    used: list[bool] = []
+    real = forward.use_warp_specialized
+
+    def spy(problem, tma):
+        used.append(real(problem, tma))
+        return used[-1]
+
+    monkeypatch.setattr(forward, "use_warp_specialized", spy)
+    table = configs.config_table()
+    entry = (_family(), "varlen", head_dim, torch.bfloat16)
+    cfg = table[entry]
+    lens = [1, 300, 777, 1500]
+    p = make_pack(lens, lens, 8, 2, head_dim, torch.bfloat16, seed=12)
+    outputs = []
+    for fwd_ws in (cfg.fwd_ws, False):
+        chunked = dataclasses.replace(cfg, fwd_ws=fwd_ws, key_chunk=2 * cfg.fwd.block_n)
+        monkeypatch.setitem(table, entry, chunked)
+        plan.forget_problems()
+        with torch.no_grad():
+            outputs.append(portattn.varlen_attention(p.q, p.k, p.v, p.cu_q, p.cu_k, 1500, 1500,
+                                                     causal=causal, return_lse=True))  # fmt: skip
+    plan.forget_problems()
+    assert used and used[0], "the entry does not run the Gluon forward"
+    assert torch.equal(outputs[0][0], outputs[1][0])
+    assert torch.equal(outputs[0][1], outputs[1][1])

@@ -159,8 +159,6 @@ class KernelConfig:
             problems.append(f"page_block must be 0 or a power of two, got {self.page_block}")
         if self.key_chunk < 0 or self.key_chunk % self.fwd.block_n:
             problems.append(f"key_chunk must be 0 or a multiple of block_n, got {self.key_chunk}")
-        if self.key_chunk and self.fwd_ws:
-            problems.append("key_chunk needs the Triton forward (fwd_ws merges no chunks yet)")
         if self.decode is not None and self.decode.block_n != self.fwd.block_n:
             problems.append("decode tiles need the forward's block_n (a row's key tiles)")
         if problems:

@@ -293,7 +293,10 @@ def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool,
     flags = dict(HEAD_DIM=p.head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                  CAUSAL=p.causal, SPLIT_P=p.split_p, STORE_O32=store_o32)
     if not repair and use_warp_specialized(p, tma):
-        return grid, True, dict(flags, STAGES=tiles.num_stages, **ws_launch_options(tiles))
+        ws = dict(flags, STAGES=tiles.num_stages, **ws_launch_options(tiles))
+        if cfg.key_chunk:  # design §3.1 (absent at 0: the kernel's default)
+            ws.update(KEY_CHUNK=cfg.key_chunk)
+        return grid, True, ws
     params = dict(flags, BLOCK_D=p.block_d, **p.value_flags(), INTERPRET=p.interpret,
                   D_CHUNKS=cfg.fwd_chunks, TMA=tma, **p.feature_flags(),  # window, softcap
                   HAS_SINK=has_sink, **tiles.launch_kwargs())

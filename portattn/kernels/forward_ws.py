@@ -48,7 +48,7 @@ from portattn.kernels.primitives import (
     online_softmax_step,
     visible_mask,
 )
-from portattn.kernels.row_state import normalize_rows
+from portattn.kernels.row_state import merge_partial, normalize_rows
 
 
 def ws_supports(tiles: Tiles, head_dim: int) -> bool:
@@ -137,6 +137,10 @@ def _consume(GROUP: gl.constexpr, st, cfg):
     b_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
     b_p = b_zero
     b_alpha = b_l
+    if cfg.KEY_CHUNK > 0:  # the running state the chunks merge into (design §3.1)
+        r_acc = gl.zeros([ws.GROUP_ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+        r_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=row_layout)
+        r_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=row_layout)
     mbarrier.wait(st.q_bars.index(GROUP), 0)
     if st.n_tiles > 0:
         ws.wait_filled(st.k_bars, 0, STAGES)
@@ -158,10 +162,24 @@ def _consume(GROUP: gl.constexpr, st, cfg):
         b_acc = ws.issue_rounded_mma(b_p, st.v_ring.index(i_tile % STAGES), b_acc, cfg.SPLIT_P,
                                      p_layout)
         b_s = warpgroup_mma_wait(PV_GROUPS, deps=(b_s,))  # Q K^T done, P V may run on
+        if cfg.KEY_CHUNK > 0:
+            # Tile i + 1 starts a chunk: its softmax starts from the empty state, and the
+            # chunk that tile i ends merges into the running state once its P V is done.
+            ends = (i_next % (cfg.KEY_CHUNK // BLOCK_N)) == 0
+            c_m = b_m
+            c_l = b_l
+            b_m = gl.where(ends, gl.full_like(b_m, float("-inf")), b_m)
+            b_l = gl.where(ends, gl.zeros_like(b_l), b_l)
         b_p, b_alpha, b_m, b_l = _softmax_p(b_s, b_m, b_l, i_next, st, cfg, m_start,
                                             s_layout)
         b_acc = warpgroup_mma_wait(0, deps=(b_acc,))
         mbarrier.arrive(st.free_bars.index(i_tile % STAGES), count=1)  # done with tile i
+        if cfg.KEY_CHUNK > 0:  # noqa: SIM102 - a constexpr branch, then a runtime one
+            if ends:
+                r_acc, r_m, r_l = merge_partial(r_acc, r_m, r_l, b_acc,
+                                                gl.convert_layout(c_m, row_layout),
+                                                gl.convert_layout(c_l, row_layout))
+                b_acc = gl.zeros_like(b_acc)
 
     if st.n_tiles > 0:  # the last tile's P V
         i_tile = st.n_tiles - 1
@@ -174,6 +192,10 @@ def _consume(GROUP: gl.constexpr, st, cfg):
     # Rows that saw no key: out 0, lse -inf (as attn_fwd_kernel).
     b_l = gl.convert_layout(b_l, row_layout)
     b_m = gl.convert_layout(b_m, row_layout)
+    if cfg.KEY_CHUNK > 0:  # the last chunk merged (a tile-less program merges nothing)
+        if st.n_tiles > 0:
+            r_acc, r_m, r_l = merge_partial(r_acc, r_m, r_l, b_acc, b_m, b_l)
+        b_acc, b_m, b_l = r_acc, r_m, r_l
     b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [64, HEAD_DIM], [64]
 
     o_q, o_d, o_rows, m_o = ws.tile_rows(m_start, st.bos_q, st.seqlen_q, ws.GROUP_ROWS, HEAD_DIM,
@@ -221,9 +243,12 @@ def attn_fwd_ws_kernel(
     SPLIT_P: gl.constexpr,
     STORE_O32: gl.constexpr,
     STAGES: gl.constexpr,
+    KEY_CHUNK: gl.constexpr = 0,
 ):
     """One program per (query tile of one sequence, query head), as ``attn_fwd_kernel``;
-    ``BLOCK_M`` = 128 (two consumer groups of 64 rows), ``STAGES`` K/V ring slots."""
+    ``BLOCK_M`` = 128 (two consumer groups of 64 rows), ``STAGES`` K/V ring slots;
+    ``KEY_CHUNK``: the key chunk (design §3.1), each chunk's tiles from the empty state merged
+    into a running state in registers, in order, as ``primitives.forward_tile``'s."""
     gl.static_assert(BLOCK_M == 2 * ws.GROUP_ROWS)
     i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_tile = query_tile(
         cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
@@ -252,4 +277,5 @@ def attn_fwd_ws_kernel(
         stride_oh=stride_oh, stride_o32t=stride_o32t, stride_o32h=stride_o32h,
         scale_log2=scale_log2, q_desc=q_desc, k_desc=k_desc, v_desc=v_desc)
     ws.specialize(program, ws.Config(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
-                                     STORE_O32=STORE_O32), _consume, _producer)
+                                     STORE_O32=STORE_O32, KEY_CHUNK=KEY_CHUNK), _consume,
+                  _producer)
