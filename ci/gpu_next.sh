@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;
 # a refused start costs 15 s or more: check `status` before asking).
-# Session 31: first `bash ci/gpu_split.sh` with .fa4 carried (the split decode: GPU tests of
-# the decode paths and tests/test_key_chunk.py, golden verify sm90, ci/split_decode_ab.py's bits,
-# decode TB/s at C 2048 / 1024 and the training forward's cost of C; ~8 min with a cold start).
+# Session 31: first `bash ci/gpu_split.sh tests`, then `bash ci/gpu_split.sh bench` with .fa4
+# carried (the split decode: GPU tests of the decode paths and tests/test_key_chunk.py, golden
+# verify sm90; ci/split_decode_ab.py's bits, decode TB/s at C 2048 and the training forward's
+# cost of C; ~12 min with a cold start).
 # Session 31 ran `bash ci/gpu_host.sh` (213 passed; host A/B on an H100, perf-notes row 93) and
 # part 3 (533 passed, no failure, cut by its limit at 90%).
 # Session 30 ran part 1 (GPU tests of the kept launches 240 passed, golden verify sm90 30/30,

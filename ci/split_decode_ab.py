@@ -11,7 +11,7 @@ chunks yet), against the entries as they ship, and FA4 deterministic (paged) whe
    and one 16k sequence, causal, d128: shipped entries, ``fwd_ws`` off, ``C`` set (the Triton
    forward), and the Gluon forward with 64-key tiles with and without ``C``.
 
-Usage (GPU): python ci/split_decode_ab.py [--chunks 2048,1024] [--quick]
+Usage (GPU): python ci/split_decode_ab.py [--chunks 2048[,1024]] [--quick]
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ prefill_rows.best = {}
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chunks", default="2048,1024")
+    parser.add_argument("--chunks", default="2048", help="comma-separated, e.g. 2048,1024")
     parser.add_argument("--quick", action="store_true", help="B1 32k and B8 only")
     args = parser.parse_args()
     chunks = [int(c) for c in args.chunks.split(",")]

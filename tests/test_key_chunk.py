@@ -279,3 +279,33 @@ def test_gluon_forward_merges_chunks_as_the_triton_forward(monkeypatch, causal):
     assert used and used[0], "the entry does not run the Gluon forward"
     assert torch.equal(outputs[0][0], outputs[1][0])
     assert torch.equal(outputs[0][1], outputs[1][1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_one_long_sequence_decodes_as_its_prefill(monkeypatch, stages, kernel):
+    """Issue 37's B1 row: one sequence of 32k keys (GQA 32/8, d128, bf16), the device's
+    entries patched to C = 2048 (the Triton forward): its paged decode row, split into 16
+    chunks, has the bits of its prefill's last row."""
+    n, table = 32768, configs.config_table()
+    for key, cfg in list(table.items()):
+        if key[0] == _family():
+            monkeypatch.setitem(table, key, dataclasses.replace(cfg, fwd_ws=False, key_chunk=2048))
+    plan.forget_problems()
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    q, k, v = (torch.randn(n, h, 128, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+               for h in (32, 8, 8))  # fmt: skip
+    cu = torch.tensor([0, n], dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        full, lse = portattn.varlen_attention(q, k, v, cu, cu, n, n, causal=True, kernel=kernel,
+                                              return_lse=True)  # fmt: skip
+        pages = torch.arange(n // 64, dtype=torch.int32, device=DEVICE)[None]
+        lengths = torch.tensor([n], dtype=torch.int32, device=DEVICE)
+        out, lse_d = portattn.flash_attn_with_kvcache(
+            q[-1:][None], k.view(-1, 64, 8, 128), v.view(-1, 64, 8, 128), cache_seqlens=lengths,
+            block_table=pages, causal=True, return_softmax_lse=True, kernel=kernel,
+        )  # fmt: skip
+    plan.forget_problems()
+    assert "decode_split" in stages
+    assert torch.equal(out[0, 0], full[-1])
+    assert torch.equal(lse_d[0, :, 0], lse[-1])
