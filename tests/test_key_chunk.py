@@ -34,17 +34,17 @@ def _family() -> str:
     return config_family(device)
 
 
-def _patch(mp: pytest.MonkeyPatch, chunk: bool) -> int:
-    """Every entry of the family in use with key_chunk = two of its key tiles (``chunk``) or
-    0; returns the chunk of the d32 fp16 entry."""
+def _patch(mp: pytest.MonkeyPatch, chunk: bool, size: int | None = None) -> int:
+    """Every entry of the family in use with fwd_ws off and key_chunk = ``size`` keys, or two
+    of its key tiles (``chunk``), or 0; returns the chunk of the d32 fp16 entry."""
     table = configs.config_table()
     family = _family()
     for key, cfg in list(table.items()):
         if key[0] == family:
-            size = 2 * cfg.fwd.block_n if chunk else 0
-            mp.setitem(table, key, dataclasses.replace(cfg, fwd_ws=False, key_chunk=size))
+            keys = (size or 2 * cfg.fwd.block_n) if chunk else 0
+            mp.setitem(table, key, dataclasses.replace(cfg, fwd_ws=False, key_chunk=keys))
     plan.forget_problems()
-    return 2 * table[(family, "varlen", D, F16)].fwd.block_n
+    return table[(family, "varlen", D, F16)].key_chunk
 
 
 @pytest.fixture
@@ -287,11 +287,8 @@ def test_one_long_sequence_decodes_as_its_prefill(monkeypatch, stages, kernel):
     """Issue 37's B1 row: one sequence of 32k keys (GQA 32/8, d128, bf16), the device's
     entries patched to C = 2048 (the Triton forward): its paged decode row, split into 16
     chunks, has the bits of its prefill's last row."""
-    n, table = 32768, configs.config_table()
-    for key, cfg in list(table.items()):
-        if key[0] == _family():
-            monkeypatch.setitem(table, key, dataclasses.replace(cfg, fwd_ws=False, key_chunk=2048))
-    plan.forget_problems()
+    n = 32768
+    _patch(monkeypatch, True, 2048)
     gen = torch.Generator(device=DEVICE).manual_seed(5)
     q, k, v = (torch.randn(n, h, 128, device=DEVICE, dtype=torch.bfloat16, generator=gen)
                for h in (32, 8, 8))  # fmt: skip

@@ -243,7 +243,7 @@ def split_slots(problem: VarlenProblem) -> int:
     p, chunk = problem, problem.cfg.key_chunk
     if not chunk or p.max_seqlen_k <= chunk:
         return 0
-    grid, _ = _decode_static(p, p.page_size, False)
+    grid = _decode_grid(p, p.cfg.decode_tiles())
     slots = ceil_div(p.max_seqlen_k, chunk)
     size = slots * p.total_q * p.n_heads_q * (p.block_dv + 4) * 4
     if grid[0] * grid[1] * grid[2] >= SPLIT_BELOW_PROGRAMS or size > SPLIT_MAX_BYTES:
@@ -309,23 +309,28 @@ def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool, stage: str 
     repair = stage == "decode_repair"
     tiles = repair_tiles(cfg.decode_tiles()) if repair else cfg.decode_tiles()
     heads = heads_per_tile(p)
-    rows = tiles.block_m // heads
-    slices = ceil_div(p.group, heads)
-    grid = (ceil_div(p.grid_rows_q, rows) * p.batch, p.n_heads_k * slices, cfg.fwd_chunks)
+    grid = _decode_grid(p, tiles)
     params = dict(
         HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, **p.value_flags(),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
         PAGE_BLOCK=cfg.page_block if page_size else 0,  # the family's (rows.PAGE_BLOCK)
         CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret, D_CHUNKS=cfg.fwd_chunks,
-        **p.feature_flags(), HAS_SINK=has_sink, **tiles.launch_kwargs(),
+        **p.feature_flags(), HAS_SINK=has_sink, **tiles.launch_kwargs(), **p.chunk_flags(),
     )
     if repair:
         params.update(REPAIR=p.cfg.repair_products)
-    if cfg.key_chunk:  # design §3.1 (absent at 0: the kernel's default)
-        params.update(KEY_CHUNK=cfg.key_chunk)
     if stage == "decode_split":
         grid = (grid[0], grid[1] * slots, grid[2])
         params.update(SPLIT=1)
     elif stage == "decode_combine":
         params.update(SPLIT=2)
     return grid, params
+
+
+def _decode_grid(p: VarlenProblem, tiles) -> tuple[int, int, int]:
+    """The unsplit decode grid: (position tiles x sequences, kv heads x the group's head
+    slices, head-dim chunks)."""
+    heads = heads_per_tile(p)
+    rows = tiles.block_m // heads
+    return (ceil_div(p.grid_rows_q, rows) * p.batch, p.n_heads_k * ceil_div(p.group, heads),
+            p.cfg.fwd_chunks)  # fmt: skip

@@ -293,17 +293,13 @@ def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool,
     flags = dict(HEAD_DIM=p.head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                  CAUSAL=p.causal, SPLIT_P=p.split_p, STORE_O32=store_o32)
     if not repair and use_warp_specialized(p, tma):
-        ws = dict(flags, STAGES=tiles.num_stages, **ws_launch_options(tiles))
-        if cfg.key_chunk:  # design §3.1 (absent at 0: the kernel's default)
-            ws.update(KEY_CHUNK=cfg.key_chunk)
-        return grid, True, ws
+        return grid, True, dict(flags, STAGES=tiles.num_stages, **ws_launch_options(tiles),
+                                **p.chunk_flags())
     params = dict(flags, BLOCK_D=p.block_d, **p.value_flags(), INTERPRET=p.interpret,
                   D_CHUNKS=cfg.fwd_chunks, TMA=tma, **p.feature_flags(),  # window, softcap
-                  HAS_SINK=has_sink, **tiles.launch_kwargs())
+                  HAS_SINK=has_sink, **tiles.launch_kwargs(), **p.chunk_flags())
     if repair:
         params.update(REPAIR=p.cfg.repair_products)
-    if cfg.key_chunk:  # design §3.1 (absent at 0: the kernel's default)
-        params.update(KEY_CHUNK=cfg.key_chunk)
     return grid, False, params
 
 

@@ -135,6 +135,12 @@ class VarlenProblem:
         o = self.options
         return dict(WINDOW_LEFT=o.window_left, WINDOW_RIGHT=o.window_right, SOFTCAP=o.softcap)
 
+    def chunk_flags(self) -> dict[str, int]:
+        """The key chunk of the entry (design §3.1) for the forward and decode kernels, or
+        nothing at 0 (the kernels' default, so their launches are those from before it)."""
+        chunk = self.cfg.key_chunk
+        return {"KEY_CHUNK": chunk} if chunk else {}
+
     @property
     def has_unseen_keys(self) -> bool:
         """Whether a visited key tile can hold keys that some of its rows do not see, so that
