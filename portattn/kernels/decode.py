@@ -49,7 +49,7 @@ from portattn.kernels.primitives import (
     visited_key_range,
 )
 from portattn.kernels.repair_checks import tile_is_finite
-from portattn.kernels.row_state import finish_rows, merge_partial
+from portattn.kernels.row_state import empty_rows, finish_rows, merge_partial
 
 
 @triton.jit
@@ -153,34 +153,35 @@ def attn_decode_kernel(
         c_lo = i_c * KEY_CHUNK
         if (c_lo < n_hi) & (c_lo + KEY_CHUNK > n_lo):
             lo, mid, hi = chunk_range(c_lo, n_lo, n_full, n_hi, KEY_CHUNK)
+            c_acc, c_m, c_l = empty_rows(BLOCK_M, BLOCK_DC)
             c_acc, c_m, c_l = key_range_tiles(  # [BLOCK_M, BLOCK_DC], [BLOCK_M], [BLOCK_M]
-                tl.zeros([BLOCK_M, BLOCK_DC], tl.float32),
-                tl.full([BLOCK_M], float("-inf"), tl.float32),
-                tl.zeros([BLOCK_M], tl.float32), b_q, src_k, src_v, stride_kt, stride_vt,
+                c_acc, c_m, c_l, b_q, src_k, src_v, stride_kt, stride_vt,
                 o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, lo, mid, hi,
                 KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, WINDOW_LEFT,
                         WINDOW_RIGHT, SOFTCAP, PAGE_SIZE, REPAIR, PAGE_BLOCK, KEY_CHUNK),
                 p_pages, stride_kp, stride_vp,
             )
-            p_part = partial_rows(partials, cu_seqlens_q, batch, i_c, bos_q, o_q, i_h,
-                                  n_heads_q, BLOCK_DV)  # [BLOCK_M]
-            tl.store(p_part[:, None] + o_dc[None, :], c_acc, mask=m_row[:, None] & m_dc[None, :])
+            n_rows = tl.load(cu_seqlens_q + batch).to(tl.int64)  # after the loop: no live int64
+            p_part, o_part = partial_rows(partials, n_rows, i_c, bos_q + m_start, i_hk * group,
+                                          o_t, o_g, n_heads_q, HEADS, BLOCK_DV)
             if (D_CHUNKS == 1) or (tl.program_id(2) == 0):
-                tl.store(p_part + BLOCK_DV, c_m, mask=m_row)
-                tl.store(p_part + BLOCK_DV + 1, c_l, mask=m_row)
+                tl.store(p_part + (o_part + BLOCK_DV), c_m, mask=m_row)
+                tl.store(p_part + (o_part + BLOCK_DV + 1), c_l, mask=m_row)
+            tl.store(p_part + (o_part[:, None] + o_dc[None, :]), c_acc,
+                     mask=m_row[:, None] & m_dc[None, :])
     else:
         b_sink = tl.load(sinks + i_h, mask=m_row, other=0.0) if HAS_SINK else None  # [BLOCK_M]
         if SPLIT == 2:  # the partials of the chunks the tile visits, merged in order
-            b_acc = tl.zeros([BLOCK_M, BLOCK_DC], tl.float32)
-            b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            b_l = tl.zeros([BLOCK_M], tl.float32)
+            b_acc, b_m, b_l = empty_rows(BLOCK_M, BLOCK_DC)
+            n_rows = tl.load(cu_seqlens_q + batch).to(tl.int64)  # the workspace's rows
             for c_lo in range((n_lo // KEY_CHUNK) * KEY_CHUNK, n_hi, KEY_CHUNK):
-                p_part = partial_rows(partials, cu_seqlens_q, batch, c_lo // KEY_CHUNK, bos_q,
-                                      o_q, i_h, n_heads_q, BLOCK_DV)
-                c_acc = tl.load(p_part[:, None] + o_dc[None, :],
+                p_part, o_part = partial_rows(partials, n_rows, c_lo // KEY_CHUNK,
+                                              bos_q + m_start, i_hk * group, o_t, o_g,
+                                              n_heads_q, HEADS, BLOCK_DV)
+                c_acc = tl.load(p_part + (o_part[:, None] + o_dc[None, :]),
                                 mask=m_row[:, None] & m_dc[None, :], other=0.0)
-                c_m = tl.load(p_part + BLOCK_DV, mask=m_row, other=float("-inf"))
-                c_l = tl.load(p_part + BLOCK_DV + 1, mask=m_row, other=0.0)
+                c_m = tl.load(p_part + (o_part + BLOCK_DV), mask=m_row, other=float("-inf"))
+                c_l = tl.load(p_part + (o_part + BLOCK_DV + 1), mask=m_row, other=0.0)
                 b_acc, b_m, b_l = merge_partial(b_acc, b_m, b_l, c_acc, c_m, c_l)
             b_out, b_lse = finish_rows(b_acc, b_m, b_l, b_sink, HAS_SINK)
         else:
@@ -203,15 +204,17 @@ def attn_decode_kernel(
 
 
 @triton.jit
-def partial_rows(partials, cu_seqlens_q, batch, i_c, bos_q, o_q, i_h, n_heads_q,
-                 BLOCK_DV: tl.constexpr):
-    """Addresses [BLOCK_M] of the rows' records in chunk slot ``i_c`` of the split decode's
-    workspace (float32 [slots, rows, Hq, BLOCK_DV + 4]: the chunk's acc in the first columns,
-    its m and l at ``BLOCK_DV`` and ``BLOCK_DV + 1``; ``rows`` = the pack's query rows,
-    ``cu_seqlens_q[batch]``, so the layout needs no size beyond the call's)."""
-    rows = tl.load(cu_seqlens_q + batch).to(tl.int64)
-    row = i_c * rows + bos_q + o_q.to(tl.int64)  # i_c: a program id or a loop's int
-    return partials + (row * n_heads_q + i_h) * (BLOCK_DV + 4)
+def partial_rows(partials, n_rows, i_c, first_row, first_head, o_t, o_g, n_heads_q,
+                 HEADS: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """The records of a tile's rows in chunk slot ``i_c`` of the split decode's workspace
+    (float32 [slots, n_rows, Hq, BLOCK_DV + 4]: the chunk's acc in the first columns, its m and
+    l at ``BLOCK_DV`` and ``BLOCK_DV + 1``; ``n_rows`` = the pack's query rows,
+    ``cu_seqlens_q[batch]`` as int64, so the layout needs no size beyond the call's): a scalar
+    base (the tile's first row ``first_row`` and head ``first_head``, int64 math once) and the
+    rows' int32 offsets [BLOCK_M] from it (tile row ``o_t`` is position ``o_t // HEADS``, head
+    ``o_g`` of the group's slice). One int64 address per element instead spills at d128."""
+    p_base = partials + ((i_c * n_rows + first_row) * n_heads_q + first_head) * (BLOCK_DV + 4)
+    return p_base, ((o_t // HEADS) * n_heads_q + o_g) * (BLOCK_DV + 4)
 
 
 def heads_per_tile(problem: VarlenProblem) -> int:

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from portattn.kernels.addressing import load_page_tiles, page_block, paged_rows
-from portattn.kernels.row_state import finish_rows, merge_partial
+from portattn.kernels.row_state import empty_rows, finish_rows, merge_partial
 
 # 2**15: P <= 1 times this stays below float16's largest finite value (65504).
 P_SCALE = tl.constexpr(32768.0)
@@ -405,9 +405,7 @@ def forward_tile(
     order; with ``loop.KEY_CHUNK`` each chunk's tiles from the empty state, merged in order
     (design §3.1; the split decode computes the same partials in programs of their own).
     Returns (out [BLOCK_M, BLOCK_DC], lse [BLOCK_M]) by ``finish_rows``."""
-    b_acc = tl.zeros([loop.BLOCK_M, BLOCK_DC], tl.float32)
-    b_m = tl.full([loop.BLOCK_M], float("-inf"), tl.float32)
-    b_l = tl.zeros([loop.BLOCK_M], tl.float32)
+    b_acc, b_m, b_l = empty_rows(loop.BLOCK_M, BLOCK_DC)
     if loop.KEY_CHUNK == 0:
         b_acc, b_m, b_l = key_range_tiles(
             b_acc, b_m, b_l, b_q, src_k, src_v, stride_kt, stride_vt, o_q, o_d, m_d, o_dc,
@@ -417,12 +415,11 @@ def forward_tile(
     else:
         for c_lo in range((n_lo // loop.KEY_CHUNK) * loop.KEY_CHUNK, n_hi, loop.KEY_CHUNK):
             lo, mid, hi = chunk_range(c_lo, n_lo, n_full, n_hi, loop.KEY_CHUNK)
+            c_acc, c_m, c_l = empty_rows(loop.BLOCK_M, BLOCK_DC)
             c_acc, c_m, c_l = key_range_tiles(
-                tl.zeros([loop.BLOCK_M, BLOCK_DC], tl.float32),
-                tl.full([loop.BLOCK_M], float("-inf"), tl.float32),
-                tl.zeros([loop.BLOCK_M], tl.float32), b_q, src_k, src_v, stride_kt, stride_vt,
-                o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, lo, mid, hi, loop,
-                p_pages, stride_kp, stride_vp,
+                c_acc, c_m, c_l, b_q, src_k, src_v, stride_kt, stride_vt, o_q, o_d, m_d, o_dc,
+                m_dc, c_v, seqlen_k, diag, scale_log2, lo, mid, hi, loop, p_pages, stride_kp,
+                stride_vp,
             )
             b_acc, b_m, b_l = merge_partial(b_acc, b_m, b_l, c_acc, c_m, c_l)
     return finish_rows(b_acc, b_m, b_l, b_sink, HAS_SINK)

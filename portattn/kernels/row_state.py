@@ -1,14 +1,23 @@
 """The running softmax state of a query row, ``(acc, m, l)`` (unnormalised output, running max
-in log2 units, running sum), past the key loop: a key chunk's partial merged into it
-(``merge_partial``, design §3.1), an attention sink folded in (``fold_sink``), and the
-normalisation to ``(out, lse)`` (``normalize_rows``). Each decides bits, so each lives here
-once; every forward kernel (Triton, Gluon, decode and the split decode's combine) calls them.
+in log2 units, running sum): its empty start (``empty_rows``) and, past the key loop, a key
+chunk's partial merged into it (``merge_partial``, design §3.1), an attention sink folded in
+(``fold_sink``), and the normalisation to ``(out, lse)`` (``normalize_rows``). Each decides
+bits, so each lives here once; every forward kernel (Triton, Gluon, decode and the split
+decode's combine) calls them.
 """
 
 import triton
 import triton.language as tl
 
 LN2 = tl.constexpr(0.6931471805599453)  # lse leaves the kernels in natural-log units
+
+
+@triton.jit
+def empty_rows(BLOCK_M: tl.constexpr, BLOCK_DC: tl.constexpr):
+    """The state of rows that saw no key yet: (acc 0 [BLOCK_M, BLOCK_DC], m -inf, l 0), where a
+    key loop or a chunk's partial starts."""
+    return (tl.zeros([BLOCK_M, BLOCK_DC], tl.float32),
+            tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32))
 
 
 @triton.jit
