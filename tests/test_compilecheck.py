@@ -19,7 +19,7 @@ import pytest
 from portattn.configs import HEAD_DIMS, KERNELS
 from portattn.families import FAMILIES
 from portattn.tools import compilecheck as cc
-from portattn.tools.compile_launches import WS_KERNELS
+from portattn.tools.compile_launches import SPLIT_STAGES, WS_KERNELS
 
 # Compiles, Triton APIs or the installed Triton's table: nox -s tests_newest runs it too.
 pytestmark = pytest.mark.triton_version
@@ -270,7 +270,7 @@ def test_cli_json_and_the_key_checks_compile(tmp_path):
     assert "cdna2" in proc.stdout and "0 failed" in proc.stdout
     data = json.loads(path.read_text())
     records = data["cdna2"]["varlen/d32/bf16"]
-    assert set(records) == set(cc.CHECKED_STAGES)  # the repair passes too (design §3.2)
+    assert set(records) == set(cc.CHECKED_STAGES) - set(SPLIT_STAGES)  # repairs too (§3.2)
     for rec in records.values():
         assert rec["ok"] and len(rec["fingerprint"]) == 64
         assert rec["config_hash"] == records["fwd"]["config_hash"]
@@ -375,6 +375,39 @@ def test_sm90_dq_ws_compiles():
         assert name == "attn_bwd_dq_ws_kernel"
         assert ok, failures
         assert spills == 0 and mma
+
+
+def test_an_entry_with_a_key_chunk_checks_its_split_decode():
+    """With a key chunk C (design §3.1) the compile check records the decode of at most C keys
+    (unsplit, its chunk loop) and the split decode of 2 C keys (``SPLIT_STAGES``: the chunks'
+    partials, then their combine), each with the entry's decode tiles, and compiles and checks
+    all three; an entry without a chunk has no split stage."""
+    out = run_child(
+        """
+        import dataclasses, json
+        from portattn.tools import compilecheck as cc
+        from portattn.tools.compile_launches import SPLIT_STAGES, entry_stages
+        entry = cc.Entry("sm90", "varlen", 64, "bf16")
+        base = entry.config()
+        cfg = dataclasses.replace(base, key_chunk=2 * base.decode_tiles().block_n)
+        launches = cc.record_launches(entry, cfg)
+        stages = ["decode", *SPLIT_STAGES]
+        split = {s: [launches[s][0].args[n] for n in ("SPLIT", "KEY_CHUNK")] for s in stages}
+        mismatches = [m for s in stages for m in cc.table_mismatches(launches[s][0], cfg)]
+        rows = [[r.stage, r.ok, r.failures, r.spills, r.mma]
+                for r in cc.check_entry(entry, cfg=cfg, stages=stages)]
+        plain = [list(entry_stages(base, stages)), sorted(cc.record_launches(entry, base))]
+        print(json.dumps([split, mismatches, rows, plain, cfg.key_chunk]))
+        """
+    )
+    split, mismatches, rows, (plain_stages, plain_launched), chunk = out
+    assert split == {"decode": [0, chunk], "decode_split": [1, chunk], "decode_combine": [2, chunk]}
+    assert mismatches == []
+    assert [r[0] for r in rows] == ["decode", *SPLIT_STAGES]
+    for stage, ok, failures, spills, mma in rows:
+        assert ok, (stage, failures)
+        assert spills == 0 and (mma is None) == (stage == "decode_combine"), stage
+    assert plain_stages == ["decode"] and not set(SPLIT_STAGES) & set(plain_launched)
 
 
 def test_sm90_varlen_wgmma_not_serialized():

@@ -17,6 +17,7 @@ from portattn.configs import DTYPES, HEAD_DIMS, INTERPRETER, KERNELS, KernelConf
 from portattn.families import FAMILIES, family_from_properties, nearest_family
 from portattn.tools import compilecheck
 from portattn.tools.compile_artifacts import MMA_PATTERNS
+from portattn.tools.compile_launches import CHECKED_STAGES, entry_stages
 
 # Compiles, Triton APIs or the installed Triton's table: nox -s tests_newest runs it too.
 pytestmark = pytest.mark.triton_version
@@ -292,7 +293,7 @@ def test_launchers_take_parameters_from_table(fam, kernel):
         cfg = entry.config()
         launches = compilecheck.record_launches(entry)
         # the record's problem is causal: each pass is followed by its repair pass (design §3.2)
-        assert set(launches) == set(compilecheck.CHECKED_STAGES)
+        assert set(launches) == set(entry_stages(cfg, CHECKED_STAGES))
         for stage, group in launches.items():
             two = stage == "bwd_dkdv_repair" or (stage == "bwd_dkdv" and cfg.dkdv_passes > 1)
             assert len(group) == (2 if two else 1), (entry, stage)  # dK/dV repair: one per gradient

@@ -16,7 +16,7 @@ from ci.golden_dev.fingerprints import listed
 from ci.golden_dev.keys import family_keys, in_compiler_process
 from portattn.families import FAMILIES
 from portattn.tools.compile_inputs import guarded_entries
-from portattn.tools.compile_launches import STAGES
+from portattn.tools.compile_launches import GUARDED_STAGES
 from portattn.tools.compilecheck import results_json, run_entries
 from portattn.tools.golden.fingerprints import (
     UPDATE_HINT,
@@ -46,7 +46,7 @@ def compile_entries(family: str, labels: list[str]) -> dict[str, dict[str, dict[
 def _compile_entries(family: str, labels: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
     entries = [e for e in guarded_entries(family) if e.label in labels]
     jobs = min(os.cpu_count() or 1, len(entries))
-    return results_json(run_entries(entries, jobs, stages=STAGES)).get(family, {})
+    return results_json(run_entries(entries, jobs, stages=GUARDED_STAGES)).get(family, {})
 
 
 def compile_changed(family: str, stages_of: dict[str, list[str]]) -> dict:

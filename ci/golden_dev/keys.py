@@ -31,7 +31,14 @@ from portattn.tools.compile_inputs import (
     guarded_entries,
     pinned_knobs,
 )
-from portattn.tools.compile_launches import STAGES, Entry, Launch, compiler_env, record_launches
+from portattn.tools.compile_launches import (
+    GUARDED_STAGES,
+    Entry,
+    Launch,
+    compiler_env,
+    entry_stages,
+    record_launches,
+)
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # ci/golden_dev/ -> the checkout
 # Bump when what goes into a key changes (every key then changes, every entry compiles once).
@@ -111,9 +118,11 @@ def entry_keys(entry: Entry) -> dict[str, str]:
     import tempfile
 
     family = FAMILIES[entry.family]
-    launches = record_launches(entry)
+    cfg = entry.config()
+    launches = record_launches(entry, cfg)
+    stages = entry_stages(cfg, GUARDED_STAGES)
     with tempfile.TemporaryDirectory(prefix="portattn-key-") as cache_dir, pinned_knobs(cache_dir):
-        return {stage: stage_key(launches[stage], family) for stage in STAGES}
+        return {stage: stage_key(launches[stage], family) for stage in stages}
 
 
 def family_keys(family: str) -> dict[str, dict[str, str]]:

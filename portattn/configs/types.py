@@ -166,8 +166,9 @@ class KernelConfig:
 
     def stage_tiles(self, stage: str) -> Tiles:
         """The tiles of a kernel stage: a tile field (``fwd``, ``bwd_pre``, ``bwd_dkdv``,
-        ``bwd_dq``) or ``decode`` (:meth:`decode_tiles`)."""
-        return self.decode_tiles() if stage == "decode" else getattr(self, stage)
+        ``bwd_dq``) or a decode stage (``decode``, ``decode_split``, ``decode_combine``:
+        :meth:`decode_tiles`)."""
+        return self.decode_tiles() if stage.startswith("decode") else getattr(self, stage)
 
     def dkdv_launch_tiles(self, want_dk: bool) -> Tiles:
         """Tiles of a dK/dV launch: the dV-only launch may have its own."""

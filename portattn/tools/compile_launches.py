@@ -35,7 +35,12 @@ STAGES = ("fwd", "bwd_pre", "bwd_dkdv", "bwd_dq", "decode")
 # Triton 3.9's AMD backend orders a few integer instructions of cdna2's varlen/d32 fwd_repair
 # differently in about one fresh process of six, so its fingerprint is not a fixed value).
 REPAIR_STAGES = ("fwd_repair", "bwd_dkdv_repair", "bwd_dq_repair")
-CHECKED_STAGES = STAGES + REPAIR_STAGES
+# The split decode of an entry with a key chunk (design §3.1): a sequence of two chunks decoded
+# as the chunks' partials, then their combine. Recorded in golden/ and checked where the entry
+# has a chunk (``entry_stages``); an entry without one launches neither.
+SPLIT_STAGES = ("decode_split", "decode_combine")
+GUARDED_STAGES = STAGES + SPLIT_STAGES  # what golden/ records, of the stages an entry launches
+CHECKED_STAGES = GUARDED_STAGES + REPAIR_STAGES
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 DTYPE_ALIASES = {"fp16": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
 # The warp-specialised Gluon kernels: launched with ``ws_launch_options``, not the tiles' own.
@@ -47,6 +52,12 @@ REPRESENTATIVE = {"batch": 2, "seqlen": 256, "heads_q": 16, "heads_k": 4, "causa
 # The decode stage's launch: one query row per sequence of the representative batch against a
 # paged cache of this page size (a constexpr of the decode kernel).
 DECODE_PAGE_SIZE = 64
+
+
+def entry_stages(cfg: KernelConfig, stages: Iterable[str]) -> tuple[str, ...]:
+    """The stages of ``stages`` that an entry of configuration ``cfg`` launches: the split
+    decode's (:data:`SPLIT_STAGES`) only with a key chunk."""
+    return tuple(s for s in stages if cfg.key_chunk or s not in SPLIT_STAGES)
 
 
 @dataclass(frozen=True)
@@ -125,7 +136,8 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
     """The kernel launches the real planners (``plan_forward`` / ``plan_backward``) make for
     ``entry``'s configuration (or ``cfg``) on CPU tensors of the representative launch, per
     stage in launch order: one each, except dK/dV with ``dkdv_passes`` > 1 (a dV launch, then
-    a dK launch). Nothing is launched."""
+    a dK launch); with a key chunk C, the decode of at most C keys (unsplit) and that of 2 C
+    keys (split: :data:`SPLIT_STAGES`). Nothing is launched."""
     from portattn.kernels.backward import plan_backward
     from portattn.kernels.forward import plan_forward
     from portattn.kernels.plan import plan_problem, splits_p
@@ -148,38 +160,41 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
         o_for_delta = fwd.out32 if split_p else fwd.out
         dlse = torch.zeros_like(fwd.lse)
         bwd = plan_backward(problem, do, q, k, v, o_for_delta, fwd.lse, dlse, cu, cu)
-        decode = _plan_paged_decode(entry, cfg, q, k, v, scale)
+        chunk = cfg.key_chunk
+        decode = _plan_paged_decode(entry, cfg, q, k, v, scale, min(seq, chunk or seq))
+        split = _plan_paged_decode(entry, cfg, q, k, v, scale, 2 * chunk).launches if chunk else ()
     launches: dict[str, tuple[Launch, ...]] = {}
-    for planned in (*fwd.launches, *bwd.launches, *decode.launches):
+    for planned in (*fwd.launches, *bwd.launches, *decode.launches, *split):
         launch = bind_launch(planned.stage, planned.kernel, planned.args, planned.params)
         launches[launch.stage] = (*launches.get(launch.stage, ()), launch)
-    missing = set(STAGES) - set(launches)
+    missing = set(entry_stages(cfg, GUARDED_STAGES)) - set(launches)
     if missing:
         raise RuntimeError(f"planners did not launch {sorted(missing)}")
     return launches
 
 
-def _plan_paged_decode(entry: Entry, cfg: KernelConfig, q, k, v, scale: float):
-    """The decode launch of the representative batch: one row per sequence, paged K/V."""
+def _plan_paged_decode(entry: Entry, cfg: KernelConfig, q, k, v, scale: float, seqlen: int):
+    """The decode launches of the representative batch: one row per sequence against
+    ``seqlen`` paged keys each (past the entry's key chunk: the split decode's)."""
     from portattn.kernels.forward import plan_forward
-    from portattn.kernels.plan import plan_problem
+    from portattn.kernels.plan import ceil_div, plan_problem
     from portattn.options import AttentionOptions
 
     rep, page = REPRESENTATIVE, DECODE_PAGE_SIZE
-    pages_per_seq = rep["seqlen"] // page
+    pages_per_seq = ceil_div(seqlen, page)
     q1 = q[: rep["batch"]]
     cache = torch.zeros(rep["batch"] * pages_per_seq, page, *k.shape[1:], dtype=k.dtype)
     v_cache = torch.zeros(rep["batch"] * pages_per_seq, page, *v.shape[1:], dtype=v.dtype)
     table = torch.arange(rep["batch"] * pages_per_seq, dtype=torch.int32).view(rep["batch"], -1)
     cu_q = torch.arange(rep["batch"] + 1, dtype=torch.int32)
-    cu_k = cu_q * rep["seqlen"]
+    cu_k = cu_q * seqlen
     options = AttentionOptions(causal=rep["causal"], softmax_scale=scale, kernel=entry.kernel)
     problem = plan_problem(
         q1,
         cache,
         cu_q,
         1,
-        rep["seqlen"],
+        seqlen,
         options,
         cfg,
         block_table=table,

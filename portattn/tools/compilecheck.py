@@ -48,10 +48,12 @@ from portattn.tools.compile_inputs import compile_source, guarded_entries, pinne
 from portattn.tools.compile_launches import (
     CHECKED_STAGES,
     DTYPE_ALIASES,
+    GUARDED_STAGES,
     STAGES,
     Entry,
     Launch,
     compiler_env,
+    entry_stages,
     record_launches,
     select_entries,
     table_mismatches,
@@ -121,11 +123,13 @@ def check_entry(
     cfg: KernelConfig | None = None,
     stages: Iterable[str] = STAGES,
 ) -> list[KernelResult]:
-    """Compile and check the kernels ``stages`` of ``entry``. ``family`` (its limits, its
-    instruction) and ``cfg`` (the tiles) replace the table's, for tests and tuning."""
+    """Compile and check the kernels ``stages`` of ``entry`` (those it launches: the split
+    decode's only with a key chunk). ``family`` (its limits, its instruction) and ``cfg`` (the
+    tiles) replace the table's, for tests and tuning."""
     family = family or FAMILIES[entry.family]
     cfg = cfg or entry.config()
-    results = [KernelResult(entry, stage, cfg.content_hash()) for stage in stages]
+    config_hash = cfg.content_hash()
+    results = [KernelResult(entry, stage, config_hash) for stage in entry_stages(cfg, stages)]
     try:
         launches = record_launches(entry, cfg)
     except Exception as exc:  # noqa: BLE001 - reported as a failed check
@@ -232,8 +236,8 @@ def run_entries(
     compile to the next: after another entry compiled in the same process, cdna3's
     fixed_order/d96/bf16 ``bwd_dkdv`` schedules and reassociates a few integer adds
     differently (other machine code, so another fingerprint). An entry's stages always compile
-    in ``stages`` order within its process (golden/'s :data:`STAGES`, or those and the repair
-    passes'). ``progress(done, total, entry_results)`` is called as each entry finishes."""
+    in ``stages`` order within its process (golden/'s :data:`GUARDED_STAGES`, or those and the
+    repair passes'). ``progress(done, total, entry_results)`` is called as each entry finishes."""
     import multiprocessing
 
     results: list[KernelResult] = []
@@ -267,7 +271,7 @@ def compile_records(family: str) -> dict[str, dict[str, dict[str, Any]]]:
         return _run_child(["--family", family, "--guarded"]).get(family, {})
     entries = guarded_entries(family)
     jobs = min(os.cpu_count() or 1, len(entries))
-    return results_json(run_entries(entries, jobs, stages=STAGES)).get(family, {})
+    return results_json(run_entries(entries, jobs, stages=GUARDED_STAGES)).get(family, {})
 
 
 def _run_child(argv: list[str]) -> dict:
@@ -392,8 +396,8 @@ def main(args: argparse.Namespace) -> int:
 
     quiet = getattr(args, "quiet", False)
     jobs = max(1, min(getattr(args, "jobs", 1) or 1, len(entries)))
-    # --guarded compiles what golden/ records (STAGES); otherwise the repair passes too
-    stages = STAGES if getattr(args, "guarded", False) else CHECKED_STAGES
+    # --guarded compiles what golden/ records (GUARDED_STAGES); otherwise the repair passes too
+    stages = GUARDED_STAGES if getattr(args, "guarded", False) else CHECKED_STAGES
     if not quiet:
         what = f"{len(entries)} entries x {len(stages)} kernels with Triton {triton.__version__}"
         print(f"compiling {what} on {jobs} process(es)", flush=True)
