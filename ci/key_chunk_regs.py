@@ -1,8 +1,8 @@
 """Registers and spills of the forward and decode kernels with a key chunk (design §3.1), on a
 CPU: sm90 entries compiled as they ship, with ``fwd_ws`` off, and with ``key_chunk`` C (the
 chunks merged in registers, or parked with ``ci/patches/park_running_acc.diff`` applied),
-whose compile check adds the split decode's two launches (``compile_launches.SPLIT_STAGES``:
-two chunks of keys, a small grid).
+whose compile check adds the chunk merge's launches (``compile_launches.CHUNK_STAGES``: the
+forward and the unsplit decode of two chunks of keys, the split decode's two launches).
 
 Usage: python ci/key_chunk_regs.py [C] [head dims, e.g. 128,64] [family]
 """
@@ -19,7 +19,7 @@ if not __package__:  # run as `python ci/key_chunk_regs.py`: the checkout's root
 import portattn.tools.compile_launches as cl
 from portattn.tools.compilecheck import check_entry
 
-STAGES = ("fwd", "decode", *cl.SPLIT_STAGES)  # the split stages where the entry has a chunk
+STAGES = ("fwd", "decode", *cl.CHUNK_STAGES)  # the chunk merge's where the entry has a chunk
 
 
 def main() -> int:

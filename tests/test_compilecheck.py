@@ -19,7 +19,7 @@ import pytest
 from portattn.configs import HEAD_DIMS, KERNELS
 from portattn.families import FAMILIES
 from portattn.tools import compilecheck as cc
-from portattn.tools.compile_launches import SPLIT_STAGES, WS_KERNELS
+from portattn.tools.compile_launches import CHUNK_STAGES, WS_KERNELS
 
 # Compiles, Triton APIs or the installed Triton's table: nox -s tests_newest runs it too.
 pytestmark = pytest.mark.triton_version
@@ -270,7 +270,7 @@ def test_cli_json_and_the_key_checks_compile(tmp_path):
     assert "cdna2" in proc.stdout and "0 failed" in proc.stdout
     data = json.loads(path.read_text())
     records = data["cdna2"]["varlen/d32/bf16"]
-    assert set(records) == set(cc.CHECKED_STAGES) - set(SPLIT_STAGES)  # repairs too (§3.2)
+    assert set(records) == set(cc.CHECKED_STAGES) - set(CHUNK_STAGES)  # repairs too (§3.2)
     for rec in records.values():
         assert rec["ok"] and len(rec["fingerprint"]) == 64
         assert rec["config_hash"] == records["fwd"]["config_hash"]
@@ -377,37 +377,45 @@ def test_sm90_dq_ws_compiles():
         assert spills == 0 and mma
 
 
-def test_an_entry_with_a_key_chunk_checks_its_split_decode():
-    """With a key chunk C (design §3.1) the compile check records the decode of at most C keys
-    (unsplit, its chunk loop) and the split decode of 2 C keys (``SPLIT_STAGES``: the chunks'
-    partials, then their combine), each with the entry's decode tiles, and compiles and checks
-    all three; an entry without a chunk has no split stage."""
+def test_an_entry_with_a_key_chunk_checks_its_chunk_merge():
+    """With a key chunk C (design §3.1) the representative call has at most C keys a sequence
+    and runs the kernels without the chunk merge (the forward and decode of an entry without
+    C); calls of 2 C keys add the chunk merge's launches (``CHUNK_STAGES``: the forward's and
+    the unsplit decode's chunk loops, the split decode's partials and combine), each with the
+    entry's tiles, compiled and checked; an entry without a chunk launches none of them."""
     out = run_child(
         """
         import dataclasses, json
         from portattn.tools import compilecheck as cc
-        from portattn.tools.compile_launches import SPLIT_STAGES, entry_stages
+        from portattn.tools.compile_launches import CHUNK_STAGES, entry_stages
         entry = cc.Entry("sm90", "varlen", 64, "bf16")
         base = entry.config()
         cfg = dataclasses.replace(base, key_chunk=2 * base.decode_tiles().block_n)
         launches = cc.record_launches(entry, cfg)
-        stages = ["decode", *SPLIT_STAGES]
-        split = {s: [launches[s][0].args[n] for n in ("SPLIT", "KEY_CHUNK")] for s in stages}
+        stages = ["fwd", "decode", *CHUNK_STAGES]
+        flags = {s: [launches[s][0].args.get(n) for n in ("SPLIT", "KEY_CHUNK")] for s in stages}
         mismatches = [m for s in stages for m in cc.table_mismatches(launches[s][0], cfg)]
         rows = [[r.stage, r.ok, r.failures, r.spills, r.mma]
                 for r in cc.check_entry(entry, cfg=cfg, stages=stages)]
         plain = [list(entry_stages(base, stages)), sorted(cc.record_launches(entry, base))]
-        print(json.dumps([split, mismatches, rows, plain, cfg.key_chunk]))
+        print(json.dumps([flags, mismatches, rows, plain, cfg.key_chunk]))
         """
     )
-    split, mismatches, rows, (plain_stages, plain_launched), chunk = out
-    assert split == {"decode": [0, chunk], "decode_split": [1, chunk], "decode_combine": [2, chunk]}
+    flags, mismatches, rows, (plain_stages, plain_launched), chunk = out
+    assert flags == {
+        "fwd": [None, 0],  # the kernels' defaults: no chunk loop
+        "decode": [0, 0],
+        "fwd_chunked": [None, chunk],
+        "decode_chunked": [0, chunk],
+        "decode_split": [1, chunk],
+        "decode_combine": [2, chunk],
+    }
     assert mismatches == []
-    assert [r[0] for r in rows] == ["decode", *SPLIT_STAGES]
+    assert [r[0] for r in rows] == ["fwd", "decode", *CHUNK_STAGES]
     for stage, ok, failures, spills, mma in rows:
         assert ok, (stage, failures)
         assert spills == 0 and (mma is None) == (stage == "decode_combine"), stage
-    assert plain_stages == ["decode"] and not set(SPLIT_STAGES) & set(plain_launched)
+    assert plain_stages == ["fwd", "decode"] and not set(CHUNK_STAGES) & set(plain_launched)
 
 
 def test_sm90_varlen_wgmma_not_serialized():

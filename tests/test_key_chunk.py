@@ -4,7 +4,7 @@ loops of C keys from its sequence's first, merged in order (``row_state.merge_pa
 design's invariances hold bitwise with it (decode == prefill, packed and paged, causal query
 chunks, pack positions), a row of at most one chunk keeps the unsplit bits, longer rows take
 the split's, and the accuracy rule holds against float64. On a GPU the patched entries run
-the Triton forward (``fwd_ws`` off: the Gluon forward merges no chunks yet)."""
+the Triton forward (``fwd_ws`` off; the Gluon forward's merge has a test of its own)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import unseen_checks
 from helpers import DEVICE, KERNELS, assert_outputs_accurate, cu_seqlens, make_pack, run_kernel
 
 import portattn
-from portattn import configs
+from portattn import configs, forward_replay
 from portattn.configs.types import INTERPRETER
 from portattn.families import config_family
 from portattn.kernels import decode, forward, plan
@@ -194,6 +194,40 @@ def test_windowed_decode_steps(chunk, kernel):
     for i, t in enumerate(rows):
         for name in ("out", "lse", "dq"):
             assert torch.equal(res[name][i], full[name][t]), (name, t)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_calls_of_one_chunk_run_without_the_merge(chunk, monkeypatch, kernel):
+    """A call whose sequences have at most C keys (``max_seqlen_k`` <= C) launches the kernels
+    without the chunk merge (no ``KEY_CHUNK``: the machine code of an entry without a chunk),
+    and its rows have the bits they have in a call that merges chunks (a longer sequence
+    beside them): the forward and backward, and a decode step."""
+    key_chunks: list[int] = []
+    real = forward_replay.plan_forward
+
+    def spy(*args, **kw):
+        planned = real(*args, **kw)
+        key_chunks.extend(launch.params.get("KEY_CHUNK", 0) for launch in planned.launches
+                          if not launch.stage.endswith("_repair"))  # fmt: skip
+        return planned
+
+    monkeypatch.setattr(forward_replay, "plan_forward", spy)
+    target = make_pack([chunk], [chunk], 4, 2, D, F16, seed=46)
+    longer = make_pack([9], [3 * chunk + 2], 4, 2, D, F16, seed=47)
+    alone = run_kernel(target, kernel, True)
+    assert key_chunks == [0]
+    mixed = run_kernel(checks.pack_of([target, longer]), kernel, True)
+    assert key_chunks[1:] == [chunk]
+    for name in ("out", "lse", "dq", "dk", "dv"):
+        assert torch.equal(alone[name], mixed[name][:chunk]), name
+    key_chunks.clear()
+    step = checks.Pack(target.q[-1:], target.k, target.v, cu_seqlens([1]), cu_seqlens([chunk]),
+                       target.do[:1], target.dlse[:1])  # fmt: skip
+    one = no_grad_call(step, kernel)
+    assert key_chunks == [0]
+    both = no_grad_call(checks.pack_of([step, longer]), kernel)
+    assert key_chunks[1:] and set(key_chunks[1:]) == {chunk}
+    assert torch.equal(one[0], both[0][:1]) and torch.equal(one[1], both[1][:1])
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

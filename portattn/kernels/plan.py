@@ -137,9 +137,12 @@ class VarlenProblem:
 
     def chunk_flags(self) -> dict[str, int]:
         """The key chunk of the entry (design §3.1) for the forward and decode kernels, or
-        nothing at 0 (the kernels' default, so their launches are those from before it)."""
+        nothing (the kernels' default, so their launches are those from before it) at 0 and
+        where no sequence has more than one chunk of keys (``max_seqlen_k`` at most C): a row
+        of one chunk has the unchunked loop's bits, so such a call runs the kernels without
+        the chunk merge (the entry's machine code without a chunk: no second accumulator)."""
         chunk = self.cfg.key_chunk
-        return {"KEY_CHUNK": chunk} if chunk else {}
+        return {"KEY_CHUNK": chunk} if chunk and self.max_seqlen_k > chunk else {}
 
     @property
     def has_unseen_keys(self) -> bool:

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 HAS_PRODUCT = {"fwd": True, "bwd_pre": False, "bwd_dkdv": True, "bwd_dq": True, "decode": True}
 HAS_PRODUCT |= {f"{stage}_repair": True for stage in ("fwd", "bwd_dkdv", "bwd_dq", "decode")}
-HAS_PRODUCT |= {"decode_split": True, "decode_combine": False}  # the combine only merges
+HAS_PRODUCT |= {"fwd_chunked": True, "decode_chunked": True, "decode_split": True}
+HAS_PRODUCT["decode_combine"] = False  # it only merges the chunks' partials
 # How each family's matrix instruction shows in the text the check searches.
 MMA_PATTERNS = {
     "mma.sync": re.compile(r"\bmma\.sync\.aligned\."),

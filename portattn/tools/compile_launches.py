@@ -6,6 +6,7 @@ launched), for the compiling and checking of :mod:`portattn.tools.compilecheck`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import os
 from collections.abc import Iterable, Iterator
@@ -35,11 +36,13 @@ STAGES = ("fwd", "bwd_pre", "bwd_dkdv", "bwd_dq", "decode")
 # Triton 3.9's AMD backend orders a few integer instructions of cdna2's varlen/d32 fwd_repair
 # differently in about one fresh process of six, so its fingerprint is not a fixed value).
 REPAIR_STAGES = ("fwd_repair", "bwd_dkdv_repair", "bwd_dq_repair")
-# The split decode of an entry with a key chunk (design §3.1): a sequence of two chunks decoded
-# as the chunks' partials, then their combine. Recorded in golden/ and checked where the entry
-# has a chunk (``entry_stages``); an entry without one launches neither.
+# The chunk merge of an entry with a key chunk C (design §3.1), for sequences of 2 C keys: the
+# forward's and the (unsplit, large-grid) decode's chunk loops, and the split decode's two
+# launches (the chunks' partials, then their combine). Recorded in golden/ and checked where
+# the entry has a chunk (``entry_stages``); an entry without one launches none of them.
 SPLIT_STAGES = ("decode_split", "decode_combine")
-GUARDED_STAGES = STAGES + SPLIT_STAGES  # what golden/ records, of the stages an entry launches
+CHUNK_STAGES = ("fwd_chunked", "decode_chunked", *SPLIT_STAGES)
+GUARDED_STAGES = STAGES + CHUNK_STAGES  # what golden/ records, of the stages an entry launches
 CHECKED_STAGES = GUARDED_STAGES + REPAIR_STAGES
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 DTYPE_ALIASES = {"fp16": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
@@ -55,9 +58,9 @@ DECODE_PAGE_SIZE = 64
 
 
 def entry_stages(cfg: KernelConfig, stages: Iterable[str]) -> tuple[str, ...]:
-    """The stages of ``stages`` that an entry of configuration ``cfg`` launches: the split
-    decode's (:data:`SPLIT_STAGES`) only with a key chunk."""
-    return tuple(s for s in stages if cfg.key_chunk or s not in SPLIT_STAGES)
+    """The stages of ``stages`` that an entry of configuration ``cfg`` launches: the chunk
+    merge's (:data:`CHUNK_STAGES`) only with a key chunk."""
+    return tuple(s for s in stages if cfg.key_chunk or s not in CHUNK_STAGES)
 
 
 @dataclass(frozen=True)
@@ -136,36 +139,27 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
     """The kernel launches the real planners (``plan_forward`` / ``plan_backward``) make for
     ``entry``'s configuration (or ``cfg``) on CPU tensors of the representative launch, per
     stage in launch order: one each, except dK/dV with ``dkdv_passes`` > 1 (a dV launch, then
-    a dK launch); with a key chunk C, the decode of at most C keys (unsplit) and that of 2 C
-    keys (split: :data:`SPLIT_STAGES`). Nothing is launched."""
-    from portattn.kernels.backward import plan_backward
-    from portattn.kernels.forward import plan_forward
-    from portattn.kernels.plan import plan_problem, splits_p
-    from portattn.options import AttentionOptions
-
-    rep = REPRESENTATIVE
-    n_tok, dim, dtype = rep["batch"] * rep["seqlen"], entry.head_dim, entry.torch_dtype()
-    dim_v = entry.value_dim
-    q, do = (torch.zeros(n_tok, rep["heads_q"], d, dtype=dtype) for d in (dim, dim_v))
-    k, v = (torch.zeros(n_tok, rep["heads_k"], d, dtype=dtype) for d in (dim, dim_v))
-    cu = torch.arange(rep["batch"] + 1, dtype=torch.int32) * rep["seqlen"]
-    seq, causal, scale = rep["seqlen"], rep["causal"], dim**-0.5
-    split_p, cfg = splits_p(entry.kernel), cfg or entry.config()
+    a dK launch). With a key chunk C the representative call has at most C keys a sequence
+    (the kernels without the chunk merge, ``VarlenProblem.chunk_flags``), and calls of 2 C
+    keys add the chunk merge's launches (:data:`CHUNK_STAGES`). Nothing is launched."""
+    cfg = cfg or entry.config()
+    chunk, seq = cfg.key_chunk, REPRESENTATIVE["seqlen"]
+    if chunk:
+        seq = min(seq, chunk)
     # The launches a GPU run makes: the planners choose some kernels by whether the CPU
     # interpreter is on (the pytest harness sets it), so it is off while planning.
     with unset_env(["TRITON_INTERPRET"]):
-        options = AttentionOptions(causal=causal, softmax_scale=scale, kernel=entry.kernel)
-        problem = plan_problem(q, k, cu, seq, seq, options, cfg, head_dim_v=dim_v)
-        fwd = plan_forward(problem, q, k, v, cu, cu, store_o32=split_p)
-        o_for_delta = fwd.out32 if split_p else fwd.out
-        dlse = torch.zeros_like(fwd.lse)
-        bwd = plan_backward(problem, do, q, k, v, o_for_delta, fwd.lse, dlse, cu, cu)
-        chunk = cfg.key_chunk
-        decode = _plan_paged_decode(entry, cfg, q, k, v, scale, min(seq, chunk or seq))
-        split = _plan_paged_decode(entry, cfg, q, k, v, scale, 2 * chunk).launches if chunk else ()
+        planned = [*_plan_pack(entry, cfg, seq, True), *_plan_paged_decode(entry, cfg, seq, 1)]
+        if chunk:  # sequences of two chunks: the forward's and the decode's chunk merges
+            fwd = [x for x in _plan_pack(entry, cfg, 2 * chunk, False) if x.stage == "fwd"]
+            merged = _plan_paged_decode(entry, cfg, 2 * chunk, _unsplit_rows(cfg))
+            unsplit = [x for x in merged if x.stage == "decode"]
+            split = _plan_paged_decode(entry, cfg, 2 * chunk, 1)
+            planned += [dataclasses.replace(x, stage=f"{x.stage}_chunked") for x in fwd + unsplit]
+            planned += [x for x in split if x.stage in SPLIT_STAGES]
     launches: dict[str, tuple[Launch, ...]] = {}
-    for planned in (*fwd.launches, *bwd.launches, *decode.launches, *split):
-        launch = bind_launch(planned.stage, planned.kernel, planned.args, planned.params)
+    for one in planned:
+        launch = bind_launch(one.stage, one.kernel, one.args, one.params)
         launches[launch.stage] = (*launches.get(launch.stage, ()), launch)
     missing = set(entry_stages(cfg, GUARDED_STAGES)) - set(launches)
     if missing:
@@ -173,34 +167,66 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
     return launches
 
 
-def _plan_paged_decode(entry: Entry, cfg: KernelConfig, q, k, v, scale: float, seqlen: int):
-    """The decode launches of the representative batch: one row per sequence against
-    ``seqlen`` paged keys each (past the entry's key chunk: the split decode's)."""
+def _plan_pack(entry: Entry, cfg: KernelConfig, seqlen: int, backward: bool) -> list:
+    """The planned launches of a causal forward (and ``backward``) of the representative batch,
+    ``seqlen`` tokens a sequence, packed."""
+    from portattn.kernels.backward import plan_backward
+    from portattn.kernels.forward import plan_forward
+    from portattn.kernels.plan import plan_problem, splits_p
+    from portattn.options import AttentionOptions
+
+    rep, dim, dim_v, dtype = REPRESENTATIVE, entry.head_dim, entry.value_dim, entry.torch_dtype()
+    n_tok = rep["batch"] * seqlen
+    q, do = (torch.zeros(n_tok, rep["heads_q"], d, dtype=dtype) for d in (dim, dim_v))
+    k, v = (torch.zeros(n_tok, rep["heads_k"], d, dtype=dtype) for d in (dim, dim_v))
+    cu = torch.arange(rep["batch"] + 1, dtype=torch.int32) * seqlen
+    split_p = splits_p(entry.kernel)
+    options = AttentionOptions(causal=rep["causal"], softmax_scale=dim**-0.5, kernel=entry.kernel)
+    problem = plan_problem(q, k, cu, seqlen, seqlen, options, cfg, head_dim_v=dim_v)
+    fwd = plan_forward(problem, q, k, v, cu, cu, store_o32=split_p)
+    if not backward:
+        return list(fwd.launches)
+    o_for_delta = fwd.out32 if split_p else fwd.out
+    dlse = torch.zeros_like(fwd.lse)
+    bwd = plan_backward(problem, do, q, k, v, o_for_delta, fwd.lse, dlse, cu, cu)
+    return [*fwd.launches, *bwd.launches]
+
+
+def _unsplit_rows(cfg: KernelConfig) -> int:
+    """Query rows a sequence of the representative batch needs for a decode grid that fills
+    the GPU (at least ``decode.SPLIT_BELOW_PROGRAMS`` programs), so it runs unsplit."""
+    from portattn.kernels.decode import SPLIT_BELOW_PROGRAMS
+    from portattn.kernels.plan import ceil_div, next_pow2
+
+    rep, block_m = REPRESENTATIVE, cfg.decode_tiles().block_m
+    positions = block_m // min(next_pow2(rep["heads_q"] // rep["heads_k"]), block_m)  # a tile's
+    return positions * ceil_div(SPLIT_BELOW_PROGRAMS, rep["batch"] * rep["heads_k"])
+
+
+def _plan_paged_decode(entry: Entry, cfg: KernelConfig, seqlen: int, rows: int) -> tuple:
+    """The planned decode launches of the representative batch: ``rows`` query rows a sequence
+    (1: a decode step) against ``seqlen`` paged keys each."""
     from portattn.kernels.forward import plan_forward
     from portattn.kernels.plan import ceil_div, plan_problem
     from portattn.options import AttentionOptions
 
-    rep, page = REPRESENTATIVE, DECODE_PAGE_SIZE
-    pages_per_seq = ceil_div(seqlen, page)
-    q1 = q[: rep["batch"]]
-    cache = torch.zeros(rep["batch"] * pages_per_seq, page, *k.shape[1:], dtype=k.dtype)
-    v_cache = torch.zeros(rep["batch"] * pages_per_seq, page, *v.shape[1:], dtype=v.dtype)
-    table = torch.arange(rep["batch"] * pages_per_seq, dtype=torch.int32).view(rep["batch"], -1)
-    cu_q = torch.arange(rep["batch"] + 1, dtype=torch.int32)
-    cu_k = cu_q * seqlen
+    rep, page, dtype = REPRESENTATIVE, DECODE_PAGE_SIZE, entry.torch_dtype()
+    batch, pages_per_seq = rep["batch"], ceil_div(seqlen, page)
+    q = torch.zeros(batch * rows, rep["heads_q"], entry.head_dim, dtype=dtype)
+    k_cache, v_cache = (torch.zeros(batch * pages_per_seq, page, rep["heads_k"], d, dtype=dtype)
+                        for d in (entry.head_dim, entry.value_dim))  # fmt: skip
+    table = torch.arange(batch * pages_per_seq, dtype=torch.int32).view(batch, -1)
+    cu_q = torch.arange(batch + 1, dtype=torch.int32) * rows
+    cu_k = torch.arange(batch + 1, dtype=torch.int32) * seqlen
+    scale = entry.head_dim**-0.5
     options = AttentionOptions(causal=rep["causal"], softmax_scale=scale, kernel=entry.kernel)
     problem = plan_problem(
-        q1,
-        cache,
-        cu_q,
-        1,
-        seqlen,
-        options,
-        cfg,
-        block_table=table,
-        head_dim_v=v.shape[-1],
-    )
-    return plan_forward(problem, q1, cache, v_cache, cu_q, cu_k, store_o32=False, block_table=table)
+        q, k_cache, cu_q, rows, seqlen, options, cfg, block_table=table,
+        head_dim_v=entry.value_dim,
+    )  # fmt: skip
+    plan = plan_forward(problem, q, k_cache, v_cache, cu_q, cu_k, store_o32=False,
+                        block_table=table)  # fmt: skip
+    return plan.launches
 
 
 def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
@@ -208,14 +234,14 @@ def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
     a repair pass reads its pass's tiles through ``plan.repair_tiles``)."""
     from portattn.kernels.plan import repair_tiles
 
-    stage = launch.stage.removesuffix("_repair")
+    stage = launch.stage.removesuffix("_repair").removesuffix("_chunked")
     if launch.stage == "bwd_dkdv_repair":  # each gradient apart, with its pass's tiles
         tiles = cfg.dkdv_launch_tiles(cfg.dkdv_passes == 1 or bool(launch.args["WANT_DK"]))
     elif stage == "bwd_dkdv":
         tiles = cfg.dkdv_launch_tiles(bool(launch.args.get("WANT_DK", True)))
     else:
         tiles = cfg.stage_tiles(stage)
-    if stage != launch.stage:
+    if launch.stage.endswith("_repair"):
         tiles = repair_tiles(tiles)
     problems = []
     expected = tiles.launch_kwargs()
