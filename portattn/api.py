@@ -19,7 +19,7 @@ import torch
 
 from portattn.autocast import autocast_inputs
 from portattn.dense_layout import dense_layout
-from portattn.forward_entry import run_forward, run_kept_forward
+from portattn.forward_entry import kept_value, run_forward, run_kept_forward
 from portattn.options import capturing, checked_options, needs_grad
 from portattn.validation import (
     check_block_table_meta,
@@ -274,7 +274,10 @@ def attention(
         raise ValueError(
             f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}"
         )
-    layout = dense_layout(q, k, v, options.sinks)
+    if kept is None:
+        layout = dense_layout(q, k, v, options.sinks)
+    else:  # a function of the call signature (shapes and strides; no sinks): kept with it
+        layout = kept_value(kept, "dense_layout", lambda: dense_layout(q, k, v, None))
     no_host = compiling or capturing(q)
     cu_seqlens_q, cu_seqlens_k = layout.cu_seqlens(q.device, no_host)
     packed = (layout.packed(q), layout.packed(k), layout.packed(v), cu_seqlens_q, cu_seqlens_k)

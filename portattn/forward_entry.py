@@ -10,6 +10,9 @@ formula in a plain ``autograd.Function`` when a backward may follow (:func:`dire
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
 
 from portattn.configs import resolve_config
@@ -23,6 +26,8 @@ from portattn.kernels.buffers import lse_scratch, rows_aligned
 from portattn.kernels.plan import problems_forgotten, splits_p
 from portattn.ops import EagerAttention, FwdArgs, varlen_fwd
 from portattn.options import PLAIN_TENSORS, AttentionOptions, capturing, needs_grad
+
+T = TypeVar("T")
 
 # Off only for tests and measurements: every call then goes through the custom op.
 DIRECT_CALLS = True
@@ -154,7 +159,7 @@ def run_kept_forward(
     q, k, v, cu_seqlens_q, cu_seqlens_k, block_table = inputs
     # A signature's first call keeps nothing (one of a transformers cache that grows by a token
     # a step is called by that step's layers only: its first layer's call pays nothing more).
-    first = not kept
+    first = _SEEN not in kept
     if first or needs_grad(q, k, v) or options.sinks is not None or not eager_plain(q, False):
         if first:
             kept[_SEEN] = None
@@ -202,6 +207,16 @@ def run_kept_forward(
 
 KEPT_SLOTS = 64  # kept templates per call signature
 _SEEN = object()  # the key that marks a signature called before
+
+
+def kept_value(kept: dict, name: str, make: Callable[[], T]) -> T:
+    """A value that is a function of a kept call signature alone (an entry point's own: the
+    dense call's fold), made by ``make()`` on the signature's first call and kept in its dict
+    under ``name`` (the launches' slots are tuples: no name is one)."""
+    value = kept.get(name)
+    if value is None:
+        value = kept[name] = make()
+    return value
 
 
 def kept_slot(inputs: tuple, max_seqlen_q: int, max_seqlen_k: int) -> tuple:

@@ -110,3 +110,28 @@ def test_fold_choice():
     wide = MAX_GRID_HEADS // 2 + 1  # B * Hq past the limit with B = 2
     assert not dense_layout(bhsd(2, 1, wide), bhsd(2, 7, 2), bhsd(2, 7, 2), None).heads
     assert not dense_layout(bhsd(2, 0, 4), bhsd(2, 7, 2), bhsd(2, 7, 2), None).heads  # Sq 0
+
+
+def test_kept_signature_folds_once(monkeypatch):
+    """No-grad calls of one call signature (a decode step's layers, transformers' layout) fold
+    once: the fold is a function of the shapes and strides, kept with the signature; a call of
+    another layout (a contiguous cache) folds its own way. Every call gives the bits of a
+    contiguous call."""
+    from portattn import api
+
+    folds = []
+    real = api.dense_layout
+    monkeypatch.setattr(api, "dense_layout", lambda *a: folds.append(real(*a)) or folds[-1])
+    gen = torch.Generator().manual_seed(6)
+    calls = []
+    for _ in range(3):  # new tensors, one signature
+        q = _bhsd(2, 1, 4, 32, gen)
+        k, v = (_bhsd(2, 21, 2, 32, gen, capacity=30) for _ in range(2))
+        calls.append((q, k, v))
+    calls.append(tuple(x.contiguous() for x in calls[0]))  # another signature: tokens fold
+    with torch.no_grad():
+        outs = [portattn.attention(*c, causal=True) for c in calls]
+        plain = [portattn.attention(*(x.contiguous() for x in c), causal=True) for c in calls[:3]]
+    assert [f.heads for f in folds] == [True, False]  # one fold a signature (plain's: calls[3]'s)
+    for out, ref in zip(outs, [*plain, plain[0]], strict=True):
+        assert torch.equal(out, ref)
