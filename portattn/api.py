@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from portattn.autocast import autocast_inputs
-from portattn.dense_layout import dense_layout
+from portattn.dense_layout import FoldViews, dense_layout
 from portattn.forward_entry import kept_value, run_forward, run_kept_forward
 from portattn.options import capturing, checked_options, needs_grad
 from portattn.validation import (
@@ -274,28 +274,32 @@ def attention(
         raise ValueError(
             f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}"
         )
-    if kept is None:
-        layout = dense_layout(q, k, v, options.sinks)
-    else:  # a function of the call signature (shapes and strides; no sinks): kept with it
-        layout = kept_value(kept, "dense_layout", lambda: dense_layout(q, k, v, None))
     no_host = compiling or capturing(q)
-    cu_seqlens_q, cu_seqlens_k = layout.cu_seqlens(q.device, no_host)
-    packed = (layout.packed(q), layout.packed(k), layout.packed(v), cu_seqlens_q, cu_seqlens_k)
     if kept is None or no_host or needs_grad(q, k, v):
+        layout = dense_layout(q, k, v, options.sinks)
+        cu_seqlens_q, cu_seqlens_k = layout.cu_seqlens(q.device, no_host)
         out, lse = run_forward(
-            *packed,
+            layout.packed(q),
+            layout.packed(k),
+            layout.packed(v),
+            cu_seqlens_q,
+            cu_seqlens_k,
             layout.seqlen_q,
             layout.seqlen_k,
             options,
             compiling=compiling,
             lse_needed=return_lse,
         )
-    else:  # eager, a kept signature: its launches kept with it (forward_entry)
-        inputs = (*packed, None)
+        out = layout.output(out, q.shape[2])
+    else:  # eager, no grad, a kept signature: its fold's views and launches kept with it
+        fold = lambda: FoldViews.record(dense_layout(q, k, v, None), q, k, v)  # noqa: E731
+        views = kept_value(kept, "fold", fold)
+        layout = views.layout
+        inputs = (*views.packed(q, k, v), *layout.cu_seqlens(q.device, False), None)
         out, lse = run_kept_forward(
             inputs, layout.seqlen_q, layout.seqlen_k, options, return_lse, kept
         )
-    out = layout.output(out, q.shape[2])
+        out = views.output(out)
     if not return_lse:
         return out
     return out, layout.lse(lse, q.shape[2])

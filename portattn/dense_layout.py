@@ -85,6 +85,48 @@ class DenseLayout:
         return lse.view(s, b, heads_q).permute(1, 2, 0)
 
 
+@dataclass(frozen=True)
+class FoldViews:
+    """One call signature's fold (shapes and strides fix it) with the views it makes:
+    :meth:`DenseLayout.packed`'s of q, k and v as ``(size, stride)`` each (None where that
+    tensor is copied) and :meth:`DenseLayout.output`'s of the packed out. They are the same
+    for every call of the signature, so a kept signature's calls make each view in one
+    ``as_strided`` instead of a permute and a reshape (issue 37: host time per call)."""
+
+    layout: DenseLayout
+    inputs: tuple[tuple | None, ...]
+    out: tuple  # (size, stride) of out's [B, Sq, Hq, Dv] view of a contiguous packed buffer
+    heads_q: int
+
+    @staticmethod
+    def record(layout: DenseLayout, q, k, v) -> FoldViews:
+        """The views of ``layout`` (the fold of q, k, v) as this call's tensors get them."""
+        inputs = []
+        for x in (q, k, v):
+            view = layout.packed(x)
+            shared = x.numel() > 0 and view.data_ptr() == x.data_ptr()
+            same = shared and view.storage_offset() == x.storage_offset()
+            inputs.append((tuple(view.shape), view.stride()) if same else None)
+        tokens = layout.seqlen_q * (1 if layout.heads else layout.batch)
+        heads = q.shape[2] * (layout.batch if layout.heads else 1)
+        packed_out = torch.empty(tokens, heads, v.shape[-1], device="meta")
+        out = layout.output(packed_out, q.shape[2])
+        return FoldViews(layout, tuple(inputs), (tuple(out.shape), out.stride()), q.shape[2])
+
+    def packed(self, q, k, v) -> tuple[torch.Tensor, ...]:
+        """q, k and v as the kernels' packed tensors (:meth:`DenseLayout.packed`)."""
+        return tuple(
+            self.layout.packed(x) if view is None else x.as_strided(*view, x.storage_offset())
+            for x, view in zip((q, k, v), self.inputs, strict=True)
+        )
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """The packed out as ``[B, Sq, Hq, Dv]`` (:meth:`DenseLayout.output`)."""
+        if not out.is_contiguous():
+            return self.layout.output(out, self.heads_q)
+        return out.as_strided(*self.out, out.storage_offset())
+
+
 def dense_layout(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None
 ) -> DenseLayout:

@@ -113,25 +113,36 @@ def test_fold_choice():
 
 
 def test_kept_signature_folds_once(monkeypatch):
-    """No-grad calls of one call signature (a decode step's layers, transformers' layout) fold
-    once: the fold is a function of the shapes and strides, kept with the signature; a call of
-    another layout (a contiguous cache) folds its own way. Every call gives the bits of a
-    contiguous call."""
+    """No-grad calls of one call signature (a decode step's layers) fold once: the fold and its
+    views are functions of the shapes and strides, kept with the signature (``FoldViews``: the
+    tensors that fit the fold viewed in place, the others copied). Three signatures, each
+    called twice with new tensors: transformers' decode layout (heads fold, all in place), a
+    contiguous call (tokens fold) and a prefill chunk's BSHD q against the BHSD cache (heads
+    fold, q copied), then the first's again with k and v at an offset into their memory;
+    every call gives the bits of the contiguous call."""
     from portattn import api
 
     folds = []
-    real = api.dense_layout
-    monkeypatch.setattr(api, "dense_layout", lambda *a: folds.append(real(*a)) or folds[-1])
+    real = api.FoldViews.record
+    monkeypatch.setattr(api.FoldViews, "record", lambda *a: folds.append(real(*a)) or folds[-1])
     gen = torch.Generator().manual_seed(6)
-    calls = []
-    for _ in range(3):  # new tensors, one signature
-        q = _bhsd(2, 1, 4, 32, gen)
-        k, v = (_bhsd(2, 21, 2, 32, gen, capacity=30) for _ in range(2))
-        calls.append((q, k, v))
-    calls.append(tuple(x.contiguous() for x in calls[0]))  # another signature: tokens fold
-    with torch.no_grad():
-        outs = [portattn.attention(*c, causal=True) for c in calls]
-        plain = [portattn.attention(*(x.contiguous() for x in c), causal=True) for c in calls[:3]]
-    assert [f.heads for f in folds] == [True, False]  # one fold a signature (plain's: calls[3]'s)
-    for out, ref in zip(outs, [*plain, plain[0]], strict=True):
-        assert torch.equal(out, ref)
+    makers = [
+        lambda: (_bhsd(2, 1, 4, 32, gen), *(_bhsd(2, 21, 2, 32, gen, capacity=30) for _ in "kv")),
+        lambda: (_bshd(2, 1, 4, 32, gen), _bshd(2, 21, 2, 32, gen), _bshd(2, 21, 2, 32, gen)),
+        lambda: (_bshd(2, 5, 4, 32, gen), *(_bhsd(2, 21, 2, 32, gen) for _ in "kv")),
+        lambda: (_bhsd(2, 1, 4, 32, gen), *(_bhsd(2, 30, 2, 32, gen)[:, 9:] for _ in "kv")),
+    ]
+    for make in makers:
+        for _ in range(2):
+            q, k, v = make()
+            with torch.no_grad():
+                out = portattn.attention(q, k, v, causal=True)
+            # with grad: the unkept path, which folds every call and keeps no views
+            contiguous = (x.contiguous().requires_grad_() for x in (q, k, v))
+            assert torch.equal(out, portattn.attention(*contiguous, causal=True))
+    by_signature = [(f.layout.heads, [view is not None for view in f.inputs]) for f in folds]
+    assert by_signature == [
+        (True, [True, True, True]),  # transformers' decode layout, read in place
+        (False, [True, True, True]),  # contiguous
+        (True, [False, True, True]),  # q copied into the heads fold
+    ]  # the fourth: the first's signature, its views made at another storage offset
