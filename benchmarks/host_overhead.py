@@ -8,6 +8,9 @@ Cases (B=1 decode, Hq 32 / Hkv 8, d128, page 64, bfloat16; varlen: 4 x 256 token
 * ``attention_growing``: ``attention`` of one query row against the first n rows of a dense
   cache, n one more each call (as a transformers cache grows by a token a step: a new call
   signature every call, its first layer's);
+* ``attention_decode``: ``attention`` as transformers' decode step calls it after a step's
+  first layer (a kept signature): q, k, v ``[B, S, H, D]`` views of ``[B, H, S, D]`` memory,
+  B 8, GQA 16/4, 2,049 keys, d128;
 * ``varlen_nograd``: ``varlen_attention`` forward (both max_seqlen) under ``torch.no_grad()``;
 * ``varlen_grad``: the same forward with q/k/v requiring grad (forward only);
 * ``paged_append_step`` / ``paged_append_step_i``: a decode step of ``LAYERS`` (32)
@@ -62,6 +65,7 @@ CASES = (
     "paged",
     "dense",
     "attention_growing",
+    "attention_decode",
     "varlen_nograd",
     "varlen_grad",
     "paged_append_step",
@@ -106,6 +110,15 @@ def make_case(name: str, device: str, dtype=torch.bfloat16):
                 return portattn.varlen_attention(q, k, v, cu, cu, 256, 256, causal=True)
 
         return call
+    if name == "attention_decode":  # transformers' layout: [B, H, S, D] memory, BSHD views
+        qh, kh, vh = rand(8, 16, 1, D), rand(8, 4, 2049, D), rand(8, 4, 2049, D)
+        views = tuple(x.transpose(1, 2) for x in (qh, kh, vh))
+
+        def layer():
+            with torch.no_grad():
+                return portattn.attention(*views, causal=True)
+
+        return layer
     q = rand(B, 1, HQ, D)
     if name == "attention_growing":
         cache = rand(B, PAGES * PAGE, HKV, D)
