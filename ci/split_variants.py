@@ -6,7 +6,9 @@ entries patched to ``C`` (the Triton forward, as ``ci/split_decode_ab.py``), the
    at 1 stage does not, CPU compile): K/V TB/s of the graph replay, bits against the entry's
    own split (warps and stages must not move a bit);
 2. the training forward with ``C`` (the Triton forward's chunks in registers, +9-14% on the H100
-   in session 32) at other stages / warps and at ``C`` 4096: ms against ``fwd_ws`` off without C.
+   in session 32) at other stages / warps and at ``C`` 4096: ms against ``fwd_ws`` off without C;
+   and the shipped Gluon forward at two ring slots instead of three (the shared memory a parked
+   running accumulator would need).
 
 Usage (GPU): python ci/split_variants.py [--quick]
 """
@@ -77,24 +79,29 @@ def split_rows(names: list[str]) -> list[str]:
     return lines
 
 
-def patch_forward(chunk: int, **fwd) -> None:
-    """The device family's entries with fwd_ws off, ``key_chunk`` = ``chunk`` and the forward's
-    tiles changed by ``fwd`` (num_warps / num_stages)."""
+def patch_forward(chunk: int, ws: bool = False, **fwd) -> None:
+    """The device family's entries with ``key_chunk`` = ``chunk``, fwd_ws off (``ws``: as
+    shipped) and the forward's tiles changed by ``fwd`` (num_warps / num_stages)."""
     patch_entries(None)
     table = configs.config_table()
     family = config_family(torch.device("cuda"))
     for key, cfg in list(table.items()):
         if key[0] == family:
             tiles = dataclasses.replace(cfg.fwd, **fwd)
-            table[key] = dataclasses.replace(cfg, fwd=tiles, fwd_ws=False, key_chunk=chunk)
+            table[key] = dataclasses.replace(cfg, fwd=tiles, fwd_ws=cfg.fwd_ws and ws,
+                                             key_chunk=chunk)  # fmt: skip
     plan.forget_problems()
 
 
 def forward_rows() -> list[str]:
     lines = ["| training forward (causal, bf16 h16 d128, Triton) | variant | ms | vs no C |",
              "| --- | --- | ---: | ---: |"]  # fmt: skip
+    # The Gluon forward (shipped) at two ring slots: the room a parked running acc would take
+    # (2 consumer groups x 64 x 128 float32 = 64 KB of shared memory at d128).
     variants = [("no C", 0, {}), ("C2048", 2048, {}), ("C2048 2 stages", 2048, {"num_stages": 2}),
-                ("C4096", 4096, {}), ("no C 2 stages", 0, {"num_stages": 2})]  # fmt: skip
+                ("C4096", 4096, {}), ("no C 2 stages", 0, {"num_stages": 2}),
+                ("Gluon (shipped)", 0, {"ws": True}),
+                ("Gluon 2 stages", 0, {"ws": True, "num_stages": 2})]  # fmt: skip
     best: dict = {}
     for name, lens in (("4x4096", [4096] * 4), ("1x16384", [16384])):
         total = sum(lens)
