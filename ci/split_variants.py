@@ -101,8 +101,11 @@ def forward_rows() -> list[str]:
     variants = [("no C", 0, {}), ("C2048", 2048, {}), ("C2048 2 stages", 2048, {"num_stages": 2}),
                 ("C4096", 4096, {}), ("no C 2 stages", 0, {"num_stages": 2}),
                 ("Gluon (shipped)", 0, {"ws": True}),
-                ("Gluon 2 stages", 0, {"ws": True, "num_stages": 2})]  # fmt: skip
+                ("Gluon 2 stages", 0, {"ws": True, "num_stages": 2}),
+                ("C2048 Gluon 2 stages", 2048, {"ws": True, "num_stages": 2}),
+                ("C2048 Gluon n64", 2048, {"ws": True, "block_n": 64})]  # fmt: skip
     best: dict = {}
+    outputs: dict = {}
     for name, lens in (("4x4096", [4096] * 4), ("1x16384", [16384])):
         total = sum(lens)
         gen = torch.Generator(device="cuda").manual_seed(1)
@@ -121,6 +124,17 @@ def forward_rows() -> list[str]:
                 ms = bench.gpu_timer(step)[0]
                 key = (name, kernel, label)
                 best[key] = min(best.get(key, ms), ms)
+                if key not in outputs:
+                    with torch.no_grad():
+                        outputs[key] = step()
+            # the Gluon forward's chunk merge (parked acc) against the Triton forward's
+            gluon, triton_ = (
+                outputs[(name, kernel, "C2048 Gluon 2 stages")],
+                outputs[(name, kernel, "C2048")],
+            )
+            same = torch.equal(gluon, triton_)
+            lines.append(f"| {name} {kernel} | C2048 Gluon 2 stages = C2048 Triton | "
+                         f"{'equal' if same else 'DIFFER'} | |")  # fmt: skip
             for label, *_ in variants:
                 ratio = best[(name, kernel, label)] / best[(name, kernel, "no C")]
                 lines.append(f"| {name} {kernel} | {label} | {best[(name, kernel, label)]:.3f} "

@@ -22,6 +22,11 @@ the two kernels give the same bits for the same table tiles (GPU tests compare t
 ``tests/test_table_variants.py``). The table selects this kernel (``KernelConfig.fwd_ws``);
 the launcher falls back to ``attn_fwd_kernel`` where descriptors cannot be used, and Gluon
 has no CPU interpreter.
+
+Key chunks (``KEY_CHUNK``, design §3.1). Each group's running state (acc, m, l) is parked in
+shared memory between merges (64 KB at d128, the room of one ring slot: such an entry has two),
+so the key loop holds one accumulator, as without chunks; keeping it in registers spilled
+3,900 B at 128-key tiles (perf-notes row 94).
 """
 
 from __future__ import annotations
@@ -70,6 +75,12 @@ class _Program(NamedTuple):
     k_bars: gl.shared_memory_descriptor
     v_bars: gl.shared_memory_descriptor
     free_bars: gl.shared_memory_descriptor
+    # With a key chunk: each group's running accumulator [2, 64, HEAD_DIM] float32, parked
+    # here while a chunk's tiles accumulate from the empty state (else another descriptor,
+    # unread).
+    r_smem: gl.shared_memory_descriptor
+    r_m_smem: gl.shared_memory_descriptor  # ... and its m and l [2, 64]
+    r_l_smem: gl.shared_memory_descriptor
     # Outputs: o [total_q, Hq, D], lse [total_q, Hq], o32 (with STORE_O32).
     o: gl.tensor
     lse: gl.tensor
@@ -137,10 +148,15 @@ def _consume(GROUP: gl.constexpr, st, cfg):
     b_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
     b_p = b_zero
     b_alpha = b_l
-    if cfg.KEY_CHUNK > 0:  # the running state the chunks merge into (design §3.1)
-        r_acc = gl.zeros([ws.GROUP_ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-        r_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=row_layout)
-        r_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=row_layout)
+    if cfg.KEY_CHUNK > 0:  # the running state the chunks merge into (design §3.1): its acc
+        # parked in shared memory between merges, so the key loop holds one accumulator
+        # (m and l too: no running state in registers through the key loop)
+        r_park = st.r_smem.index(GROUP)
+        r_m_park = st.r_m_smem.index(GROUP)
+        r_l_park = st.r_l_smem.index(GROUP)
+        r_park.store(b_acc)
+        r_m_park.store(gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=row_layout))
+        r_l_park.store(gl.zeros([ws.GROUP_ROWS], gl.float32, layout=row_layout))
     mbarrier.wait(st.q_bars.index(GROUP), 0)
     if st.n_tiles > 0:
         ws.wait_filled(st.k_bars, 0, STAGES)
@@ -175,10 +191,15 @@ def _consume(GROUP: gl.constexpr, st, cfg):
         b_acc = warpgroup_mma_wait(0, deps=(b_acc,))
         mbarrier.arrive(st.free_bars.index(i_tile % STAGES), count=1)  # done with tile i
         if cfg.KEY_CHUNK > 0:  # noqa: SIM102 - a constexpr branch, then a runtime one
-            if ends:
-                r_acc, r_m, r_l = merge_partial(r_acc, r_m, r_l, b_acc,
+            if ends:  # each thread reads back its own elements: no barrier
+                r_acc, r_m, r_l = merge_partial(r_park.load(o_layout),
+                                                r_m_park.load(row_layout),
+                                                r_l_park.load(row_layout), b_acc,
                                                 gl.convert_layout(c_m, row_layout),
                                                 gl.convert_layout(c_l, row_layout))
+                r_park.store(r_acc)
+                r_m_park.store(r_m)
+                r_l_park.store(r_l)
                 b_acc = gl.zeros_like(b_acc)
 
     if st.n_tiles > 0:  # the last tile's P V
@@ -193,6 +214,8 @@ def _consume(GROUP: gl.constexpr, st, cfg):
     b_l = gl.convert_layout(b_l, row_layout)
     b_m = gl.convert_layout(b_m, row_layout)
     if cfg.KEY_CHUNK > 0:  # the last chunk merged (a tile-less program merges nothing)
+        r_acc = r_park.load(o_layout)
+        r_m, r_l = r_m_park.load(row_layout), r_l_park.load(row_layout)
         if st.n_tiles > 0:
             r_acc, r_m, r_l = merge_partial(r_acc, r_m, r_l, b_acc, b_m, b_l)
         b_acc, b_m, b_l = r_acc, r_m, r_l
@@ -248,7 +271,8 @@ def attn_fwd_ws_kernel(
     """One program per (query tile of one sequence, query head), as ``attn_fwd_kernel``;
     ``BLOCK_M`` = 128 (two consumer groups of 64 rows), ``STAGES`` K/V ring slots;
     ``KEY_CHUNK``: the key chunk (design §3.1), each chunk's tiles from the empty state merged
-    into a running state in registers, in order, as ``primitives.forward_tile``'s."""
+    into a running state in order, as ``primitives.forward_tile``'s (its accumulator parked in
+    shared memory between merges)."""
     gl.static_assert(BLOCK_M == 2 * ws.GROUP_ROWS)
     i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_tile = query_tile(
         cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
@@ -266,12 +290,23 @@ def attn_fwd_ws_kernel(
     k_bars = ws.barriers(STAGES, 1)
     v_bars = ws.barriers(STAGES, 1)
     free_bars = ws.barriers(STAGES, 2)  # one arrival per consumer group
+    if KEY_CHUNK > 0:  # the groups' parked running states
+        r_smem = gl.allocate_shared_memory(gl.float32, [2, ws.GROUP_ROWS, HEAD_DIM],
+                                           gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        rows: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        r_m_smem = gl.allocate_shared_memory(gl.float32, [2, ws.GROUP_ROWS], rows)
+        r_l_smem = gl.allocate_shared_memory(gl.float32, [2, ws.GROUP_ROWS], rows)
+    else:
+        r_smem = q_smem
+        r_m_smem = q_smem
+        r_l_smem = q_smem
     fence_async_shared()
 
     # The runtime state, assigned as the positional tuples were (``ws.specialize``).
     program = _Program(
         q_smem=q_smem, k_ring=k_ring, v_ring=v_ring, q_bars=q_bars, k_bars=k_bars,
-        v_bars=v_bars, free_bars=free_bars, o=o, lse=lse, o32=o32,
+        v_bars=v_bars, free_bars=free_bars, r_smem=r_smem, r_m_smem=r_m_smem,
+        r_l_smem=r_l_smem, o=o, lse=lse, o32=o32,
         bos_q=bos_q, seqlen_q=seqlen_q, seqlen_k=seqlen_k, diag=diag, t_full=t_full,
         n_tiles=n_tiles, m_tile=m_tile, i_h=i_h, n_heads_q=n_heads_q, stride_ot=stride_ot,
         stride_oh=stride_oh, stride_o32t=stride_o32t, stride_o32h=stride_o32h,

@@ -94,7 +94,7 @@ class Config(NamedTuple):
     STAGES: gl.constexpr  # ring slots
     STORE_O32: gl.constexpr = False  # forward: also the float32 copy of out
     PADDED: gl.constexpr = False  # dQ: lse2 and delta in the padded head-major layout
-    KEY_CHUNK: gl.constexpr = 0  # forward: the key chunk (design §3.1), merged in registers
+    KEY_CHUNK: gl.constexpr = 0  # forward: the key chunk (design §3.1), its state parked
 
 
 @gluon.jit
