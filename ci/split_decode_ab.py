@@ -140,16 +140,24 @@ def prefill_equals_decode(chunk: int, kernel: str) -> str:
     return f"| 32k prefill row == decode row | C{chunk} {kernel} | {bits} |"
 
 
+TRAINING_PACKS = (("4x4096", [4096] * 4), ("1x16384", [16384]))
+
+
+def training_pack(lens: list[int]) -> tuple[torch.Tensor, ...]:
+    """q, k, v (bf16 h16 d128, requiring grad) and cu_seqlens of a pack of ``lens``."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(sum(lens), 16, 128, device="cuda", dtype=torch.bfloat16,
+                           generator=gen).requires_grad_() for _ in range(3))  # fmt: skip
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
+                      device="cuda")  # fmt: skip
+    return q, k, v, cu
+
+
 def prefill_rows(chunks: list[int]) -> list[str]:
     lines = ["| training forward (causal, bf16 h16 d128) | variant | ms | TF/s |",
              "| --- | --- | ---: | ---: |"]  # fmt: skip
-    for name, lens in (("4x4096", [4096] * 4), ("1x16384", [16384])):
-        total = sum(lens)
-        gen = torch.Generator(device="cuda").manual_seed(1)
-        q, k, v = (torch.randn(total, 16, 128, device="cuda", dtype=torch.bfloat16,
-                               generator=gen).requires_grad_() for _ in range(3))  # fmt: skip
-        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
-                          device="cuda")  # fmt: skip
+    for name, lens in TRAINING_PACKS:
+        q, k, v, cu = training_pack(lens)
         flops = sum(4 * n * n * 16 * 128 / 2 for n in lens)
         variants = [("shipped", None, False, None), ("fwd_ws off", 0, False, None)]
         variants += [(f"C{c}", c, False, None) for c in chunks]

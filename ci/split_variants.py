@@ -28,7 +28,14 @@ import torch
 import portattn
 from benchmarks import bench
 from benchmarks import bench_decode as bd
-from ci.split_decode_ab import WORKLOADS, decode_call, patch_entries, tbps
+from ci.split_decode_ab import (
+    TRAINING_PACKS,
+    WORKLOADS,
+    decode_call,
+    patch_entries,
+    tbps,
+    training_pack,
+)
 from portattn import configs
 from portattn.families import config_family
 from portattn.kernels import decode, plan
@@ -106,13 +113,8 @@ def forward_rows() -> list[str]:
                 ("C2048 Gluon n64", 2048, {"ws": True, "block_n": 64})]  # fmt: skip
     best: dict = {}
     outputs: dict = {}
-    for name, lens in (("4x4096", [4096] * 4), ("1x16384", [16384])):
-        total = sum(lens)
-        gen = torch.Generator(device="cuda").manual_seed(1)
-        q, k, v = (torch.randn(total, 16, 128, device="cuda", dtype=torch.bfloat16,
-                               generator=gen).requires_grad_() for _ in range(3))  # fmt: skip
-        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
-                          device="cuda")  # fmt: skip
+    for name, lens in TRAINING_PACKS:
+        q, k, v, cu = training_pack(lens)
         for kernel in ("varlen", "fixed_order"):
             for label, chunk, fwd in variants * 2:  # alternating passes, the best kept
                 patch_forward(chunk, **fwd)
