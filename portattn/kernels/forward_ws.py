@@ -191,7 +191,7 @@ def _consume(GROUP: gl.constexpr, st, cfg):
         b_acc = warpgroup_mma_wait(0, deps=(b_acc,))
         mbarrier.arrive(st.free_bars.index(i_tile % STAGES), count=1)  # done with tile i
         if cfg.KEY_CHUNK > 0:  # noqa: SIM102 - a constexpr branch, then a runtime one
-            if ends:  # each thread reads back its own elements: no barrier
+            if ends:  # (the compiler orders the parked stores and loads: group barriers)
                 r_acc, r_m, r_l = merge_partial(r_park.load(o_layout),
                                                 r_m_park.load(row_layout),
                                                 r_l_park.load(row_layout), b_acc,
