@@ -220,7 +220,13 @@ def partial_rows(partials, n_rows, i_c, first_row, first_head, o_t, o_g, n_heads
 def heads_per_tile(problem: VarlenProblem) -> int:
     """Query heads of one GQA group packed into a decode tile: the group, rounded up to a power
     of two, at most the tile's rows."""
-    return min(next_pow2(problem.group), problem.cfg.decode_tiles().block_m)
+    return group_heads(problem.cfg, problem.group)
+
+
+def group_heads(cfg, group: int) -> int:
+    """:func:`heads_per_tile` of an entry ``cfg`` and a GQA group of ``group`` query heads (a
+    decode tile then holds ``decode_tiles().block_m // group_heads`` query positions)."""
+    return min(next_pow2(group), cfg.decode_tiles().block_m)
 
 
 def decode_fits(problem: VarlenProblem) -> bool:

@@ -195,11 +195,11 @@ def _plan_pack(entry: Entry, cfg: KernelConfig, seqlen: int, backward: bool) -> 
 def _unsplit_rows(cfg: KernelConfig) -> int:
     """Query rows a sequence of the representative batch needs for a decode grid that fills
     the GPU (at least ``decode.SPLIT_BELOW_PROGRAMS`` programs), so it runs unsplit."""
-    from portattn.kernels.decode import SPLIT_BELOW_PROGRAMS
-    from portattn.kernels.plan import ceil_div, next_pow2
+    from portattn.kernels.decode import SPLIT_BELOW_PROGRAMS, group_heads
+    from portattn.kernels.plan import ceil_div
 
-    rep, block_m = REPRESENTATIVE, cfg.decode_tiles().block_m
-    positions = block_m // min(next_pow2(rep["heads_q"] // rep["heads_k"]), block_m)  # a tile's
+    rep = REPRESENTATIVE
+    positions = cfg.decode_tiles().block_m // group_heads(cfg, rep["heads_q"] // rep["heads_k"])
     return positions * ceil_div(SPLIT_BELOW_PROGRAMS, rep["batch"] * rep["heads_k"])
 
 

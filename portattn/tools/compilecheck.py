@@ -123,9 +123,9 @@ def check_entry(
     cfg: KernelConfig | None = None,
     stages: Iterable[str] = STAGES,
 ) -> list[KernelResult]:
-    """Compile and check the kernels ``stages`` of ``entry`` (those it launches: the split
-    decode's only with a key chunk). ``family`` (its limits, its instruction) and ``cfg`` (the
-    tiles) replace the table's, for tests and tuning."""
+    """Compile and check the kernels ``stages`` of ``entry`` (those it launches: the chunk
+    merge's only with a key chunk, ``entry_stages``). ``family`` (its limits, its instruction)
+    and ``cfg`` (the tiles) replace the table's, for tests and tuning."""
     family = family or FAMILIES[entry.family]
     cfg = cfg or entry.config()
     config_hash = cfg.content_hash()
@@ -399,7 +399,8 @@ def main(args: argparse.Namespace) -> int:
     # --guarded compiles what golden/ records (GUARDED_STAGES); otherwise the repair passes too
     stages = GUARDED_STAGES if getattr(args, "guarded", False) else CHECKED_STAGES
     if not quiet:
-        what = f"{len(entries)} entries x {len(stages)} kernels with Triton {triton.__version__}"
+        kernels = sum(len(entry_stages(e.config(), stages)) for e in entries)
+        what = f"{len(entries)} entries, {kernels} kernels with Triton {triton.__version__}"
         print(f"compiling {what} on {jobs} process(es)", flush=True)
     start = time.perf_counter()
     results = run_entries(entries, jobs, None if quiet else _progress_line, stages)
