@@ -6,9 +6,9 @@ entries patched to ``C`` (the Triton forward, as ``ci/split_decode_ab.py``), the
    at 1 stage does not, CPU compile): K/V TB/s of the graph replay, bits against the entry's
    own split (warps and stages must not move a bit);
 2. the training forward with ``C`` (the Triton forward's chunks in registers, +9-14% on the H100
-   in session 32) at other stages / warps and at ``C`` 4096: ms against ``fwd_ws`` off without C;
-   and the shipped Gluon forward at two ring slots instead of three (the shared memory a parked
-   running accumulator would need).
+   in session 32) at ``C`` 2048 and 4096, and the shipped Gluon forward with ``C`` 1024 to 4096
+   (its running accumulator parked in a float32 workspace between merges): ms against
+   ``fwd_ws`` off without C, and the Gluon forward's bits against the Triton forward's.
 
 Usage (GPU): python ci/split_variants.py [--quick]
 """
@@ -103,14 +103,13 @@ def patch_forward(chunk: int, ws: bool = False, **fwd) -> None:
 def forward_rows(kernels: tuple[str, ...] = ("varlen", "fixed_order")) -> list[str]:
     lines = ["| training forward (causal, bf16 h16 d128, Triton) | variant | ms | vs no C |",
              "| --- | --- | ---: | ---: |"]  # fmt: skip
-    # The Gluon forward (shipped) at two ring slots: the room a parked running acc would take
-    # (2 consumer groups x 64 x 128 float32 = 64 KB of shared memory at d128).
-    variants = [("no C", 0, {}), ("C2048", 2048, {}), ("C2048 2 stages", 2048, {"num_stages": 2}),
-                ("C4096", 4096, {}), ("no C 2 stages", 0, {"num_stages": 2}),
+    # The Gluon forward as shipped (three ring slots, 128-key tiles) with C: its running acc
+    # parked in a float32 workspace between merges (forward_ws._chunked_keys).
+    variants = [("no C", 0, {}), ("C2048", 2048, {}), ("C4096", 4096, {}),
                 ("Gluon (shipped)", 0, {"ws": True}),
-                ("Gluon 2 stages", 0, {"ws": True, "num_stages": 2}),
-                ("C2048 Gluon 2 stages", 2048, {"ws": True, "num_stages": 2}),
-                ("C2048 Gluon n64", 2048, {"ws": True, "block_n": 64})]  # fmt: skip
+                ("C1024 Gluon", 1024, {"ws": True}),
+                ("C2048 Gluon", 2048, {"ws": True}),
+                ("C4096 Gluon", 4096, {"ws": True})]  # fmt: skip
     best: dict = {}
     outputs: dict = {}
     for name, lens in TRAINING_PACKS:
@@ -129,13 +128,13 @@ def forward_rows(kernels: tuple[str, ...] = ("varlen", "fixed_order")) -> list[s
                 if key not in outputs:
                     with torch.no_grad():
                         outputs[key] = step()
-            # the Gluon forward's chunk merge (parked acc) against the Triton forward's
+            # the Gluon forward's chunk merge (acc parked in a workspace) against the Triton one's
             gluon, triton_ = (
-                outputs[(name, kernel, "C2048 Gluon 2 stages")],
+                outputs[(name, kernel, "C2048 Gluon")],
                 outputs[(name, kernel, "C2048")],
             )
             same = torch.equal(gluon, triton_)
-            lines.append(f"| {name} {kernel} | C2048 Gluon 2 stages = C2048 Triton | "
+            lines.append(f"| {name} {kernel} | C2048 Gluon = C2048 Triton | "
                          f"{'equal' if same else 'DIFFER'} | |")  # fmt: skip
             for label, *_ in variants:
                 ratio = best[(name, kernel, label)] / best[(name, kernel, "no C")]

@@ -39,7 +39,7 @@ REPLAYED_FORWARDS = True
 
 # The tensors of one call, in this order, as a template's slots index them: the inputs, then
 # the outputs the replay allocates (``lse`` may be the caller's scratch buffer; ``partials``:
-# the split decode's workspace, design §3.1).
+# the split decode's workspace or the Gluon forward's parked accumulators, design §3.1).
 CALL_TENSORS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "block_table", "out", "lse", "out32",
                 "partials")  # fmt: skip
 # What a template keeps of a launch's arguments as they are (tensors are slots; another type,
@@ -115,7 +115,7 @@ class ForwardTemplate:
     out_shape: tuple[int, ...]  # [total_q, Hq, Dv]; lse is [total_q, Hq]
     store_o32: bool
     launches: tuple[LaunchTemplate, ...]
-    partials_shape: tuple[int, ...] | None = None  # the split decode's workspace, float32
+    partials_shape: tuple[int, ...] | None = None  # a workspace (ForwardPlan.partials), float32
 
     @staticmethod
     def record(launches: tuple[KernelLaunch, ...], tensors: tuple) -> ForwardTemplate | None:

@@ -282,12 +282,14 @@ def test_unseen_key_with_chunks(chunk, kernel, setup):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("chunk_tiles", [1, 2])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_gluon_forward_merges_chunks_as_the_triton_forward(monkeypatch, causal):
+def test_gluon_forward_merges_chunks_as_the_triton_forward(monkeypatch, causal, chunk_tiles):
     """The warp-specialised Gluon forward (``fwd_ws``, no CPU interpreter; sm90's varlen d128
-    bf16 entry at two ring slots: the running state parked in shared memory takes the third's
-    room) with the key chunk gives the Triton forward's bits (both at C = two key tiles), rows
-    of one to six chunks, GQA; the Gluon kernel ran."""
+    bf16 entry as it ships, the running accumulator parked in a float32 workspace) with the key
+    chunk gives the Triton forward's bits (both at C = one or two key tiles), rows of one to
+    twelve chunks, sequences of 1 (a group without rows) to 1500 rows, GQA; the Gluon kernel
+    ran."""
     head_dim = 128
     used: list[bool] = []
     real = forward.use_warp_specialized
@@ -303,9 +305,8 @@ def test_gluon_forward_merges_chunks_as_the_triton_forward(monkeypatch, causal):
     lens = [1, 300, 777, 1500]
     p = make_pack(lens, lens, 8, 2, head_dim, torch.bfloat16, seed=12)
     outputs = []
-    fwd = dataclasses.replace(cfg.fwd, num_stages=2)
     for fwd_ws in (cfg.fwd_ws, False):
-        chunked = dataclasses.replace(cfg, fwd=fwd, fwd_ws=fwd_ws, key_chunk=2 * cfg.fwd.block_n)
+        chunked = dataclasses.replace(cfg, fwd_ws=fwd_ws, key_chunk=chunk_tiles * cfg.fwd.block_n)
         monkeypatch.setitem(table, entry, chunked)
         plan.forget_problems()
         with torch.no_grad():

@@ -212,7 +212,8 @@ class ForwardPlan:
     lse: torch.Tensor
     out32: torch.Tensor | None
     launches: tuple[KernelLaunch, ...]
-    # The split decode's workspace (decode.plan_decode, design §3.1), else None.
+    # A workspace: the split decode's partials (decode.plan_decode, design §3.1) or the Gluon
+    # forward's parked accumulators (float32, out's shape), else None.
     partials: torch.Tensor | None = None
 
 
@@ -248,7 +249,18 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
         launches, partials = plan_decode(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                          block_table, sinks)
         return ForwardPlan(out, lse, out32, launches, partials)
-    o32_arg = out32 if store_o32 else out
+    tma = "fwd" in cfg.tma and rows_aligned(q, k, v)
+    key = ("fwd", store_o32, tma, sinks is None)
+    static = p.memo.get(key)
+    if static is None:  # the grid and compile-time parameters: the problem's alone
+        static = p.memo[key] = _forward_static(p, store_o32, tma, sinks is not None)
+    grid, ws, params = static
+    # The Gluon forward parks its running accumulators between key-chunk merges in o32's rows:
+    # a float32 workspace of out's shape where the call keeps no float32 copy.
+    park = None
+    if ws and "KEY_CHUNK" in params and not store_o32:
+        park = new_buffer(out_shape, torch.float32, q.device)
+    o32_arg = out32 if store_o32 else out if park is None else park
     args = (
         q, k, v, out, lse, o32_arg,
         cu_seqlens_q, cu_seqlens_k,
@@ -256,12 +268,6 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
         out.stride(0), out.stride(1), o32_arg.stride(0), o32_arg.stride(1),
         p.batch, p.n_heads_q, p.group, p.scale_log2,
     )
-    tma = "fwd" in cfg.tma and rows_aligned(q, k, v)
-    key = ("fwd", store_o32, tma, sinks is None)
-    static = p.memo.get(key)
-    if static is None:  # the grid and compile-time parameters: the problem's alone
-        static = p.memo[key] = _forward_static(p, store_o32, tma, sinks is not None)
-    grid, ws, params = static
     # The warp-specialised Gluon kernel computes the same bits; it reads through descriptors
     # and has no interpreter.
     if ws:
@@ -269,7 +275,7 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     else:
         launch = KernelLaunch("fwd", attn_fwd_kernel, grid, args, dict(params, sinks=sinks), tma)
     if not p.has_unseen_keys:
-        return ForwardPlan(out, lse, out32, (launch,))
+        return ForwardPlan(out, lse, out32, (launch,), park)
     # Design §3.2: the Triton kernel of the same tiles repairs tiles that hold a NaN or inf.
     repair_key = ("fwd_repair", store_o32, tma, sinks is None)
     repair = p.memo.get(repair_key)
@@ -277,7 +283,7 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
         repair = p.memo[repair_key] = _forward_static(p, store_o32, tma, sinks is not None, True)
     fix = KernelLaunch("fwd_repair", attn_fwd_kernel, repair[0], args,
                        dict(repair[2], sinks=sinks), tma)
-    return ForwardPlan(out, lse, out32, (launch, fix))
+    return ForwardPlan(out, lse, out32, (launch, fix), park)
 
 
 def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool,

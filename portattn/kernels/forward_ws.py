@@ -23,10 +23,16 @@ the two kernels give the same bits for the same table tiles (GPU tests compare t
 the launcher falls back to ``attn_fwd_kernel`` where descriptors cannot be used, and Gluon
 has no CPU interpreter.
 
-Key chunks (``KEY_CHUNK``, design §3.1). Each group's running state (acc, m, l) is parked in
-shared memory between merges (64 KB at d128, the room of one ring slot: such an entry has two),
-so the key loop holds one accumulator, as without chunks; keeping it in registers spilled
-3,900 B at 128-key tiles (perf-notes row 94).
+Key chunks (``KEY_CHUNK``, design §3.1). Each chunk's tiles run the key loop above from the
+empty state (``_chunk``); at its end the group merges it into the running state, whose
+accumulator is parked in global memory between merges, in the group's own rows of the float32
+``o32`` buffer (the launcher passes a workspace when the call keeps no float32 copy): stored
+and loaded in the accumulator's layout by the thread that holds each element, so no barrier
+orders them, and loaded while the chunk's last P V runs. m and l stay in registers. So the key
+loop holds one accumulator, as without chunks: kept in registers the second one spilled
+3,900 B at 128-key tiles (perf-notes row 94), parked in shared memory it cost the ring its
+third slot (row 95). The pipeline drains at each chunk end (the next chunk's first Q K^T is
+not issued under the last P V).
 """
 
 from __future__ import annotations
@@ -75,13 +81,8 @@ class _Program(NamedTuple):
     k_bars: gl.shared_memory_descriptor
     v_bars: gl.shared_memory_descriptor
     free_bars: gl.shared_memory_descriptor
-    # With a key chunk: each group's running accumulator [2, 64, HEAD_DIM] float32, parked
-    # here while a chunk's tiles accumulate from the empty state (else another descriptor,
-    # unread).
-    r_smem: gl.shared_memory_descriptor
-    r_m_smem: gl.shared_memory_descriptor  # ... and its m and l [2, 64]
-    r_l_smem: gl.shared_memory_descriptor
-    # Outputs: o [total_q, Hq, D], lse [total_q, Hq], o32 (with STORE_O32).
+    # Outputs: o [total_q, Hq, D], lse [total_q, Hq], o32 float32 [total_q, Hq, D] (with
+    # STORE_O32; with KEY_CHUNK also the running accumulators' park).
     o: gl.tensor
     lse: gl.tensor
     o32: gl.tensor
@@ -120,6 +121,132 @@ def _softmax_p(b_s, b_m, b_l, i_tile, st, cfg, m_start, s_layout: gl.constexpr):
 
 
 @gluon.jit
+def _first_scores(q_tile, i_tile, st, cfg, m_start, b_m, b_l, s_layout: gl.constexpr):
+    """Q K^T of key tile ``i_tile`` and its softmax step, nothing else in flight."""
+    b_zero = gl.zeros([ws.GROUP_ROWS, cfg.BLOCK_N], gl.float32, layout=s_layout)
+    ws.wait_filled(st.k_bars, i_tile, cfg.STAGES)
+    b_s = warpgroup_mma(q_tile, st.k_ring.index(i_tile % cfg.STAGES).permute((1, 0)), b_zero,
+                        use_acc=False, is_async=True)
+    b_s = warpgroup_mma_wait(0, deps=(b_s,))
+    return _softmax_p(b_s, b_m, b_l, i_tile, st, cfg, m_start, s_layout)
+
+
+@gluon.jit
+def _next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_alpha, b_m, b_l,
+               s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+    """One step of the key loop: P of tile ``i_tile`` is ready and acc holds the tiles before
+    it. Q K^T of tile i + 1 runs under the rescale of acc, P V of tile i under the softmax of
+    tile i + 1; the slot of tile i is released once its P V is done."""
+    STAGES: gl.constexpr = cfg.STAGES
+    PV_GROUPS: gl.constexpr = 2 if cfg.SPLIT_P else 1  # wgmma groups of one P V
+    i_next = i_tile + 1
+    b_zero = gl.zeros([ws.GROUP_ROWS, cfg.BLOCK_N], gl.float32, layout=s_layout)
+    ws.wait_filled(st.k_bars, i_next, STAGES)
+    b_s = warpgroup_mma(q_tile, st.k_ring.index(i_next % STAGES).permute((1, 0)), b_zero,
+                        use_acc=False, is_async=True)
+    b_acc = b_acc * gl.convert_layout(b_alpha, gl.SliceLayout(1, o_layout))[:, None]
+    ws.wait_filled(st.v_bars, i_tile, STAGES)
+    b_acc = ws.issue_rounded_mma(b_p, st.v_ring.index(i_tile % STAGES), b_acc, cfg.SPLIT_P,
+                                 p_layout)
+    b_s = warpgroup_mma_wait(PV_GROUPS, deps=(b_s,))  # Q K^T done, P V may run on
+    b_p, b_alpha, b_m, b_l = _softmax_p(b_s, b_m, b_l, i_next, st, cfg, m_start, s_layout)
+    b_acc = warpgroup_mma_wait(0, deps=(b_acc,))
+    mbarrier.arrive(st.free_bars.index(i_tile % STAGES), count=1)  # done with tile i
+    return b_acc, b_p, b_alpha, b_m, b_l
+
+
+@gluon.jit
+def _issue_last_pv(i_tile, st, cfg, b_acc, b_p, b_alpha, o_layout: gl.constexpr,
+                   p_layout: gl.constexpr):
+    """P V of the loop's last tile ``i_tile``, issued (its wgmma in flight)."""
+    b_acc = b_acc * gl.convert_layout(b_alpha, gl.SliceLayout(1, o_layout))[:, None]
+    ws.wait_filled(st.v_bars, i_tile, cfg.STAGES)
+    return ws.issue_rounded_mma(b_p, st.v_ring.index(i_tile % cfg.STAGES), b_acc, cfg.SPLIT_P,
+                                p_layout)
+
+
+@gluon.jit
+def _last_pv(i_tile, st, cfg, b_acc, b_p, b_alpha, o_layout: gl.constexpr,
+             p_layout: gl.constexpr):
+    """P V of the loop's last tile ``i_tile``, nothing else in flight."""
+    b_acc = _issue_last_pv(i_tile, st, cfg, b_acc, b_p, b_alpha, o_layout, p_layout)
+    return warpgroup_mma_wait(0, deps=(b_acc,))
+
+
+@gluon.jit
+def _chunk(q_tile, t_lo, t_hi, st, cfg, m_start, s_layout: gl.constexpr,
+           o_layout: gl.constexpr, p_layout: gl.constexpr):
+    """Key tiles [t_lo, t_hi) (t_hi > t_lo) from the empty state, the last one's P V in
+    flight: one chunk's (acc, m, l) in the accumulator's layouts; the caller waits for acc
+    (``_chunk_done``)."""
+    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    b_acc = gl.zeros([ws.GROUP_ROWS, cfg.HEAD_DIM], gl.float32, layout=o_layout)
+    b_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    b_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    b_p, b_alpha, b_m, b_l = _first_scores(q_tile, t_lo, st, cfg, m_start, b_m, b_l, s_layout)
+    for i_tile in range(t_lo, t_hi - 1):
+        b_acc, b_p, b_alpha, b_m, b_l = _next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p,
+                                                   b_alpha, b_m, b_l, s_layout, o_layout,
+                                                   p_layout)
+    b_acc = _issue_last_pv(t_hi - 1, st, cfg, b_acc, b_p, b_alpha, o_layout, p_layout)
+    return b_acc, gl.convert_layout(b_m, row_layout), gl.convert_layout(b_l, row_layout)
+
+
+@gluon.jit
+def _chunk_done(t_hi, st, cfg, b_acc):
+    """The chunk's acc once its last P V is done, the slot of its last tile released."""
+    b_acc = warpgroup_mma_wait(0, deps=(b_acc,))
+    mbarrier.arrive(st.free_bars.index((t_hi - 1) % cfg.STAGES), count=1)
+    return b_acc
+
+
+@gluon.jit
+def _park(st, m_start, HEAD_DIM: gl.constexpr, layout: gl.constexpr):
+    """Where a group's running accumulator is parked between chunk merges (``KEY_CHUNK``): its
+    own rows of ``o32``, [64, HEAD_DIM] pointers of ``layout`` and the rows' mask."""
+    o_q, o_d, o_rows, m_o = ws.tile_rows(m_start, st.bos_q, st.seqlen_q, ws.GROUP_ROWS, HEAD_DIM,
+                                         layout)
+    # An opaque copy of the rows, so that LLVM does not hoist the 64 pointers out of the chunk
+    # loop (live through the key loop, they spilled).
+    o_rows = gl.inline_asm_elementwise("mov.b64 $0, $1;", "=l,l", [o_rows], dtype=gl.int64,
+                                       is_pure=False, pack=1)
+    p_park = st.o32 + o_rows * st.stride_o32t + st.i_h.to(gl.int64) * st.stride_o32h
+    return p_park + o_d[None, :], m_o
+
+
+@gluon.jit
+def _chunked_keys(q_tile, st, cfg, m_start, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                  p_layout: gl.constexpr):
+    """The key loop with ``KEY_CHUNK`` (design §3.1): each chunk of tiles from the empty state
+    (``_chunk``), merged in order into the running state, whose acc is parked in o32 between
+    merges (a chunk's loop holds one accumulator). The slots' pipeline drains at each chunk
+    end, where the merge runs with nothing else live. Returns the merged (acc, m, l)."""
+    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    CHUNK_TILES: gl.constexpr = cfg.KEY_CHUNK // cfg.BLOCK_N
+    r_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=row_layout)
+    r_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=row_layout)
+    for t_lo in range(0, st.n_tiles - CHUNK_TILES, CHUNK_TILES):  # all chunks but the last
+        c_acc, c_m, c_l = _chunk(q_tile, t_lo, t_lo + CHUNK_TILES, st, cfg, m_start, s_layout,
+                                 o_layout, p_layout)
+        # the parked acc loaded under the chunk's last P V (none before the first chunk)
+        p_park, m_park = _park(st, m_start, cfg.HEAD_DIM, o_layout)
+        r_acc = gl.load(p_park, mask=m_park & (t_lo > 0), other=0.0)
+        c_acc = _chunk_done(t_lo + CHUNK_TILES, st, cfg, c_acc)
+        r_acc, r_m, r_l = merge_partial(r_acc, r_m, r_l, c_acc, c_m, c_l)
+        gl.store(p_park, r_acc, mask=m_park)
+    r_acc = gl.zeros([ws.GROUP_ROWS, cfg.HEAD_DIM], gl.float32, layout=o_layout)
+    if st.n_tiles > 0:  # the last chunk (a tile-less program merges nothing)
+        t_lo = ((st.n_tiles - 1) // CHUNK_TILES) * CHUNK_TILES
+        c_acc, c_m, c_l = _chunk(q_tile, t_lo, st.n_tiles, st, cfg, m_start, s_layout, o_layout,
+                                 p_layout)
+        p_park, m_park = _park(st, m_start, cfg.HEAD_DIM, o_layout)
+        r_acc = gl.load(p_park, mask=m_park & (t_lo > 0), other=0.0)
+        c_acc = _chunk_done(st.n_tiles, st, cfg, c_acc)
+        r_acc, r_m, r_l = merge_partial(r_acc, r_m, r_l, c_acc, c_m, c_l)
+    return r_acc, r_m, r_l
+
+
+@gluon.jit
 def _consume(GROUP: gl.constexpr, st, cfg):
     """Consumer warp group ``GROUP``: query rows [m_tile + 64 GROUP, + 64) of the program."""
     HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
@@ -142,83 +269,29 @@ def _consume(GROUP: gl.constexpr, st, cfg):
         return
     q_tile = st.q_smem.index(GROUP)
 
-    b_zero = gl.zeros([ws.GROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    b_acc = gl.zeros([ws.GROUP_ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-    b_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    b_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    b_p = b_zero
-    b_alpha = b_l
-    if cfg.KEY_CHUNK > 0:  # the running state the chunks merge into (design §3.1): its acc
-        # parked in shared memory between merges, so the key loop holds one accumulator
-        # (m and l too: no running state in registers through the key loop)
-        r_park = st.r_smem.index(GROUP)
-        r_m_park = st.r_m_smem.index(GROUP)
-        r_l_park = st.r_l_smem.index(GROUP)
-        r_park.store(b_acc)
-        r_m_park.store(gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=row_layout))
-        r_l_park.store(gl.zeros([ws.GROUP_ROWS], gl.float32, layout=row_layout))
     mbarrier.wait(st.q_bars.index(GROUP), 0)
-    if st.n_tiles > 0:
-        ws.wait_filled(st.k_bars, 0, STAGES)
-        b_s = warpgroup_mma(q_tile, st.k_ring.index(0).permute((1, 0)), b_zero, use_acc=False,
-                            is_async=True)
-        b_s = warpgroup_mma_wait(0, deps=(b_s,))
-        b_p, b_alpha, b_m, b_l = _softmax_p(b_s, b_m, b_l, 0, st, cfg, m_start, s_layout)
-
-    # Iteration i: P of tile i is ready and acc holds tiles < i. Q K^T of tile i + 1 runs under
-    # the rescale of acc, P V of tile i under the softmax of tile i + 1.
-    PV_GROUPS: gl.constexpr = 2 if cfg.SPLIT_P else 1  # wgmma groups of one P V
-    for i_tile in range(0, st.n_tiles - 1):
-        i_next = i_tile + 1
-        ws.wait_filled(st.k_bars, i_next, STAGES)
-        b_s = warpgroup_mma(q_tile, st.k_ring.index(i_next % STAGES).permute((1, 0)), b_zero,
-                            use_acc=False, is_async=True)
-        b_acc = b_acc * gl.convert_layout(b_alpha, row_layout)[:, None]
-        ws.wait_filled(st.v_bars, i_tile, STAGES)
-        b_acc = ws.issue_rounded_mma(b_p, st.v_ring.index(i_tile % STAGES), b_acc, cfg.SPLIT_P,
-                                     p_layout)
-        b_s = warpgroup_mma_wait(PV_GROUPS, deps=(b_s,))  # Q K^T done, P V may run on
-        if cfg.KEY_CHUNK > 0:
-            # Tile i + 1 starts a chunk: its softmax starts from the empty state, and the
-            # chunk that tile i ends merges into the running state once its P V is done.
-            ends = (i_next % (cfg.KEY_CHUNK // BLOCK_N)) == 0
-            c_m = b_m
-            c_l = b_l
-            b_m = gl.where(ends, gl.full_like(b_m, float("-inf")), b_m)
-            b_l = gl.where(ends, gl.zeros_like(b_l), b_l)
-        b_p, b_alpha, b_m, b_l = _softmax_p(b_s, b_m, b_l, i_next, st, cfg, m_start,
-                                            s_layout)
-        b_acc = warpgroup_mma_wait(0, deps=(b_acc,))
-        mbarrier.arrive(st.free_bars.index(i_tile % STAGES), count=1)  # done with tile i
-        if cfg.KEY_CHUNK > 0:  # noqa: SIM102 - a constexpr branch, then a runtime one
-            if ends:  # (the compiler orders the parked stores and loads: group barriers)
-                r_acc, r_m, r_l = merge_partial(r_park.load(o_layout),
-                                                r_m_park.load(row_layout),
-                                                r_l_park.load(row_layout), b_acc,
-                                                gl.convert_layout(c_m, row_layout),
-                                                gl.convert_layout(c_l, row_layout))
-                r_park.store(r_acc)
-                r_m_park.store(r_m)
-                r_l_park.store(r_l)
-                b_acc = gl.zeros_like(b_acc)
-
-    if st.n_tiles > 0:  # the last tile's P V
-        i_tile = st.n_tiles - 1
-        b_acc = b_acc * gl.convert_layout(b_alpha, row_layout)[:, None]
-        ws.wait_filled(st.v_bars, i_tile, STAGES)
-        b_acc = ws.issue_rounded_mma(b_p, st.v_ring.index(i_tile % STAGES), b_acc, cfg.SPLIT_P,
-                                     p_layout)
-        b_acc = warpgroup_mma_wait(0, deps=(b_acc,))
+    if cfg.KEY_CHUNK > 0:
+        b_acc, b_m, b_l = _chunked_keys(q_tile, st, cfg, m_start, s_layout, o_layout, p_layout)
+    else:
+        b_acc = gl.zeros([ws.GROUP_ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+        b_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32,
+                      layout=gl.SliceLayout(1, s_layout))
+        b_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+        b_p = gl.zeros([ws.GROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
+        b_alpha = b_l
+        if st.n_tiles > 0:
+            b_p, b_alpha, b_m, b_l = _first_scores(q_tile, 0, st, cfg, m_start, b_m, b_l,
+                                                   s_layout)
+        for i_tile in range(0, st.n_tiles - 1):
+            b_acc, b_p, b_alpha, b_m, b_l = _next_tile(q_tile, i_tile, st, cfg, m_start, b_acc,
+                                                       b_p, b_alpha, b_m, b_l, s_layout,
+                                                       o_layout, p_layout)
+        if st.n_tiles > 0:
+            b_acc = _last_pv(st.n_tiles - 1, st, cfg, b_acc, b_p, b_alpha, o_layout, p_layout)
+        b_l = gl.convert_layout(b_l, row_layout)
+        b_m = gl.convert_layout(b_m, row_layout)
 
     # Rows that saw no key: out 0, lse -inf (as attn_fwd_kernel).
-    b_l = gl.convert_layout(b_l, row_layout)
-    b_m = gl.convert_layout(b_m, row_layout)
-    if cfg.KEY_CHUNK > 0:  # the last chunk merged (a tile-less program merges nothing)
-        r_acc = r_park.load(o_layout)
-        r_m, r_l = r_m_park.load(row_layout), r_l_park.load(row_layout)
-        if st.n_tiles > 0:
-            r_acc, r_m, r_l = merge_partial(r_acc, r_m, r_l, b_acc, b_m, b_l)
-        b_acc, b_m, b_l = r_acc, r_m, r_l
     b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [64, HEAD_DIM], [64]
 
     o_q, o_d, o_rows, m_o = ws.tile_rows(m_start, st.bos_q, st.seqlen_q, ws.GROUP_ROWS, HEAD_DIM,
@@ -272,7 +345,7 @@ def attn_fwd_ws_kernel(
     ``BLOCK_M`` = 128 (two consumer groups of 64 rows), ``STAGES`` K/V ring slots;
     ``KEY_CHUNK``: the key chunk (design §3.1), each chunk's tiles from the empty state merged
     into a running state in order, as ``primitives.forward_tile``'s (its accumulator parked in
-    shared memory between merges)."""
+    ``o32``'s rows between merges)."""
     gl.static_assert(BLOCK_M == 2 * ws.GROUP_ROWS)
     i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_tile = query_tile(
         cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
@@ -290,23 +363,12 @@ def attn_fwd_ws_kernel(
     k_bars = ws.barriers(STAGES, 1)
     v_bars = ws.barriers(STAGES, 1)
     free_bars = ws.barriers(STAGES, 2)  # one arrival per consumer group
-    if KEY_CHUNK > 0:  # the groups' parked running states
-        r_smem = gl.allocate_shared_memory(gl.float32, [2, ws.GROUP_ROWS, HEAD_DIM],
-                                           gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        rows: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-        r_m_smem = gl.allocate_shared_memory(gl.float32, [2, ws.GROUP_ROWS], rows)
-        r_l_smem = gl.allocate_shared_memory(gl.float32, [2, ws.GROUP_ROWS], rows)
-    else:
-        r_smem = q_smem
-        r_m_smem = q_smem
-        r_l_smem = q_smem
     fence_async_shared()
 
     # The runtime state, assigned as the positional tuples were (``ws.specialize``).
     program = _Program(
         q_smem=q_smem, k_ring=k_ring, v_ring=v_ring, q_bars=q_bars, k_bars=k_bars,
-        v_bars=v_bars, free_bars=free_bars, r_smem=r_smem, r_m_smem=r_m_smem,
-        r_l_smem=r_l_smem, o=o, lse=lse, o32=o32,
+        v_bars=v_bars, free_bars=free_bars, o=o, lse=lse, o32=o32,
         bos_q=bos_q, seqlen_q=seqlen_q, seqlen_k=seqlen_k, diag=diag, t_full=t_full,
         n_tiles=n_tiles, m_tile=m_tile, i_h=i_h, n_heads_q=n_heads_q, stride_ot=stride_ot,
         stride_oh=stride_oh, stride_o32t=stride_o32t, stride_o32h=stride_o32h,

@@ -1,0 +1,145 @@
+"""Host time per eager call, portattn beside FlashAttention-4 (issue 37 item 3's 30 µs): the
+same decode and varlen calls, each timed host-side (median of ``time.perf_counter`` around
+each of ``--n`` calls, no sync between them; the GPU work of these shapes is shorter than the
+host's), then the same call's CUDA-graph replay (GPU µs per replay) where it captures.
+
+Cases: paged decode B1 (``bench_decode``'s inputs: GQA 32/8 d128, page 64, 512..8192 keys):
+portattn ``flash_attn_with_kvcache`` and FA4 ``flash_attn_varlen_func`` (``page_table``,
+``deterministic=True``); varlen forward, 4 x 256 tokens, GQA 32/8 d128, causal, no grad:
+portattn ``varlen_attention`` and FA4. With ``--profile``: cProfile's top 20 (own time) of
+portattn's two calls on this host.
+
+Usage (GPU, FA4 from ``source .fa4/install.sh``): python ci/host_peers.py [--n 1000] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if not __package__:  # run as `python ci/host_peers.py`: the checkout's root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+import portattn
+from benchmarks import bench_decode as bd
+
+
+def host_us(call, n: int) -> float:
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times) * 1e6
+
+
+def replay_us(call, n: int) -> float | None:
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                call()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+    except Exception as exc:  # noqa: BLE001 - reported, the run goes on
+        print(f"  graph capture failed: {type(exc).__name__}: {exc}"[:200])
+        return None
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / n
+
+
+def varlen_calls() -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    total, seqs = 1024, 4
+    q, k, v = (torch.randn(total, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for h in (32, 8, 8))  # fmt: skip
+    cu = torch.arange(0, total + 1, total // seqs, dtype=torch.int32, device="cuda")
+    calls = {}
+
+    def pa():
+        with torch.no_grad():
+            return portattn.varlen_attention(q, k, v, cu, cu, 256, 256, causal=True)
+
+    calls["varlen: portattn"] = pa
+    try:
+        from flash_attn.cute import flash_attn_varlen_func as fa4
+
+        def fa():
+            with torch.no_grad():
+                return fa4(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=256,
+                           max_seqlen_k=256, causal=True, deterministic=True)  # fmt: skip
+
+        calls["varlen: FA4 det"] = fa
+    except ImportError as exc:
+        print(f"FA4 not importable: {exc}")
+    return calls
+
+
+def decode_calls() -> dict:
+    w = bd.select_workloads(patterns=["decode B1 gqa32/8 d128"])[0]
+    inp = bd.make_inputs(w)
+    calls = {}
+    pa = bd._portattn(w, inp, "varlen", True).fn
+    calls["paged decode B1: portattn"] = lambda: pa()
+    try:
+        fa = bd._fa4(w, inp, True, True).fn
+        calls["paged decode B1: FA4 det"] = lambda: fa()
+    except ImportError as exc:
+        print(f"FA4 not importable: {exc}")
+    return calls
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1000)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    calls = {**decode_calls(), **varlen_calls()}
+    lines = ["| call | host µs (eager) | graph replay µs |", "| --- | ---: | ---: |"]
+    for name, call in calls.items():
+        with torch.no_grad():
+            host = host_us(call, args.n)
+            graph = replay_us(call, args.n)
+        graph_s = "-" if graph is None else f"{graph:.1f}"
+        lines.append(f"| {name} | {host:.1f} | {graph_s} |")
+        print(lines[-1], flush=True)
+    if args.profile:
+        for name, call in calls.items():
+            if "portattn" not in name:
+                continue
+            prof = cProfile.Profile()
+            with torch.no_grad():
+                prof.enable()
+                for _ in range(args.n):
+                    call()
+                prof.disable()
+            torch.cuda.synchronize()
+            print(f"\n### {name}: cProfile, {args.n} calls, own time")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+    print("\n## summary\n" + "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
