@@ -7,9 +7,11 @@ Cases: paged decode B1 (``bench_decode``'s inputs: GQA 32/8 d128, page 64, 512..
 portattn ``flash_attn_with_kvcache`` and FA4 ``flash_attn_varlen_func`` (``page_table``,
 ``deterministic=True``); varlen forward, 4 x 256 tokens, GQA 32/8 d128, causal, no grad:
 portattn ``varlen_attention`` and FA4. With ``--profile``: cProfile's top 20 (own time) of
-portattn's two calls on this host.
+portattn's two calls on this host. With ``--kernels``: each call's CUDA µs per kernel
+(``torch.profiler``, mean of ``--n`` calls), where the small calls' GPU time goes.
 
 Usage (GPU, FA4 from ``source .fa4/install.sh``): python ci/host_peers.py [--n 1000] [--profile]
+[--kernels]
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 
 import portattn
 from benchmarks import bench_decode as bd
+from benchmarks.bench import profile_cuda_us
 
 
 def host_us(call, n: int) -> float:
@@ -114,6 +117,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--kernels", action="store_true", help="CUDA µs per kernel and call")
     args = parser.parse_args()
     calls = {**decode_calls(), **varlen_calls()}
     lines = ["| call | host µs (eager) | graph replay µs |", "| --- | ---: | ---: |"]
@@ -137,6 +141,13 @@ def main() -> int:
             torch.cuda.synchronize()
             print(f"\n### {name}: cProfile, {args.n} calls, own time")
             pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+    if args.kernels:
+        for name, call in calls.items():
+            with torch.no_grad():
+                times = profile_cuda_us(call, args.n)
+            print(f"\n### {name}: CUDA µs per call and kernel")
+            for kernel, us in sorted(times.items(), key=lambda kv: -kv[1])[:8]:
+                print(f"- {us / args.n:8.1f}  {kernel[:110]}")
     print("\n## summary\n" + "\n".join(lines))
     return 0
 
