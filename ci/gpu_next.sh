@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;
 # a refused start costs 15 s or more: check `status` before asking).
+# Session 34, first: with .fa4 carried, `source .fa4/install.sh; PYTHONPATH=. python3
+# ci/host_peers.py --kernels --n 200` (~1.5 min with a cold start): where a small varlen
+# forward's 37.7 us of GPU time go (FA4 det: 16.8; perf-notes row 96). Then, for issue 37's C:
+# `bash ci/gpu_park.sh forward` after any change to the Gluon forward's chunk loop (~4 min).
+# Session 33 ran `bash ci/gpu_park.sh` and `bash ci/gpu_park.sh forward` (perf-notes row 96).
 # Session 31: first `bash ci/gpu_split.sh tests`, then `bash ci/gpu_split.sh bench` with .fa4
 # carried (the split decode: GPU tests of the decode paths and tests/test_key_chunk.py, golden
 # verify sm90; ci/split_decode_ab.py's bits, decode TB/s at C 2048 and the training forward's
