@@ -37,9 +37,7 @@ Usage: python benchmarks/host_overhead.py [--gpu] [--n 2000] [--profile] [--case
 from __future__ import annotations
 
 import argparse
-import cProfile
 import os
-import pstats
 import statistics
 import sys
 import time
@@ -54,7 +52,7 @@ import torch  # noqa: E402
 
 import portattn  # noqa: E402
 from benchmarks.aten_ops import top_level_aten_ops  # noqa: E402
-from benchmarks.bench import cuda_graph  # noqa: E402
+from benchmarks.call_times import gpu_times, profile  # noqa: E402
 
 B, HQ, HKV, D, PAGE, PAGES, CACHED = 1, 32, 8, 128, 64, 64, 1000
 LAYERS = 32  # calls per step of the *_step cases
@@ -190,57 +188,6 @@ def aten_ops(call) -> int:
     """Top-level ``aten::`` ops of one call after a first (those not inside another aten op)."""
     call()
     return len(top_level_aten_ops(call))
-
-
-def profile(call, n: int, sort: str) -> None:
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(n):
-        call()
-    prof.disable()
-    pstats.Stats(prof).sort_stats(sort).print_stats(25)
-
-
-def gpu_times(call, n: int) -> dict[str, float]:
-    """µs per call: host (perf_counter around ``n`` calls, no sync inside), GPU (CUDA events
-    around the same calls) and CUDA-graph replay (events around ``n`` replays)."""
-    for _ in range(20):
-        call()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    end.record()
-    torch.cuda.synchronize()
-    # The median call: a lent GPU host's stalls (other tenants) move the mean by 2x between
-    # runs; the GPU time is the events' total over the calls, as before.
-    row = {"host_us": statistics.median(times) * 1e6, "gpu_us": start.elapsed_time(end) / n * 1e3}
-    torch.cuda.set_sync_debug_mode("error")  # a warm call must not wait for the GPU
-    try:
-        call()
-        row["syncs"] = "none"
-    except RuntimeError as err:
-        row["syncs"] = f"yes ({str(err).splitlines()[0][:60]})"
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    try:
-        graph, _ = cuda_graph(call)
-    except Exception as err:  # report and go on: the eager numbers stand on their own
-        print(f"  graph capture failed: {type(err).__name__}: {err}", file=sys.stderr)
-        return row
-    graph.replay()
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(n):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    row["graph_us"] = start.elapsed_time(end) / n * 1e3
-    return row
 
 
 def main() -> int:

@@ -1,7 +1,8 @@
 """Host time per eager call, portattn beside FlashAttention-4 (issue 37 item 3's 30 µs): the
-same decode and varlen calls, each timed host-side (median of ``time.perf_counter`` around
-each of ``--n`` calls, no sync between them; the GPU work of these shapes is shorter than the
-host's), then the same call's CUDA-graph replay (GPU µs per replay) where it captures.
+same decode and varlen calls, each timed by ``benchmarks.call_times.gpu_times``: host-side
+(median of ``time.perf_counter`` around each of ``--n`` calls, no sync between them; the GPU
+work of these shapes is shorter than the host's), the same calls' GPU time, and the call's
+CUDA-graph replay (GPU µs per replay) where it captures.
 
 Cases: paged decode B1 (``bench_decode``'s inputs: GQA 32/8 d128, page 64, 512..8192 keys):
 portattn ``flash_attn_with_kvcache`` and FA4 ``flash_attn_varlen_func`` (``page_table``,
@@ -17,11 +18,7 @@ Usage (GPU, FA4 from ``source .fa4/install.sh``): python ci/host_peers.py [--n 1
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
-import statistics
 import sys
-import time
 from pathlib import Path
 
 if not __package__:  # run as `python ci/host_peers.py`: the checkout's root on sys.path
@@ -32,44 +29,7 @@ import torch
 import portattn
 from benchmarks import bench_decode as bd
 from benchmarks.bench import profile_cuda_us
-
-
-def host_us(call, n: int) -> float:
-    for _ in range(20):
-        call()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    return statistics.median(times) * 1e6
-
-
-def replay_us(call, n: int) -> float | None:
-    try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                call()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            call()
-    except Exception as exc:  # noqa: BLE001 - reported, the run goes on
-        print(f"  graph capture failed: {type(exc).__name__}: {exc}"[:200])
-        return None
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / n
+from benchmarks.call_times import gpu_times, profile
 
 
 def varlen_calls() -> dict:
@@ -120,27 +80,22 @@ def main() -> int:
     parser.add_argument("--kernels", action="store_true", help="CUDA µs per kernel and call")
     args = parser.parse_args()
     calls = {**decode_calls(), **varlen_calls()}
-    lines = ["| call | host µs (eager) | graph replay µs |", "| --- | ---: | ---: |"]
+    lines = ["| call | host µs (eager) | GPU µs (eager) | graph replay µs |",
+             "| --- | ---: | ---: | ---: |"]  # fmt: skip
     for name, call in calls.items():
         with torch.no_grad():
-            host = host_us(call, args.n)
-            graph = replay_us(call, args.n)
-        graph_s = "-" if graph is None else f"{graph:.1f}"
-        lines.append(f"| {name} | {host:.1f} | {graph_s} |")
+            row = gpu_times(call, args.n)
+        graph = f"{row['graph_us']:.1f}" if "graph_us" in row else "-"
+        lines.append(f"| {name} | {row['host_us']:.1f} | {row['gpu_us']:.1f} | {graph} |")
         print(lines[-1], flush=True)
     if args.profile:
         for name, call in calls.items():
             if "portattn" not in name:
                 continue
-            prof = cProfile.Profile()
-            with torch.no_grad():
-                prof.enable()
-                for _ in range(args.n):
-                    call()
-                prof.disable()
-            torch.cuda.synchronize()
             print(f"\n### {name}: cProfile, {args.n} calls, own time")
-            pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+            with torch.no_grad():
+                profile(call, args.n, "tottime", top=20)
+            torch.cuda.synchronize()
     if args.kernels:
         for name, call in calls.items():
             with torch.no_grad():

@@ -260,7 +260,9 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     park = None
     if ws and "KEY_CHUNK" in params and not store_o32:
         park = new_buffer(out_shape, torch.float32, q.device)
-    o32_arg = out32 if store_o32 else out if park is None else park
+    o32_arg = out32 if store_o32 else park  # the kernel's o32: a float32 tensor or ...
+    if o32_arg is None:  # ... out, unread (no STORE_O32, no KEY_CHUNK)
+        o32_arg = out
     args = (
         q, k, v, out, lse, o32_arg,
         cu_seqlens_q, cu_seqlens_k,
