@@ -215,6 +215,19 @@ def _park(st, m_start, HEAD_DIM: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
+def _merge_chunk(t_lo, t_hi, c_acc, c_m, c_l, r_m, r_l, st, cfg, m_start,
+                 o_layout: gl.constexpr):
+    """Merge chunk [t_lo, t_hi) (its last P V in flight, ``_chunk``) into the running state:
+    the parked acc loaded under that P V (none before the first chunk), then the merge.
+    Returns the running (acc, m, l) and where its acc is parked."""
+    p_park, m_park = _park(st, m_start, cfg.HEAD_DIM, o_layout)
+    r_acc = gl.load(p_park, mask=m_park & (t_lo > 0), other=0.0)
+    c_acc = _chunk_done(t_hi, st, cfg, c_acc)
+    r_acc, r_m, r_l = merge_partial(r_acc, r_m, r_l, c_acc, c_m, c_l)
+    return r_acc, r_m, r_l, p_park, m_park
+
+
+@gluon.jit
 def _chunked_keys(q_tile, st, cfg, m_start, s_layout: gl.constexpr, o_layout: gl.constexpr,
                   p_layout: gl.constexpr):
     """The key loop with ``KEY_CHUNK`` (design §3.1): each chunk of tiles from the empty state
@@ -226,23 +239,19 @@ def _chunked_keys(q_tile, st, cfg, m_start, s_layout: gl.constexpr, o_layout: gl
     r_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=row_layout)
     r_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=row_layout)
     for t_lo in range(0, st.n_tiles - CHUNK_TILES, CHUNK_TILES):  # all chunks but the last
-        c_acc, c_m, c_l = _chunk(q_tile, t_lo, t_lo + CHUNK_TILES, st, cfg, m_start, s_layout,
-                                 o_layout, p_layout)
-        # the parked acc loaded under the chunk's last P V (none before the first chunk)
-        p_park, m_park = _park(st, m_start, cfg.HEAD_DIM, o_layout)
-        r_acc = gl.load(p_park, mask=m_park & (t_lo > 0), other=0.0)
-        c_acc = _chunk_done(t_lo + CHUNK_TILES, st, cfg, c_acc)
-        r_acc, r_m, r_l = merge_partial(r_acc, r_m, r_l, c_acc, c_m, c_l)
+        t_hi = t_lo + CHUNK_TILES
+        c_acc, c_m, c_l = _chunk(q_tile, t_lo, t_hi, st, cfg, m_start, s_layout, o_layout,
+                                 p_layout)
+        r_acc, r_m, r_l, p_park, m_park = _merge_chunk(t_lo, t_hi, c_acc, c_m, c_l, r_m, r_l,
+                                                       st, cfg, m_start, o_layout)
         gl.store(p_park, r_acc, mask=m_park)
     r_acc = gl.zeros([ws.GROUP_ROWS, cfg.HEAD_DIM], gl.float32, layout=o_layout)
-    if st.n_tiles > 0:  # the last chunk (a tile-less program merges nothing)
+    if st.n_tiles > 0:  # the last chunk, merged in registers (a tile-less program: none)
         t_lo = ((st.n_tiles - 1) // CHUNK_TILES) * CHUNK_TILES
         c_acc, c_m, c_l = _chunk(q_tile, t_lo, st.n_tiles, st, cfg, m_start, s_layout, o_layout,
                                  p_layout)
-        p_park, m_park = _park(st, m_start, cfg.HEAD_DIM, o_layout)
-        r_acc = gl.load(p_park, mask=m_park & (t_lo > 0), other=0.0)
-        c_acc = _chunk_done(st.n_tiles, st, cfg, c_acc)
-        r_acc, r_m, r_l = merge_partial(r_acc, r_m, r_l, c_acc, c_m, c_l)
+        r_acc, r_m, r_l, _, _ = _merge_chunk(t_lo, st.n_tiles, c_acc, c_m, c_l, r_m, r_l, st,
+                                             cfg, m_start, o_layout)
     return r_acc, r_m, r_l
 
 
