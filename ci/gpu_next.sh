@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;
 # a refused start costs 15 s or more: check `status` before asking).
-# Session 34, first: with .fa4 carried, `source .fa4/install.sh; PYTHONPATH=. python3
+# Session 35: after a change to the Gluon forward's key loop that keeps the wait for P V after
+# the softmax (perf-notes row 97; check first on the CPU that ptxas prints no C7511/C7514 line
+# and that the DEPBAR.LE gsb0, 0x0 follows the MUFU.EX2s), `bash ci/gpu_barriers.sh`-style A/B:
+# `python ci/wait_barrier_probe.py --fa4` on main and on the change in alternating processes
+# (bits must match), then `bash ci/gpu_stalls.sh`. Golden: `python -m portattn golden verify
+# --family sm90` after any machine-code change.
+# Session 34 ran ci/gpu_ncu.sh, ci/gpu_barriers.sh, ci/gpu_stalls.sh (row 97).
+# Session 34, first (done): with .fa4 carried, `source .fa4/install.sh; PYTHONPATH=. python3
 # ci/host_peers.py --kernels --n 200` (~1.5 min with a cold start): where a small varlen
 # forward's 37.7 us of GPU time go (FA4 det: 16.8; perf-notes row 96). Then, for issue 37's C:
 # `bash ci/gpu_park.sh forward` after any change to the Gluon forward's chunk loop (~4 min).

@@ -1,0 +1,75 @@
+"""Bits and times of portattn ``varlen`` (and FlashAttention-4 deterministic, where it imports)
+on the bench workloads, for ``ci/wait_barriers.py``'s A/B: run once under the hook and once
+without (``WAIT_BARRIERS=keep``), each with its own ``TRITON_CACHE_DIR``; the hashes must be
+equal between the runs (the hook changes no arithmetic), the times say what the barriers cost.
+
+Usage: python ci/wait_barriers.py ci/wait_barrier_probe.py [--workloads W ...] [--fa4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from pathlib import Path
+
+if not __package__:  # the checkout's root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import triton
+
+from benchmarks import bench
+from benchmarks.bench_report import FA4_DET, VARLEN
+
+DEFAULT = ("equal 2x8192 h16 d128 causal", "equal 2x8192 h16 d128 full",
+           "skewed 32k h16 d128 causal", "equal 2x8192 gqa32/8 d128 causal",
+           "skewed 16k h16 d64 causal")  # fmt: skip
+
+
+def digest(*tensors: torch.Tensor) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", action="append")
+    parser.add_argument("--fa4", action="store_true")
+    args = parser.parse_args()
+    only = [VARLEN, FA4_DET] if args.fa4 else [VARLEN]
+    for w in bench.select_workloads(patterns=args.workloads or list(DEFAULT)):
+        if not any(w.name == name for name in (args.workloads or DEFAULT)):
+            continue
+        q, k, v, cu = bench.make_inputs(w)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        gen = torch.Generator(device=q.device).manual_seed(1)  # the same dO in every run
+        do = torch.randn(q.shape, device=q.device, dtype=q.dtype, generator=gen)
+        for name, impl in bench.build_impls(w, cu, only=only).items():
+            if isinstance(impl, str):
+                print(f"{w.name} | {name} | {impl[:200]}")
+                continue
+            out = impl.fn(q, k, v)
+            grads = torch.autograd.grad(out, (q, k, v), do)
+            bits = digest(out, *grads)
+            times = {}
+            for mode in ("fwd", "fwd+bwd"):
+                step = bench.make_step(impl, mode, q, k, v, do if mode != "fwd" else None)
+                best = min(
+                    triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median")
+                    for _ in range(2)
+                )
+                times[mode] = best
+            tf = {m: w.flops(m) / times[m] / 1e9 for m in times}
+            print(
+                f"| {w.name} | {name} | {bits} | {times['fwd']:.3f} | {tf['fwd']:.0f} | "
+                f"{times['fwd+bwd']:.3f} | {tf['fwd+bwd']:.0f} |",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
