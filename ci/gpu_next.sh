@@ -7,7 +7,10 @@
 # `python ci/wait_barrier_probe.py --fa4` on main and on the change in alternating processes
 # (bits must match), then `bash ci/gpu_stalls.sh`. Golden: `python -m portattn golden verify
 # --family sm90` after any machine-code change.
-# Session 34 ran ci/gpu_ncu.sh, ci/gpu_barriers.sh, ci/gpu_stalls.sh (row 97).
+# Session 34 ran ci/gpu_ncu.sh, ci/gpu_barriers.sh, ci/gpu_stalls.sh (row 97), ci/gpu_fwd_order.sh
+# (row 98: FA4's order in the Gluon forward's step, landed). Session 35, first: `python -m portattn
+# golden verify --family sm90` (the sm90 varlen d128 forward's machine code changed in row 98; its
+# outputs should not have).
 # Session 34, first (done): with .fa4 carried, `source .fa4/install.sh; PYTHONPATH=. python3
 # ci/host_peers.py --kernels --n 200` (~1.5 min with a cold start): where a small varlen
 # forward's 37.7 us of GPU time go (FA4 det: 16.8; perf-notes row 96). Then, for issue 37's C:

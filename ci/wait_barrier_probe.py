@@ -38,6 +38,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", action="append")
     parser.add_argument("--fa4", action="store_true")
+    parser.add_argument("--fwd-only", action="store_true", help="out's bits, forward times")
     args = parser.parse_args()
     only = [VARLEN, FA4_DET] if args.fa4 else [VARLEN]
     for w in bench.select_workloads(patterns=args.workloads or list(DEFAULT)):
@@ -52,10 +53,11 @@ def main() -> int:
                 print(f"{w.name} | {name} | {impl[:200]}")
                 continue
             out = impl.fn(q, k, v)
-            grads = torch.autograd.grad(out, (q, k, v), do)
+            modes = ("fwd",) if args.fwd_only else ("fwd", "fwd+bwd")
+            grads = () if args.fwd_only else torch.autograd.grad(out, (q, k, v), do)
             bits = digest(out, *grads)
-            times = {}
-            for mode in ("fwd", "fwd+bwd"):
+            times = {"fwd+bwd": float("nan")}
+            for mode in modes:
                 step = bench.make_step(impl, mode, q, k, v, do if mode != "fwd" else None)
                 best = min(
                     triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median")

@@ -8,10 +8,13 @@ Gluon states the schedule by hand (FlashAttention-3's structure):
 * one producer warp copies Q, then K and V tiles into a ring of ``STAGES`` slots (TMA, per-
   sequence descriptors that read 0 past the sequence end), each tile signalling an mbarrier;
 * two consumer warp groups of 4 warps each own 64 query rows of the program's 128. Each issues
-  the next key tile's ``Q K^T`` before this tile's rescale and ``P V``, and computes the next
-  softmax while ``P V`` runs; it releases a slot (an mbarrier both groups arrive on) once its
-  ``P V`` is done. The groups run unsynchronised, so one's softmax also runs under the other's
-  products.
+  the next key tile's ``Q K^T`` and, right after it, this tile's ``P V``, computes the next
+  softmax while they run (P packed to the input dtype under the exponentials), and rescales
+  acc by the next tile's alpha once ``P V`` is done (FlashAttention-4's order: the same
+  products and rescales of acc in the same order as rescaling before each ``P V``; it issues
+  ``P V`` without the rescale's 64 multiplies in between, perf-notes row 97). It releases a
+  slot (an mbarrier both groups arrive on) once its ``P V`` is done. The groups run
+  unsynchronised, so one's softmax also runs under the other's products.
 
 Bits. Every element is computed by the same expressions as in ``attn_fwd_kernel``: the shared
 ``online_softmax_step``, ``visible_mask``, ``mask_scores``, ``split_p_lo`` and
@@ -110,19 +113,25 @@ class _Program(NamedTuple):
 
 @gluon.jit
 def _softmax_p(b_s, b_m, b_l, i_tile, st, cfg, m_start, s_layout: gl.constexpr):
-    """Mask key tile ``i_tile``'s raw scores where it needs it, then one online-softmax step."""
+    """Mask key tile ``i_tile``'s raw scores where it needs it, then one online-softmax step;
+    P comes rounded to the input dtype as P V rounds it (in float32 with ``SPLIT_P``, whose
+    second product takes what the rounding left)."""
     if i_tile >= st.t_full:
         o_q = m_start + gl.arange(0, ws.GROUP_ROWS, layout=gl.SliceLayout(1, s_layout))
         o_k = i_tile * cfg.BLOCK_N + gl.arange(0, cfg.BLOCK_N,
                                                layout=gl.SliceLayout(0, s_layout))
         m_vis = visible_mask(o_q[:, None], o_k[None, :], st.seqlen_k, st.diag, cfg.CAUSAL)
         b_s = mask_scores(b_s, m_vis)
-    return online_softmax_step(b_s, b_m, b_l, st.scale_log2)
+    b_p, b_alpha, b_m, b_l = online_softmax_step(b_s, b_m, b_l, st.scale_log2)
+    if not cfg.SPLIT_P:  # P as P V rounds it, packed here under the exponentials
+        b_p = b_p.to(st.v_ring.dtype)
+    return b_p, b_alpha, b_m, b_l
 
 
 @gluon.jit
 def _first_scores(q_tile, i_tile, st, cfg, m_start, b_m, b_l, s_layout: gl.constexpr):
-    """Q K^T of key tile ``i_tile`` and its softmax step, nothing else in flight."""
+    """Q K^T of key tile ``i_tile`` and its softmax step, nothing else in flight. (Its alpha
+    rescales nothing: it is the first tile of the loop, acc is empty.)"""
     b_zero = gl.zeros([ws.GROUP_ROWS, cfg.BLOCK_N], gl.float32, layout=s_layout)
     ws.wait_filled(st.k_bars, i_tile, cfg.STAGES)
     b_s = warpgroup_mma(q_tile, st.k_ring.index(i_tile % cfg.STAGES).permute((1, 0)), b_zero,
@@ -132,11 +141,12 @@ def _first_scores(q_tile, i_tile, st, cfg, m_start, b_m, b_l, s_layout: gl.const
 
 
 @gluon.jit
-def _next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_alpha, b_m, b_l,
+def _next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_m, b_l,
                s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
     """One step of the key loop: P of tile ``i_tile`` is ready and acc holds the tiles before
-    it. Q K^T of tile i + 1 runs under the rescale of acc, P V of tile i under the softmax of
-    tile i + 1; the slot of tile i is released once its P V is done."""
+    it, rescaled for tile i. Q K^T of tile i + 1 and P V of tile i are issued back to back and
+    run under the softmax of tile i + 1; once P V is done, the slot of tile i is released and
+    acc rescaled for tile i + 1."""
     STAGES: gl.constexpr = cfg.STAGES
     PV_GROUPS: gl.constexpr = 2 if cfg.SPLIT_P else 1  # wgmma groups of one P V
     i_next = i_tile + 1
@@ -144,7 +154,6 @@ def _next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_alpha, b_m, b_l,
     ws.wait_filled(st.k_bars, i_next, STAGES)
     b_s = warpgroup_mma(q_tile, st.k_ring.index(i_next % STAGES).permute((1, 0)), b_zero,
                         use_acc=False, is_async=True)
-    b_acc = b_acc * gl.convert_layout(b_alpha, gl.SliceLayout(1, o_layout))[:, None]
     ws.wait_filled(st.v_bars, i_tile, STAGES)
     b_acc = ws.issue_rounded_mma(b_p, st.v_ring.index(i_tile % STAGES), b_acc, cfg.SPLIT_P,
                                  p_layout)
@@ -152,24 +161,24 @@ def _next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_alpha, b_m, b_l,
     b_p, b_alpha, b_m, b_l = _softmax_p(b_s, b_m, b_l, i_next, st, cfg, m_start, s_layout)
     b_acc = warpgroup_mma_wait(0, deps=(b_acc,))
     mbarrier.arrive(st.free_bars.index(i_tile % STAGES), count=1)  # done with tile i
-    return b_acc, b_p, b_alpha, b_m, b_l
+    b_acc = b_acc * gl.convert_layout(b_alpha, gl.SliceLayout(1, o_layout))[:, None]
+    return b_acc, b_p, b_m, b_l
 
 
 @gluon.jit
-def _issue_last_pv(i_tile, st, cfg, b_acc, b_p, b_alpha, o_layout: gl.constexpr,
+def _issue_last_pv(i_tile, st, cfg, b_acc, b_p, o_layout: gl.constexpr,
                    p_layout: gl.constexpr):
     """P V of the loop's last tile ``i_tile``, issued (its wgmma in flight)."""
-    b_acc = b_acc * gl.convert_layout(b_alpha, gl.SliceLayout(1, o_layout))[:, None]
     ws.wait_filled(st.v_bars, i_tile, cfg.STAGES)
     return ws.issue_rounded_mma(b_p, st.v_ring.index(i_tile % cfg.STAGES), b_acc, cfg.SPLIT_P,
                                 p_layout)
 
 
 @gluon.jit
-def _last_pv(i_tile, st, cfg, b_acc, b_p, b_alpha, o_layout: gl.constexpr,
+def _last_pv(i_tile, st, cfg, b_acc, b_p, o_layout: gl.constexpr,
              p_layout: gl.constexpr):
     """P V of the loop's last tile ``i_tile``, nothing else in flight."""
-    b_acc = _issue_last_pv(i_tile, st, cfg, b_acc, b_p, b_alpha, o_layout, p_layout)
+    b_acc = _issue_last_pv(i_tile, st, cfg, b_acc, b_p, o_layout, p_layout)
     return warpgroup_mma_wait(0, deps=(b_acc,))
 
 
@@ -183,12 +192,11 @@ def _chunk(q_tile, t_lo, t_hi, st, cfg, m_start, s_layout: gl.constexpr,
     b_acc = gl.zeros([ws.GROUP_ROWS, cfg.HEAD_DIM], gl.float32, layout=o_layout)
     b_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     b_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    b_p, b_alpha, b_m, b_l = _first_scores(q_tile, t_lo, st, cfg, m_start, b_m, b_l, s_layout)
+    b_p, _, b_m, b_l = _first_scores(q_tile, t_lo, st, cfg, m_start, b_m, b_l, s_layout)
     for i_tile in range(t_lo, t_hi - 1):
-        b_acc, b_p, b_alpha, b_m, b_l = _next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p,
-                                                   b_alpha, b_m, b_l, s_layout, o_layout,
-                                                   p_layout)
-    b_acc = _issue_last_pv(t_hi - 1, st, cfg, b_acc, b_p, b_alpha, o_layout, p_layout)
+        b_acc, b_p, b_m, b_l = _next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_m, b_l,
+                                          s_layout, o_layout, p_layout)
+    b_acc = _issue_last_pv(t_hi - 1, st, cfg, b_acc, b_p, o_layout, p_layout)
     return b_acc, gl.convert_layout(b_m, row_layout), gl.convert_layout(b_l, row_layout)
 
 
@@ -287,16 +295,15 @@ def _consume(GROUP: gl.constexpr, st, cfg):
                       layout=gl.SliceLayout(1, s_layout))
         b_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
         b_p = gl.zeros([ws.GROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
-        b_alpha = b_l
+        if not cfg.SPLIT_P:
+            b_p = b_p.to(st.v_ring.dtype)
         if st.n_tiles > 0:
-            b_p, b_alpha, b_m, b_l = _first_scores(q_tile, 0, st, cfg, m_start, b_m, b_l,
-                                                   s_layout)
+            b_p, _, b_m, b_l = _first_scores(q_tile, 0, st, cfg, m_start, b_m, b_l, s_layout)
         for i_tile in range(0, st.n_tiles - 1):
-            b_acc, b_p, b_alpha, b_m, b_l = _next_tile(q_tile, i_tile, st, cfg, m_start, b_acc,
-                                                       b_p, b_alpha, b_m, b_l, s_layout,
-                                                       o_layout, p_layout)
+            b_acc, b_p, b_m, b_l = _next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_m,
+                                              b_l, s_layout, o_layout, p_layout)
         if st.n_tiles > 0:
-            b_acc = _last_pv(st.n_tiles - 1, st, cfg, b_acc, b_p, b_alpha, o_layout, p_layout)
+            b_acc = _last_pv(st.n_tiles - 1, st, cfg, b_acc, b_p, o_layout, p_layout)
         b_l = gl.convert_layout(b_l, row_layout)
         b_m = gl.convert_layout(b_m, row_layout)
 
