@@ -5,11 +5,8 @@
 # Triton cache; bits must match between keep and drop. Then Nsight Compute of the dropped
 # forward (stalls). Logs go to $OUT.
 set -uo pipefail
-OUT=${OUT:-/tmp/portattn-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
-source .fa4/install.sh >"$OUT/fa4_install.log" 2>&1
+gpu_setup fa4
 nvidia-smi --query-gpu=name --format=csv,noheader
 for round in 1 2; do
   for mode in keep drop; do

@@ -7,10 +7,8 @@
 # > ab_fwd/forward_ws_main.py`); bits of out must be equal; then the Gluon forward's GPU tests
 # on J. Perf-notes row 98; a template for the next A/B of a kernel file.
 set -uo pipefail
-OUT=${OUT:-/tmp/portattn-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
+gpu_setup
 nvidia-smi --query-gpu=name --format=csv,noheader
 W=(--workloads "equal 2x8192 h16 d128 causal" --workloads "equal 2x8192 h16 d128 full"
    --workloads "skewed 32k h16 d128 causal" --workloads "equal 2x8192 gqa32/8 d128 causal")

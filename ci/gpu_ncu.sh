@@ -5,11 +5,8 @@
 # same calls: time, tensor-pipe and XU use, SM activity over the kernel (tail), issue stalls.
 # Logs go to $OUT.
 set -uo pipefail
-OUT=${OUT:-/tmp/portattn-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
-source .fa4/install.sh >"$OUT/fa4_install.log" 2>&1
+gpu_setup fa4
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader
 W=(--workloads "equal 2x8192 h16 d128 causal" --workloads "equal 2x8192 h16 d64 causal"
    --workloads "skewed 16k h16 d64 causal")

@@ -4,11 +4,8 @@
 # FA4 deterministic's SM90 forward, one call each on equal 2x8192 h16 d128 causal
 # (ci/ncu_peers.py), exported as CSV source pages. Logs go to $OUT.
 set -uo pipefail
-OUT=${OUT:-/tmp/portattn-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
-source .fa4/install.sh >/dev/null 2>&1
+gpu_setup fa4
 for tag in portattn fa4; do
   step "ncu_$tag" 200 ncu --clock-control none --nvtx --nvtx-include "$tag.fwd/" \
     --section SourceCounters --section WarpStateStats -f -o "/tmp/$tag" \

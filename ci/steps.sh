@@ -2,6 +2,15 @@
 # SECONDS CMD...` runs CMD with a time limit, its output into $OUT/NAME.log, and appends a
 # "NAME rc=.. seconds" line to the `summary` array that the script prints last.
 summary=()
+# What every GPU call script sets up: $OUT (default /tmp/portattn-out), unbuffered Python with
+# the checkout on its path, and with `fa4` FlashAttention-4 from the carried .fa4/ (its log in
+# $OUT/fa4_install.log). Call it right after sourcing this file.
+gpu_setup() {
+  OUT=${OUT:-/tmp/portattn-out}
+  mkdir -p "$OUT"
+  export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+  if [ "${1:-}" = fa4 ]; then source .fa4/install.sh >"$OUT/fa4_install.log" 2>&1; fi
+}
 step() {
   local name=$1 limit=$2; shift 2
   local t0=$(date +%s)
