@@ -150,6 +150,20 @@ def quick_workloads() -> list[Workload]:
     return [w for w in default_workloads() if w.name.startswith(keep)]
 
 
+def overhead_workloads() -> list[Workload]:
+    """Packs where each program's fixed costs weigh most (not in a bench run; the GPU probes
+    in ci/ take them by name): a small varlen call, RL-like packs of 64 sequences of random
+    lengths 32..2048 (seeded), and 1024 sequences of one 128-row tile each."""
+    rng = random.Random(0)
+    rl = tuple(rng.randint(32, 2048) for _ in range(64))
+    return [
+        Workload("small 4x256 gqa32/8 d128 causal", (256,) * 4, 32, 8, 128, True),
+        Workload("rl 64x(32..2048) gqa32/8 d128 causal", rl, 32, 8, 128, True),
+        Workload("rl 64x(32..2048) h16 d128 full", rl, 16, 16, 128, False),
+        Workload("tiles 1024x128 h16 d128 full", (128,) * 1024, 16, 16, 128, False),
+    ]
+
+
 def select_workloads(quick: bool = False, patterns: list[str] | None = None) -> list[Workload]:
     """The workloads of a run: all or ``--quick``, then those whose name contains any of the
     ``--workloads`` substrings (case-insensitive)."""

@@ -40,7 +40,9 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="torch.profiler µs per kernel")
     parser.add_argument("--only", choices=("portattn", "fa4"), help="one implementation")
     args = parser.parse_args()
-    for w in bench.select_workloads(patterns=args.workloads):
+    names = set(args.workloads)
+    extra = [w for w in bench.overhead_workloads() if w.name in names]
+    for w in bench.select_workloads(patterns=args.workloads) + extra:
         q, k, v, cu = bench.make_inputs(w)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         do = torch.randn_like(q)

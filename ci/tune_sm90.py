@@ -226,9 +226,19 @@ ROUNDS: dict[str, list[tuple[str, int, dict]]] = {
         ("varlen", 64, dict(fwd=(64, 32, 4, 4))),
         ("varlen", 64, {}),
     ],
+    # Session 35 (row 99): the d64 Gluon forward after FA4's step order (row 98) and the groups'
+    # turns; 64-key tiles keep the table's bits (the table's d64 forward is 64x64 Triton).
+    "row99-d64": [
+        ("varlen", 64, {}),
+        ("varlen", 64, dict(fwd=(128, 128, 8, 2), fwd_ws=True)),
+        ("varlen", 64, dict(fwd=(128, 128, 8, 3), fwd_ws=True)),
+        ("varlen", 64, dict(fwd=(128, 64, 8, 3), fwd_ws=True)),
+        ("varlen", 64, dict(fwd=(128, 64, 8, 4), fwd_ws=True)),
+        ("varlen", 64, {}),
+    ],
 }
 FORWARD_ONLY = {"row35-forward", "row40-forward", "row48-forward", "row51-forward"}
-FORWARD_ONLY |= {"fa4-d64-forward", "d64-forward"}
+FORWARD_ONLY |= {"fa4-d64-forward", "d64-forward", "row99-d64"}
 LATEST = "d64-backward"
 
 TABLE = dict(configs.config_table())  # the committed table, before any override

@@ -41,7 +41,8 @@ def main() -> int:
     parser.add_argument("--fwd-only", action="store_true", help="out's bits, forward times")
     args = parser.parse_args()
     only = [VARLEN, FA4_DET] if args.fa4 else [VARLEN]
-    for w in bench.select_workloads(patterns=args.workloads or list(DEFAULT)):
+    packs = bench.select_workloads(patterns=args.workloads or list(DEFAULT))
+    for w in packs + bench.overhead_workloads():
         if not any(w.name == name for name in (args.workloads or DEFAULT)):
             continue
         q, k, v, cu = bench.make_inputs(w)
@@ -66,7 +67,7 @@ def main() -> int:
                 times[mode] = best
             tf = {m: w.flops(m) / times[m] / 1e9 for m in times}
             print(
-                f"| {w.name} | {name} | {bits} | {times['fwd']:.3f} | {tf['fwd']:.0f} | "
+                f"| {w.name} | {name} | {bits} | {times['fwd']:.4f} | {tf['fwd']:.0f} | "
                 f"{times['fwd+bwd']:.3f} | {tf['fwd+bwd']:.0f} |",
                 flush=True,
             )
