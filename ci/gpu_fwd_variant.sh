@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# A/B of a forward kernel patch against main (issue 36; perf-notes rows 99-101): the probe
+# A/B of forward kernel patches against main (issue 36; perf-notes rows 99-102): the probe
 # (ci/wait_barrier_probe.py --fwd-only: out's bits hashed, forward ms best of two do_bench
 # medians) in alternating processes, each version with its own Triton cache, FA4
-# deterministic beside main in the first round (carry .fa4); then the patched tree's GPU
-# tests of the Gluon forward; the patch is reverted at the end.
+# deterministic beside main in the first round (carry .fa4); then the GPU tests of the Gluon
+# forward on the last version. A version is a patch of ci/patches or several joined by '+';
+# every patch is reverted at the end. Each version first runs one small call alone
+# (SMOKE_LIMIT seconds), so that a hang costs one limit and nothing else runs.
 #   bash ci/gpu_fwd_variant.sh ci/patches/gluon_pingpong.diff       # row 99 (ROUND=row99-d64
 #                                                                   # adds ci/tune_sm90.py's round)
 #   bash ci/gpu_fwd_variant.sh ci/patches/gluon_compact_grid.diff   # row 100 (behind
 #                                                                   # PORTATTN_COMPACT=1, set here)
 #   bash ci/gpu_fwd_variant.sh ci/patches/gluon_persistent.diff     # row 101
+#   bash ci/gpu_fwd_variant.sh ci/patches/gluon_producer_descriptors.diff \
+#     ci/patches/gluon_compact_grid.diff \
+#     ci/patches/gluon_producer_descriptors.diff+ci/patches/gluon_compact_grid.diff  # row 102's next
 # WORKLOADS (one name per line) replaces the default list below.
 set -uo pipefail
-PATCH=${1:?usage: bash ci/gpu_fwd_variant.sh PATCH}
+[ $# -ge 1 ] || { echo "usage: bash ci/gpu_fwd_variant.sh PATCH[+PATCH...] ..."; exit 2; }
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 gpu_setup fa4
 export PORTATTN_COMPACT=1
@@ -26,35 +31,54 @@ equal 2x8192 h16 d128 causal
 equal 2x8192 h16 d128 full"
 W=()
 while IFS= read -r name; do [ -n "$name" ] && W+=(--workloads "$name"); done <<<"${WORKLOADS:-$DEFAULT_W}"
-use() {  # use main|patched
-  if [ "$1" = patched ]; then patch -s -p1 --forward <"$PATCH"; else patch -s -R -p1 <"$PATCH" 2>/dev/null; fi
+APPLIED=()
+use() {  # use main | use SPEC: revert what is applied, then apply SPEC's patches in order
+  local i
+  for ((i = ${#APPLIED[@]} - 1; i >= 0; i--)); do patch -s -R -p1 --no-backup-if-mismatch <"${APPLIED[i]}"; done
+  APPLIED=()
+  [ "$1" = main ] && return 0
+  local p
+  IFS=+ read -ra parts <<<"$1"
+  for p in "${parts[@]}"; do patch -s -p1 --forward --no-backup-if-mismatch -r - <"$p" && APPLIED+=("$p"); done
 }
-use patched
-step smoke "${SMOKE_LIMIT:-90}" python3 ci/wait_barrier_probe.py --fwd-only --workloads "${W[1]}"
-rc=$?
-echo "== smoke (patched)"; tail -n 3 "$OUT/smoke.log"
-if [ "$rc" != 0 ]; then use main; printf '%s\n' "${summary[@]}"; exit 1; fi
+tag() { local t=${1//ci\/patches\//}; t=${t//.diff/}; echo "${t//+/_and_}"; }  # for file names
+VERSIONS=(main "$@")
+OK=(main)
+for v in "$@"; do
+  use "$v"
+  TRITON_CACHE_DIR=/tmp/tc_$(tag "$v") step "smoke_$(tag "$v")" "${SMOKE_LIMIT:-90}" \
+    python3 ci/wait_barrier_probe.py --fwd-only --workloads "${W[1]}"
+  rc=$?
+  echo "== smoke $v rc=$rc"; grep -E "^\||Error" "$OUT/smoke_$(tag "$v").log" | tail -n 3
+  [ "$rc" = 0 ] && OK+=("$v")
+done
 for round in 1 2; do
-  for v in main patched; do
-    [ "$round" = 2 ] && v=$([ "$v" = main ] && echo patched || echo main)
+  order=("${OK[@]}")
+  if [ "$round" = 2 ]; then order=(); for ((i = ${#OK[@]} - 1; i >= 0; i--)); do order+=("${OK[i]}"); done; fi
+  for v in "${order[@]}"; do
     fa4=(); [ "$round$v" = 1main ] && fa4=(--fa4)
     use "$v"
-    TRITON_CACHE_DIR=/tmp/tc_$v step "${v}_$round" 150 python3 ci/wait_barrier_probe.py \
+    name="$(tag "$v")_$round"
+    TRITON_CACHE_DIR=/tmp/tc_$(tag "$v") step "$name" 150 python3 ci/wait_barrier_probe.py \
       --fwd-only "${fa4[@]}" "${W[@]}"
-    echo "== $v round $round"; grep -E "^\||Error" "$OUT/${v}_$round.log" | sort
+    echo "== $v round $round"; grep -E "^\||Error" "$OUT/$name.log" | sort
   done
 done
 if [ -n "${ROUND:-}" ]; then
-  for v in main patched; do
+  for v in "${OK[@]}"; do
     use "$v"
-    TRITON_CACHE_DIR=/tmp/tc_$v step "round_$v" 150 python3 ci/tune_sm90.py --round "$ROUND" \
-      --forward-only
-    echo "== $ROUND $v"; grep -E "^\||rror" "$OUT/round_$v.log"
+    TRITON_CACHE_DIR=/tmp/tc_$(tag "$v") step "round_$(tag "$v")" 150 python3 ci/tune_sm90.py \
+      --round "$ROUND" --forward-only
+    echo "== $ROUND $v"; grep -E "^\||rror" "$OUT/round_$(tag "$v").log"
   done
 fi
-use patched
-step tests 150 python3 -m pytest tests/test_table_variants.py tests/test_key_chunk.py -n 8 \
-  -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
-tail -n 3 "$OUT/tests.log"
+last=${OK[${#OK[@]}-1]}
+if [ "$last" != main ]; then
+  use "$last"
+  step tests 150 python3 -m pytest tests/test_table_variants.py tests/test_key_chunk.py -n 8 \
+    -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
+  echo "== tests on $last"; tail -n 3 "$OUT/tests.log"
+fi
 use main
+git status --short portattn 2>/dev/null | head -n 5
 printf '%s\n' "${summary[@]}"

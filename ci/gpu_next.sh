@@ -1,6 +1,16 @@
 #!/usr/bin/env bash
 # The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;
 # a refused start costs 15 s or more: check `status` before asking).
+# Session 36, first (issue 36, perf-notes row 102; carry .fa4; ~8 min with a cold start):
+#   bash ci/gpu_fwd_variant.sh ci/patches/gluon_producer_descriptors.diff \
+#     ci/patches/gluon_compact_grid.diff \
+#     ci/patches/gluon_producer_descriptors.diff+ci/patches/gluon_compact_grid.diff
+# the Gluon forward's descriptors made by the producer, each before its first copy (Q's copy
+# no longer waits for three), and the compact grid, on the RL packs where the forward is
+# 0.67-0.76x FA4 (bench.overhead_workloads); bits must equal main's. Whatever is kept: land
+# it, re-record fingerprints on the CPU, `python -m portattn golden verify --family sm90` in
+# a later call. Session 35 ran ci/gpu_fwd_variant.sh's three patches (rows 99-101), golden
+# verify sm90 (30/30 bitwise on an H100, after row 98) and ci/gpu_overhead.sh (row 102).
 # Session 35: after a change to the Gluon forward's key loop that keeps the wait for P V after
 # the softmax (perf-notes row 97; check first on the CPU that ptxas prints no C7511/C7514 line
 # and that the DEPBAR.LE gsb0, 0x0 follows the MUFU.EX2s), `bash ci/gpu_barriers.sh`-style A/B:
