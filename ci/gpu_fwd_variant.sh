@@ -12,8 +12,9 @@
 #                                                                   # PORTATTN_COMPACT=1, set here)
 #   bash ci/gpu_fwd_variant.sh ci/patches/gluon_persistent.diff     # row 101
 #   bash ci/gpu_fwd_variant.sh ci/patches/gluon_producer_descriptors.diff \
-#     ci/patches/gluon_compact_grid.diff \
-#     ci/patches/gluon_producer_descriptors.diff+ci/patches/gluon_compact_grid.diff  # row 102's next
+#     ci/patches/gluon_tma_store_out.diff \
+#     ci/patches/gluon_tma_store_out.diff+ci/patches/gluon_compact_grid.diff  # row 102's next
+#   (gluon_tma_store_out.diff includes gluon_producer_descriptors.diff)
 # WORKLOADS (one name per line) replaces the default list below.
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: bash ci/gpu_fwd_variant.sh PATCH[+PATCH...] ..."; exit 2; }

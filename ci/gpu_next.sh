@@ -3,10 +3,12 @@
 # a refused start costs 15 s or more: check `status` before asking).
 # Session 36, first (issue 36, perf-notes row 102; carry .fa4; ~8 min with a cold start):
 #   bash ci/gpu_fwd_variant.sh ci/patches/gluon_producer_descriptors.diff \
-#     ci/patches/gluon_compact_grid.diff \
-#     ci/patches/gluon_producer_descriptors.diff+ci/patches/gluon_compact_grid.diff
+#     ci/patches/gluon_tma_store_out.diff \
+#     ci/patches/gluon_tma_store_out.diff+ci/patches/gluon_compact_grid.diff
 # the Gluon forward's descriptors made by the producer, each before its first copy (Q's copy
-# no longer waits for three), and the compact grid, on the RL packs where the forward is
+# no longer waits for three); with out through shared memory and a TMA store too (its
+# descriptor made by each group while the first K tile flies; 8 STSM + 1 UTMASTG instead of
+# 32 uncoalesced STG); and with the compact grid, on the RL packs where the forward is
 # 0.67-0.76x FA4 (bench.overhead_workloads); bits must equal main's. Whatever is kept: land
 # it, re-record fingerprints on the CPU, `python -m portattn golden verify --family sm90` in
 # a later call. Session 35 ran ci/gpu_fwd_variant.sh's three patches (rows 99-101), golden
