@@ -119,6 +119,19 @@ def test_skewed_workloads_are_skewed():
 # --- implementations and the runner's loop ----------------------------------------------------
 
 
+def test_overhead_workloads_stay_out_of_runs_and_repeat():
+    """The GPU probes' packs of short sequences (ci/wait_barrier_probe.py, ci/ncu_peers.py take
+    them by name): distinct names none of the bench's, the same seeded lengths every call."""
+    extra = bench.overhead_workloads()
+    names = [w.name for w in extra]
+    assert len(set(names)) == len(names)
+    assert not set(names) & {w.name for w in bench.default_workloads()}
+    assert [w.lengths for w in extra] == [w.lengths for w in bench.overhead_workloads()]
+    rl = next(w for w in extra if w.name.startswith("rl "))
+    assert len(rl.lengths) == 64 and min(rl.lengths) >= 32 and max(rl.lengths) <= 2048
+    assert len(set(rl.lengths)) > 32  # random lengths, not one repeated
+
+
 def test_build_impls_peers_per_pack(monkeypatch):
     """SDPA only on equal packs; a setup failure becomes an error message, not an exception."""
 
