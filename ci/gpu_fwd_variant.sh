@@ -15,7 +15,7 @@
 #     ci/patches/gluon_tma_store_out.diff \
 #     ci/patches/gluon_tma_store_out.diff+ci/patches/gluon_compact_grid.diff  # row 102's next
 #   (gluon_tma_store_out.diff includes gluon_producer_descriptors.diff)
-# WORKLOADS (one name per line) replaces the default list below.
+# WORKLOADS (one name per line, or `short`: four of them) replaces the default list below.
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: bash ci/gpu_fwd_variant.sh PATCH[+PATCH...] ..."; exit 2; }
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
@@ -30,6 +30,11 @@ skewed 32k h16 d128 full
 skewed 32k gqa32/8 d128 causal
 equal 2x8192 h16 d128 causal
 equal 2x8192 h16 d128 full"
+SHORT_W="rl 64x(32..2048) gqa32/8 d128 causal
+rl 64x(32..2048) h16 d128 full
+skewed 32k h16 d128 causal
+equal 2x8192 h16 d128 causal"
+[ "${WORKLOADS:-}" = short ] && WORKLOADS=$SHORT_W
 W=()
 while IFS= read -r name; do [ -n "$name" ] && W+=(--workloads "$name"); done <<<"${WORKLOADS:-$DEFAULT_W}"
 APPLIED=()

@@ -2,14 +2,16 @@
 # The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;
 # a refused start costs 15 s or more: check `status` before asking).
 # Session 36, first (issue 36, perf-notes row 102; carry .fa4; ~8 min with a cold start):
-#   bash ci/gpu_fwd_variant.sh ci/patches/gluon_producer_descriptors.diff \
-#     ci/patches/gluon_tma_store_out.diff \
-#     ci/patches/gluon_tma_store_out.diff+ci/patches/gluon_compact_grid.diff
-# the Gluon forward's descriptors made by the producer, each before its first copy (Q's copy
-# no longer waits for three); with out through shared memory and a TMA store too (its
-# descriptor made by each group while the first K tile flies; 8 STSM + 1 UTMASTG instead of
-# 32 uncoalesced STG); and with the compact grid, on the RL packs where the forward is
-# 0.67-0.76x FA4 (bench.overhead_workloads); bits must equal main's. Whatever is kept: land
+#   WORKLOADS=short bash ci/gpu_fwd_variant.sh \
+#     ci/patches/ablate_fwd_no_keys.diff ci/patches/ablate_fwd_no_out_store.diff \
+#     ci/patches/gluon_producer_descriptors.diff ci/patches/gluon_tma_store_out.diff
+# The two ablations (wrong output, their bits differ by design) time a program without its
+# key loop and without its out store: the fixed cost per program on the RL packs, where the
+# forward is 0.67-0.76x FA4. Then the Gluon forward's descriptors made by the producer, each
+# before its first copy (Q's copy waits for one, not three), and out through shared memory
+# and a TMA store as well (8 STSM + 1 UTMASTG for 32 uncoalesced STG); their bits must equal
+# main's. Second call, if one gains: the full default WORKLOADS with it (and with
+# +ci/patches/gluon_compact_grid.diff). Whatever is kept: land
 # it, re-record fingerprints on the CPU, `python -m portattn golden verify --family sm90` in
 # a later call. Session 35 ran ci/gpu_fwd_variant.sh's three patches (rows 99-101), golden
 # verify sm90 (30/30 bitwise on an H100, after row 98) and ci/gpu_overhead.sh (row 102).
