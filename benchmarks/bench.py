@@ -164,6 +164,16 @@ def overhead_workloads() -> list[Workload]:
     ]
 
 
+def named_workloads(names: list[str]) -> list[Workload]:
+    """The bench's and ``overhead_workloads``' packs named exactly by ``names``, in their
+    order (the GPU probes in ci/ take workloads so); an unknown name raises ``ValueError``."""
+    known = {w.name: w for w in default_workloads() + overhead_workloads()}
+    missing = [name for name in names if name not in known]
+    if missing:
+        raise ValueError(f"unknown workload(s) {missing}; known: {sorted(known)}")
+    return [known[name] for name in names]
+
+
 def select_workloads(quick: bool = False, patterns: list[str] | None = None) -> list[Workload]:
     """The workloads of a run: all or ``--quick``, then those whose name contains any of the
     ``--workloads`` substrings (case-insensitive)."""

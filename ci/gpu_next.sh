@@ -15,13 +15,13 @@
 # it, re-record fingerprints on the CPU, `python -m portattn golden verify --family sm90` in
 # a later call. Session 35 ran ci/gpu_fwd_variant.sh's three patches (rows 99-101), golden
 # verify sm90 (30/30 bitwise on an H100, after row 98) and ci/gpu_overhead.sh (row 102).
-# Session 35: after a change to the Gluon forward's key loop that keeps the wait for P V after
+# Open since session 34: after a change to the Gluon forward's key loop that keeps the wait for P V after
 # the softmax (perf-notes row 97; check first on the CPU that ptxas prints no C7511/C7514 line
 # and that the DEPBAR.LE gsb0, 0x0 follows the MUFU.EX2s), `bash ci/gpu_barriers.sh`-style A/B:
 # `python ci/wait_barrier_probe.py --fa4` on main and on the change in alternating processes
 # (bits must match), then `bash ci/gpu_stalls.sh`. Golden: `python -m portattn golden verify
 # --family sm90` after any machine-code change.
-# Session 34 ran ci/gpu_ncu.sh, ci/gpu_barriers.sh, ci/gpu_stalls.sh (row 97), ci/gpu_fwd_order.sh
+# Session 34 ran ci/gpu_ncu.sh, ci/gpu_barriers.sh, ci/gpu_stalls.sh (row 97), an A/B of kernel-file copies
 # (row 98: FA4's order in the Gluon forward's step, landed). Session 35, first: `python -m portattn
 # golden verify --family sm90` (the sm90 varlen d128 forward's machine code changed in row 98; its
 # outputs should not have).

@@ -40,9 +40,7 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="torch.profiler µs per kernel")
     parser.add_argument("--only", choices=("portattn", "fa4"), help="one implementation")
     args = parser.parse_args()
-    names = set(args.workloads)
-    extra = [w for w in bench.overhead_workloads() if w.name in names]
-    for w in bench.select_workloads(patterns=args.workloads) + extra:
+    for w in bench.named_workloads(args.workloads):
         q, k, v, cu = bench.make_inputs(w)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         do = torch.randn_like(q)

@@ -41,10 +41,7 @@ def main() -> int:
     parser.add_argument("--fwd-only", action="store_true", help="out's bits, forward times")
     args = parser.parse_args()
     only = [VARLEN, FA4_DET] if args.fa4 else [VARLEN]
-    packs = bench.select_workloads(patterns=args.workloads or list(DEFAULT))
-    for w in packs + bench.overhead_workloads():
-        if not any(w.name == name for name in (args.workloads or DEFAULT)):
-            continue
+    for w in bench.named_workloads(args.workloads or list(DEFAULT)):
         q, k, v, cu = bench.make_inputs(w)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         gen = torch.Generator(device=q.device).manual_seed(1)  # the same dO in every run

@@ -132,6 +132,13 @@ def test_overhead_workloads_stay_out_of_runs_and_repeat():
     assert len(set(rl.lengths)) > 32  # random lengths, not one repeated
 
 
+def test_named_workloads_exact_names_in_order_unknown_raises():
+    names = ["rl 64x(32..2048) h16 d128 full", "equal 2x8192 h16 d128 causal"]
+    assert [w.name for w in bench.named_workloads(names)] == names
+    with pytest.raises(ValueError, match="unknown workload"):
+        bench.named_workloads(["equal 2x8192"])  # a substring is not a name
+
+
 def test_build_impls_peers_per_pack(monkeypatch):
     """SDPA only on equal packs; a setup failure becomes an error message, not an exception."""
 
