@@ -15,7 +15,12 @@
 #     ci/patches/gluon_tma_store_out.diff \
 #     ci/patches/gluon_tma_store_out.diff+ci/patches/gluon_compact_grid.diff  # row 102's next
 #   (gluon_tma_store_out.diff includes gluon_producer_descriptors.diff)
+#   bash ci/gpu_fwd_variant.sh ci/patches/gluon_host_descriptors.diff \
+#     ci/patches/gluon_host_descriptors_store.diff                  # session 36: host-made
+#   FWD_BWD=1 bash ci/gpu_fwd_variant.sh \                          # ragged descriptors
+#     ci/patches/gluon_host_descriptors_store.diff+ci/patches/gluon_host_descriptors_dq.diff
 # WORKLOADS (one name per line, or `short`: four of them) replaces the default list below.
+# FWD_BWD=1: the gradients' bits too, and forward+backward times (for backward patches).
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: bash ci/gpu_fwd_variant.sh PATCH[+PATCH...] ..."; exit 2; }
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
@@ -35,6 +40,8 @@ rl 64x(32..2048) h16 d128 full
 skewed 32k h16 d128 causal
 equal 2x8192 h16 d128 causal"
 [ "${WORKLOADS:-}" = short ] && WORKLOADS=$SHORT_W
+MODE=(--fwd-only)
+[ "${FWD_BWD:-0}" = 1 ] && MODE=()
 W=()
 while IFS= read -r name; do [ -n "$name" ] && W+=(--workloads "$name"); done <<<"${WORKLOADS:-$DEFAULT_W}"
 APPLIED=()
@@ -53,7 +60,7 @@ OK=(main)
 for v in "$@"; do
   use "$v"
   TRITON_CACHE_DIR=/tmp/tc_$(tag "$v") step "smoke_$(tag "$v")" "${SMOKE_LIMIT:-90}" \
-    python3 ci/wait_barrier_probe.py --fwd-only --workloads "${W[1]}"
+    python3 ci/wait_barrier_probe.py "${MODE[@]}" --workloads "${W[1]}"
   rc=$?
   echo "== smoke $v rc=$rc"; grep -E "^\||Error" "$OUT/smoke_$(tag "$v").log" | tail -n 3
   [ "$rc" = 0 ] && OK+=("$v")
@@ -66,7 +73,7 @@ for round in 1 2; do
     use "$v"
     name="$(tag "$v")_$round"
     TRITON_CACHE_DIR=/tmp/tc_$(tag "$v") step "$name" 150 python3 ci/wait_barrier_probe.py \
-      --fwd-only "${fa4[@]}" "${W[@]}"
+      "${MODE[@]}" "${fa4[@]}" "${W[@]}"
     echo "== $v round $round"; grep -E "^\||Error" "$OUT/$name.log" | sort
   done
 done
