@@ -16,11 +16,14 @@
 #     ci/patches/gluon_tma_store_out.diff+ci/patches/gluon_compact_grid.diff  # row 102's next
 #   (gluon_tma_store_out.diff includes gluon_producer_descriptors.diff)
 #   bash ci/gpu_fwd_variant.sh ci/patches/gluon_host_descriptors.diff \
-#     ci/patches/gluon_host_descriptors_store.diff                  # session 36: host-made
-#   FWD_BWD=1 bash ci/gpu_fwd_variant.sh \                          # ragged descriptors
+#     ci/patches/gluon_host_descriptors.diff+ci/patches/gluon_host_descriptors_store.diff
+#   FWD_BWD=1 bash ci/gpu_fwd_variant.sh ci/patches/gluon_host_descriptors.diff+\
 #     ci/patches/gluon_host_descriptors_store.diff+ci/patches/gluon_host_descriptors_dq.diff
+#   (session 36: host-made ragged descriptors, perf-notes row 103; _store and _dq apply on
+#   top of gluon_host_descriptors.diff)
 # WORKLOADS (one name per line, or `short`: four of them) replaces the default list below.
 # FWD_BWD=1: the gradients' bits too, and forward+backward times (for backward patches).
+# TESTS=0: no GPU tests on the last version (a call that times only).
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: bash ci/gpu_fwd_variant.sh PATCH[+PATCH...] ..."; exit 2; }
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
@@ -86,10 +89,10 @@ if [ -n "${ROUND:-}" ]; then
   done
 fi
 last=${OK[${#OK[@]}-1]}
-if [ "$last" != main ]; then
+if [ "$last" != main ] && [ "${TESTS:-1}" = 1 ]; then
   use "$last"
-  step tests 150 python3 -m pytest tests/test_table_variants.py tests/test_key_chunk.py -n 8 \
-    -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
+  step tests 200 python3 -m pytest tests/test_table_variants.py tests/test_key_chunk.py \
+    tests/test_launcher.py -n 8 -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
   echo "== tests on $last"; tail -n 3 "$OUT/tests.log"
 fi
 use main

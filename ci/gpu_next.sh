@@ -3,21 +3,25 @@
 # a refused start costs 15 s or more: check `status` before asking).
 # Session 37, first (issue 36, perf-notes row 103; carry .fa4; ~7 min with a cold start):
 #   WORKLOADS=short bash ci/gpu_fwd_variant.sh ci/patches/gluon_host_descriptors.diff \
-#     ci/patches/gluon_host_descriptors_store.diff
+#     ci/patches/gluon_host_descriptors.diff+ci/patches/gluon_host_descriptors_store.diff
 # The Gluon forward reading q, k and v through host-made ragged descriptors (one per tensor
 # and launch, a kernel parameter; no tensormap written and fenced in each program: the sm90
 # d128 forward's PTX loses its 45 tensormap lines), then also storing out by a ragged TMA
 # store (2 UTMASTG for 68 STG). Bits must equal main's (the hashes); rows past a sequence's
 # end read 0 and are not written, as with today's per-sequence descriptors. If the smoke step
-# fails on a patch (rc != 0), its log says why (cuTensorMapEncodeTiled's limits?). Second:
-#   WORKLOADS=short FWD_BWD=1 bash ci/gpu_fwd_variant.sh \
+# fails on a patch (rc != 0), its log says why (cuTensorMapEncodeTiled's limits?). The last
+# version's Gluon tests run (and tests/test_launcher.py's GPU tests of the kept launches)
+# for the patch's host side. Second:
+#   WORKLOADS=short FWD_BWD=1 bash ci/gpu_fwd_variant.sh ci/patches/gluon_host_descriptors.diff+\
 #     ci/patches/gluon_host_descriptors_store.diff+ci/patches/gluon_host_descriptors_dq.diff
 # (the dQ kernel on the same descriptors; gradients' bits and fwd+bwd times). What gains
-# lands with the launcher's kept path taught descriptors (they are unhashable today: every
-# such launch goes through Triton's run, and no forward template is kept), then fingerprints
-# (`python -m ci.golden_dev fingerprints --update`), then `golden verify --family sm90` in a
-# later call. Session 36 had no device (none lent): its planned first call, below, is still
-# to run; the two patches above subsume its producer-descriptor and TMA-store patches.
+# lands (the patches carry the launcher's, replays' and compile check's side and CPU tests),
+# after the whole GPU suite on it (tests/test_table_variants.py's
+# test_ws_kernels_read_no_row_of_the_next_sequence_gpu among them), then fingerprints
+# (`python -m ci.golden_dev fingerprints --update`, both Tritons), then `golden verify --family
+# sm90` in a later call. Session 36 had no device (none lent): its planned first call,
+# below, is still to run; the patches above subsume its producer-descriptor and TMA-store
+# patches (its ablations remain informative).
 # Session 36's planned first call (issue 36, perf-notes row 102; carry .fa4; ~8 min):
 #   WORKLOADS=short bash ci/gpu_fwd_variant.sh \
 #     ci/patches/ablate_fwd_no_keys.diff ci/patches/ablate_fwd_no_out_store.diff \

@@ -14,6 +14,7 @@ matrix instructions have different shapes, so bitwise equality is not claimed th
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -289,6 +290,37 @@ def test_dq_ws_same_bits_as_triton_gpu(kernel, head_dim, causal, dtype, override
     p = make_pack(WS_LENS_Q, WS_LENS_K, 8, 2, head_dim, dtype, seed=89)
     fields = dict(bwd_dq=configs.Tiles(128, 64, 8, 3), tma=configs.TMA_KERNELS)
     _assert_ws_same_bits_as_triton(p, kernel, causal, override_entry, "dq_ws", fields)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["varlen", "fixed_order"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ws_kernels_read_no_row_of_the_next_sequence_gpu(kernel, causal):
+    """The Gluon kernels' copies stop at each sequence's end (per-sequence descriptors, or the
+    launch's ragged ones: perf-notes row 103): a sequence of partial tiles keeps the bits it
+    has alone, out, lse and gradients, when the next sequence's q, k, v and dO hold NaN and
+    inf."""
+    if _gpu_family() != "sm90":
+        pytest.skip("the warp-specialised kernels are Hopper kernels")
+    p = make_pack([100, 200], [130, 300], 8, 2, 128, torch.bfloat16, seed=97)
+    alone = dataclasses.replace(
+        p,
+        q=p.q[:100].clone(),
+        k=p.k[:130].clone(),
+        v=p.v[:130].clone(),
+        do=p.do[:100].clone(),
+        dlse=p.dlse[:100].clone(),
+        cu_q=p.cu_q[:2].clone(),
+        cu_k=p.cu_k[:2].clone(),
+    )
+    for t, bad in ((p.q, math.nan), (p.k, math.inf), (p.v, math.nan), (p.do, -math.inf)):
+        rows = 100 if t is p.q or t is p.do else 130
+        t[rows:] = bad
+    cfg = configs.get_config("sm90", kernel, 128, torch.bfloat16)
+    assert cfg.fwd_ws or cfg.dq_ws  # the entry runs Gluon kernels
+    packed, single = run_kernel(p, kernel, causal=causal), run_kernel(alone, kernel, causal=causal)
+    for name, rows in (("out", 100), ("lse", 100), ("dq", 100), ("dk", 130), ("dv", 130)):
+        assert torch.equal(packed[name][:rows], single[name]), name
 
 
 @pytest.mark.parametrize("field", ["bwd_ws", "dq_ws"])
