@@ -20,7 +20,7 @@
 #   FWD_BWD=1 bash ci/gpu_fwd_variant.sh ci/patches/gluon_host_descriptors.diff+\
 #     ci/patches/gluon_host_descriptors_store.diff+ci/patches/gluon_host_descriptors_dq.diff
 #   (session 36: host-made ragged descriptors, perf-notes row 103; _store and _dq apply on
-#   top of gluon_host_descriptors.diff)
+#   top of gluon_host_descriptors.diff, _dkdv on top of _dq)
 # WORKLOADS (one name per line, or `short`: four of them) replaces the default list below.
 # FWD_BWD=1: the gradients' bits too, and forward+backward times (for backward patches).
 # TESTS=0: no GPU tests on the last version (a call that times only).

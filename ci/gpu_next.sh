@@ -13,8 +13,10 @@
 # version's Gluon tests run (and tests/test_launcher.py's GPU tests of the kept launches)
 # for the patch's host side. Second:
 #   WORKLOADS=short FWD_BWD=1 bash ci/gpu_fwd_variant.sh ci/patches/gluon_host_descriptors.diff+\
-#     ci/patches/gluon_host_descriptors_store.diff+ci/patches/gluon_host_descriptors_dq.diff
-# (the dQ kernel on the same descriptors; gradients' bits and fwd+bwd times). What gains
+#     ci/patches/gluon_host_descriptors_store.diff+ci/patches/gluon_host_descriptors_dq.diff \
+#     ci/patches/gluon_host_descriptors.diff+ci/patches/gluon_host_descriptors_store.diff+\
+#     ci/patches/gluon_host_descriptors_dq.diff+ci/patches/gluon_host_descriptors_dkdv.diff
+# (dQ, then dK/dV too, on the same descriptors; gradients' bits and fwd+bwd times). What gains
 # lands (the patches carry the launcher's, replays' and compile check's side and CPU tests),
 # after the whole GPU suite on it (tests/test_table_variants.py's
 # test_ws_kernels_read_no_row_of_the_next_sequence_gpu among them), then fingerprints
