@@ -62,6 +62,16 @@ nox.options.sessions = ["lint", "tests"]
 nox.options.stop_on_first_error = True
 
 
+# numpy's AVX-512 loops (SVML's exp2, tanh, ... on AVX512_SKX) round some float32 results
+# differently from the loops every x86-64 CPU has, and Triton's interpreter computes the kernels'
+# exponentials with numpy: the interpreter's bits would depend on the CI machine's CPU
+# (tests/test_interpreter_bits.py records them). The CPU sessions turn those loops off.
+NUMPY_SAME_BITS = {
+    "NPY_DISABLE_CPU_FEATURES": "AVX512F AVX512CD AVX512_KNL AVX512_KNM AVX512_SKX AVX512_CLX "
+    "AVX512_CNL AVX512_ICL AVX512_SPR"
+}
+
+
 def _install_cpu_stack(session: nox.Session, extras: str = "", triton: str = TRITON) -> None:
     session.install(TORCH_CPU)
     session.install(triton, "-e", f".{extras}")
@@ -108,7 +118,7 @@ def _cpu_suite(session: nox.Session, triton: str, selection: list[str]) -> None:
     # tests/test_family_tiles.py runs every family's configuration entries under the
     # interpreter: all of them with TRITON, and with a newer Triton only those its table
     # changes (the rows of configs.rows.SINCE_TRITON that the interpreter sees).
-    scope = {"PORTATTN_FAMILY_TILES": "all" if triton == TRITON else "versioned"}
+    scope = {"PORTATTN_FAMILY_TILES": "all" if triton == TRITON else "versioned", **NUMPY_SAME_BITS}
     with phases("pytest"):
         args = session.posargs or [*selection, "-q", "-n", CPU_WORKERS, "--durations=20"]
         _pytest(session, *args, env=scope)
@@ -137,7 +147,9 @@ def quick(session: nox.Session) -> None:
         key_check = ("python", "-m", "ci.golden_dev", "keycheck", "--no-compile")
         session.run(*key_check, success_codes=[0, 1])
     with phases("pytest"):
-        _pytest(session, *(session.posargs or QUICK_TESTS), "-q", "-n", CPU_WORKERS)
+        _pytest(
+            session, *(session.posargs or QUICK_TESTS), "-q", "-n", CPU_WORKERS, env=NUMPY_SAME_BITS
+        )
     phases.report()
 
 
