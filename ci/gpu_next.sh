@@ -1,6 +1,15 @@
 #!/usr/bin/env bash
 # The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;
 # a refused start costs 15 s or more: check `status` before asking).
+# Session 37, before or after the first call, ~30 s (session 36's CI fix, not yet seen on an
+# AVX-512 CPU): does the record of tests/test_interpreter_bits.py hold on the GPU host's CPU
+# with numpy's AVX-512 loops off (pass), and does the test refuse where they are on (fail
+# with its message, if the host has AVX-512)?
+#   grep -o -m1 avx512f /proc/cpuinfo; for e in on off; do [ $e = on ] && export \
+#   NPY_DISABLE_CPU_FEATURES="AVX512F AVX512CD AVX512_KNL AVX512_KNM AVX512_SKX AVX512_CLX \
+#   AVX512_CNL AVX512_ICL AVX512_SPR" || unset NPY_DISABLE_CPU_FEATURES; CUDA_VISIBLE_DEVICES= \
+#   TRITON_INTERPRET=1 python3 -m pytest -q -p no:cacheprovider tests/test_interpreter_bits.py \
+#   | tail -n 2; done
 # Session 37, first (issue 36, perf-notes row 103; carry .fa4; ~7 min with a cold start):
 #   WORKLOADS=short bash ci/gpu_fwd_variant.sh ci/patches/gluon_host_descriptors.diff \
 #     ci/patches/gluon_host_descriptors.diff+ci/patches/gluon_host_descriptors_store.diff
