@@ -313,9 +313,8 @@ def test_ws_kernels_read_no_row_of_the_next_sequence_gpu(kernel, causal):
         cu_q=p.cu_q[:2].clone(),
         cu_k=p.cu_k[:2].clone(),
     )
-    for t, bad in ((p.q, math.nan), (p.k, math.inf), (p.v, math.nan), (p.do, -math.inf)):
-        rows = 100 if t is p.q or t is p.do else 130
-        t[rows:] = bad
+    p.q[100:], p.do[100:] = math.nan, -math.inf  # the next sequence's rows
+    p.k[130:], p.v[130:] = math.inf, math.nan
     cfg = configs.get_config("sm90", kernel, 128, torch.bfloat16)
     assert cfg.fwd_ws or cfg.dq_ws  # the entry runs Gluon kernels
     packed, single = run_kernel(p, kernel, causal=causal), run_kernel(alone, kernel, causal=causal)
