@@ -23,7 +23,8 @@
 #   top of gluon_host_descriptors.diff, _dkdv on top of _dq)
 # WORKLOADS (one name per line, or `short`: four of them) replaces the default list below.
 # FWD_BWD=1: the gradients' bits too, and forward+backward times (for backward patches).
-# TESTS=0: no GPU tests on the last version (a call that times only).
+# TESTS=0: no GPU tests on the last version (a call that times only). FA4=0: no FA4 row
+# (its compiles take minutes with FWD_BWD=1).
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: bash ci/gpu_fwd_variant.sh PATCH[+PATCH...] ..."; exit 2; }
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
@@ -72,7 +73,7 @@ for round in 1 2; do
   order=("${OK[@]}")
   if [ "$round" = 2 ]; then order=(); for ((i = ${#OK[@]} - 1; i >= 0; i--)); do order+=("${OK[i]}"); done; fi
   for v in "${order[@]}"; do
-    fa4=(); [ "$round$v" = 1main ] && fa4=(--fa4)
+    fa4=(); [ "$round$v" = 1main ] && [ "${FA4:-1}" = 1 ] && fa4=(--fa4)
     use "$v"
     name="$(tag "$v")_$round"
     TRITON_CACHE_DIR=/tmp/tc_$(tag "$v") step "$name" 150 python3 ci/wait_barrier_probe.py \
