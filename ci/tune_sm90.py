@@ -236,6 +236,16 @@ ROUNDS: dict[str, list[tuple[str, int, dict]]] = {
         ("varlen", 64, dict(fwd=(128, 64, 8, 4), fwd_ws=True)),
         ("varlen", 64, {}),
     ],
+    # Session 37: the warp-specialised dQ (row 54, d128 only so far) at d64, both kernels;
+    # its 64-key tiles and (128, 64, 8, 3) are the table's d64 dQ tiles, so the bits hold.
+    "d64-dq-ws": [
+        ("varlen", 64, {}),
+        ("varlen", 64, dict(dq_ws=True)),
+        ("varlen", 64, dict(dq_ws=True, bwd_dq=(128, 64, 8, 2))),
+        ("fixed_order", 64, {}),
+        ("fixed_order", 64, dict(dq_ws=True)),
+        ("varlen", 64, {}),
+    ],
 }
 FORWARD_ONLY = {"row35-forward", "row40-forward", "row48-forward", "row51-forward"}
 FORWARD_ONLY |= {"fa4-d64-forward", "d64-forward", "row99-d64"}
