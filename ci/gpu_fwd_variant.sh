@@ -8,19 +8,9 @@
 # (SMOKE_LIMIT seconds), so that a hang costs one limit and nothing else runs.
 #   bash ci/gpu_fwd_variant.sh ci/patches/gluon_pingpong.diff       # row 99 (ROUND=row99-d64
 #                                                                   # adds ci/tune_sm90.py's round)
-#   bash ci/gpu_fwd_variant.sh ci/patches/gluon_compact_grid.diff   # row 100 (behind
-#                                                                   # PORTATTN_COMPACT=1, set here)
-#   bash ci/gpu_fwd_variant.sh ci/patches/gluon_persistent.diff     # row 101
-#   bash ci/gpu_fwd_variant.sh ci/patches/gluon_producer_descriptors.diff \
-#     ci/patches/gluon_tma_store_out.diff \
-#     ci/patches/gluon_tma_store_out.diff+ci/patches/gluon_compact_grid.diff  # row 102's next
-#   (gluon_tma_store_out.diff includes gluon_producer_descriptors.diff)
-#   bash ci/gpu_fwd_variant.sh ci/patches/gluon_host_descriptors.diff \
-#     ci/patches/gluon_host_descriptors.diff+ci/patches/gluon_host_descriptors_store.diff
-#   FWD_BWD=1 bash ci/gpu_fwd_variant.sh ci/patches/gluon_host_descriptors.diff+\
-#     ci/patches/gluon_host_descriptors_store.diff+ci/patches/gluon_host_descriptors_dq.diff
-#   (session 36: host-made ragged descriptors, perf-notes row 103; _store and _dq apply on
-#   top of gluon_host_descriptors.diff, _dkdv on top of _dq)
+#   (rows 100-102's patches, ci/patches/gluon_compact_grid.diff, gluon_persistent.diff and the
+#   ablations, were made before the host descriptors landed, row 105: they apply to 5eac7bc)
+#   FA4=0 FWD_BWD=1 TESTS=0 bash ci/gpu_fwd_variant.sh PATCH   # row 105's A/B (session 37)
 # WORKLOADS (one name per line, or `short`: four of them) replaces the default list below.
 # FWD_BWD=1: the gradients' bits too, and forward+backward times (for backward patches).
 # TESTS=0: no GPU tests on the last version (a call that times only). FA4=0: no FA4 row

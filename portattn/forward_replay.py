@@ -63,6 +63,7 @@ class LaunchTemplate:
     # The launcher's direct launch of this template's binds, once its kernel is kept
     # (kernels/launcher.py): empty until then.
     direct: list = field(default_factory=list, compare=False, repr=False)
+    descriptors: tuple[tuple[int, int], ...] = ()  # as KernelLaunch's
 
     def slot_tensors(self, tensors: tuple) -> tuple:
         """The tensors of ``tensors`` (as :meth:`bind` takes them) in the order of their
@@ -74,7 +75,7 @@ class LaunchTemplate:
         for position, index in self.slots:
             args[position] = tensors[index]
         return KernelLaunch(self.stage, self.kernel, self.grid, tuple(args), self.params,
-                            self.tma, self.direct)  # fmt: skip
+                            self.tma, self.direct, self.descriptors)  # fmt: skip
 
     @staticmethod
     def record(launch: KernelLaunch, index_of: dict[int, int]) -> LaunchTemplate | None:
@@ -96,7 +97,8 @@ class LaunchTemplate:
             args[position] = None
             slots.append((position, index))
         return LaunchTemplate(launch.stage, launch.kernel, launch.grid, tuple(args),
-                              tuple(slots), launch.params, launch.tma)  # fmt: skip
+                              tuple(slots), launch.params, launch.tma,
+                              descriptors=launch.descriptors)  # fmt: skip
 
 
 def tensor_indexes(tensors: tuple) -> dict[int, int]:

@@ -14,6 +14,7 @@ from triton import knobs
 from triton.runtime.jit import KernelParam
 
 from portattn.kernels import launcher
+from portattn.kernels.descriptors import with_descriptors
 from portattn.kernels.plan import KernelLaunch
 from portattn.tools import compile_launches
 from portattn.tools.compile_launches import Entry
@@ -192,6 +193,32 @@ def test_template_binds_launch_direct_with_addresses(fake_device):
                     0.5, 64, 7)  # fmt: skip
 
 
+def test_descriptor_arguments_go_as_descriptors_on_every_path(fake_device):
+    """A launch naming a tensor as a ragged descriptor (``KernelLaunch.descriptors``): Triton's
+    run, the kept launcher and the direct launch all get a descriptor of the call's own tensor
+    there (made at the launch), while the signature keys on the tensor (its dtype and
+    alignment), so the kept and direct paths apply."""
+    from portattn.forward_replay import LaunchTemplate, tensor_indexes
+
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    jit = Jit()
+    x, y = torch.ones(64, 2, 64, dtype=torch.bfloat16), torch.zeros(64, 2, 64, dtype=torch.bfloat16)
+    planned = KernelLaunch("fwd", jit, (8, 2), (x, 32, 0.5), dict(BLOCK=64, num_warps=4),
+                           descriptors=((0, 64),))  # fmt: skip
+    template = LaunchTemplate.record(planned, tensor_indexes((x,)))  # a forward replay's
+    for t in (x, x, y):
+        launcher.launch_kernel(template.bind((t,)))
+    first = jit.jit_calls[0][1][0]  # through run
+    kept, direct = (call[9] for call in jit.compiled.calls)  # the kept kernel, then direct
+    assert len(jit.jit_calls) == 1 and len(template.direct) == 1
+    assert all(d.base is t for d, t in zip((first, kept, direct), (x, x, y), strict=True))
+    assert all(list(d.block_shape) == [1, 1, 64, 1, 64] for d in (first, kept, direct))
+    # without the descriptors the same tensors are another signature
+    launcher.launch_kernel(KernelLaunch("fwd", jit, (8, 2), (x, 32, 0.5),
+                                        dict(BLOCK=64, num_warps=4)))  # fmt: skip
+    assert len(jit.jit_calls) == 2 and jit.jit_calls[1][1][0] is x
+
+
 @pytest.mark.parametrize(
     "change", ["misaligned", "dtype", "none", "forgotten", "device", "hook", "debug knob"]
 )
@@ -287,21 +314,23 @@ def test_real_launches_bind_as_triton(entry, monkeypatch):
     computes) in order, and every argument has a signature key (the kept path applies)."""
     planned: list[tuple] = []
 
-    def capture(stage, fn, args, params):
-        planned.append((fn, args, params))
+    def capture(stage, fn, args, params, descriptors=()):
+        planned.append((fn, args, params, descriptors))
         return SimpleNamespace(stage=stage)
 
     monkeypatch.setattr(compile_launches, "bind_launch", capture)
     compile_launches.record_launches(entry)
     assert len(planned) >= 5
-    for fn, args, params in planned:
+    for fn, args, params, descriptors in planned:
         jit = fn if hasattr(fn, "params") else as_jit(fn.fn)
         values = tuple(params.values())
-        key, template = launcher.launch_signature(jit, 0, args, params, values, knobs)
+        key, template = launcher.launch_signature(jit, 0, args, params, values, knobs,
+                                                  descriptors)  # fmt: skip
         hash(key)  # every value has a key: the kept path applies
-        everything = launcher.launcher_values(template, args, params, values)
+        kernel_args = with_descriptors(args, descriptors)  # what launch_kernel passes
+        everything = launcher.launcher_values(template, kernel_args, params, values)
         kernel_params = {k: v for k, v in params.items() if k in template.tail_names}
-        bound = inspect.signature(jit.fn).bind(*args, **kernel_params)
+        bound = inspect.signature(jit.fn).bind(*kernel_args, **kernel_params)
         bound.apply_defaults()
         assert list(bound.arguments) == [p.name for p in jit.params]
         assert all(a is b for a, b in zip(everything, bound.arguments.values(), strict=True))

@@ -62,7 +62,12 @@ def test_sm90_entries_plan_their_gluon_kernels(kernel):
     fwd = forward.plan_forward(problem, q, k, v, cu_q, cu_k, store_o32=problem.split_p)
     launch, repair = fwd.launches  # causal: the repair pass follows (design §3.2)
     expected = forward.attn_fwd_ws_kernel if cfg.fwd_ws else forward.attn_fwd_kernel
-    assert launch.kernel is expected and launch.tma == ("fwd" in cfg.tma)
+    assert launch.kernel is expected
+    if cfg.fwd_ws:  # q, k, v as the launch's ragged descriptors, made on the host
+        reads, n = dict(launch.descriptors), cfg.fwd.block_n
+        assert (reads[0], reads[1], reads[2]) == (64, n, n) and not launch.tma
+    else:  # the Triton kernel makes its descriptors in each program
+        assert launch.tma == ("fwd" in cfg.tma) and launch.descriptors == ()
     assert repair.stage == "fwd_repair" and repair.kernel is forward.attn_fwd_kernel
     assert repair.params["REPAIR"] and repair.params["BLOCK_N"] == cfg.fwd.block_n
     # A view starting 2 bytes in: no descriptor path, so the Triton forward.

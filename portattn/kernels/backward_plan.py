@@ -80,6 +80,7 @@ class _Stage(NamedTuple):
     params: dict
     tma: bool
     reads: str
+    descriptors: tuple[tuple[int, int], ...] = ()  # as KernelLaunch's
 
 
 def plan_backward_launches(kernels: BackwardKernels, problem: VarlenProblem, do, q, k, v,
@@ -142,7 +143,8 @@ def plan_backward_launches(kernels: BackwardKernels, problem: VarlenProblem, do,
             p.batch, stride_hm, p.group, p.softmax_scale, p.scale_log2,
         )
     launches = tuple(
-        KernelLaunch(st.stage, st.kernel, st.grid, args[st.reads], dict(st.params), st.tma)
+        KernelLaunch(st.stage, st.kernel, st.grid, args[st.reads], dict(st.params), st.tma,
+                     descriptors=st.descriptors)
         for st in stages
     )
     return BackwardPlan(dq, dk, dv, launches)
@@ -172,7 +174,10 @@ def _backward_stages(kernels: BackwardKernels, p: VarlenProblem, tma_dkdv: bool,
         params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                       CAUSAL=p.causal, SPLIT_P=p.split_p, PADDED=padded,
                       STAGES=t.num_stages, **ws_launch_options(t))
-        stages.append(_Stage("bwd_dq", attn_bwd_dq_ws_kernel, grid, params, tma_dq, "dq"))
+        # q, k, v and do go as ragged descriptors (kernels/descriptors.py), q and do by the
+        # groups' tiles: the kernel makes none
+        reads = ((0, t.block_m // 2), (1, t.block_n), (2, t.block_n), (3, t.block_m // 2))
+        stages.append(_Stage("bwd_dq", attn_bwd_dq_ws_kernel, grid, params, False, "dq", reads))
     else:
         params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded,
                       **common, **kernel_flags, **t.launch_kwargs())
@@ -219,8 +224,12 @@ def _plan_dkdv(kernels: BackwardKernels, p: VarlenProblem, common: dict,
             params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                           CAUSAL=p.causal, SPLIT_P=p.split_p, STAGES=t.num_stages,
                           **ws_launch_options(t))
+            # q, k, v, do as ragged descriptors (kernels/descriptors.py); the kernel makes
+            # those of lse2 and delta
+            m, g = t.block_m, t.block_n // 2  # K and V by the groups' tiles
+            reads = ((0, m), (1, g), (2, g), (3, m))
             launches.append(_Stage("bwd_dkdv", attn_bwd_dkdv_ws_kernel, grid[:2], params, tma,
-                                   "dkdv"))
+                                   "dkdv", reads))
             launches += repair
             continue
         params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, WANT_DK=want_dk, WANT_DV=want_dv,

@@ -7,7 +7,9 @@ the ``dS`` arithmetic. Here, as in the forward (``forward_ws.py``):
 
 * one producer warp copies the program's K and V rows once, then for every (query head of
   the GQA group, query tile) the Q and dO tiles and their lse2 and delta values into a ring
-  of ``STAGES`` slots (TMA, per-sequence descriptors that read 0 past the sequence end);
+  of ``STAGES`` slots (TMA: Q, dO, K and V through the launch's ragged host descriptors,
+  ``descriptors.py``, lse2 and delta through the program's own, all reading 0 past the
+  sequence end);
 * two consumer warp groups of 4 warps each own 64 key rows of the program's ``BLOCK_N`` =
   128. Each issues ``K Q^T`` and ``V dO^T`` together, computes ``P^T`` while ``V dO^T``
   runs, issues ``P^T dO`` (dV) and computes ``dS^T`` under it, then issues ``dS^T Q`` (dK);
@@ -86,7 +88,8 @@ class _Program(NamedTuple):
     n_tiles: gl.tensor
     group: gl.tensor
     scale_log2: gl.tensor
-    # The producer's descriptors, where the sequence starts in lse2 / delta, the kv head.
+    # The producer's: the launch's ragged descriptors of q, do, k, v and the program's of
+    # lse2, delta; where the sequence starts in the tokens and in lse2 / delta, the kv head.
     q_desc: tma.tensor_descriptor
     do_desc: tma.tensor_descriptor
     k_desc: tma.tensor_descriptor
@@ -95,6 +98,8 @@ class _Program(NamedTuple):
     delta_desc: tma.tensor_descriptor
     hm_start: gl.tensor
     i_hk: gl.tensor
+    bos_q: gl.tensor
+    bos_k: gl.tensor
 
 
 @gluon.jit
@@ -210,8 +215,10 @@ def _producer(st, cfg):
                     2 * st.k_desc.block_type.nbytes + 2 * st.v_desc.block_type.nbytes)
     for g in gl.static_range(2):
         n_g = st.n_start + g * ws.GROUP_ROWS
-        ws.tma_load(st.k_desc, [n_g, 0], st.kv_bar, st.k_smem.index(g))
-        ws.tma_load(st.v_desc, [n_g, 0], st.kv_bar, st.v_smem.index(g))
+        ws.ragged_load(st.k_desc, st.bos_k, st.seqlen_k, n_g, st.i_hk, st.kv_bar,
+                       st.k_smem.index(g))
+        ws.ragged_load(st.v_desc, st.bos_k, st.seqlen_k, n_g, st.i_hk, st.kv_bar,
+                       st.v_smem.index(g))
     n_bytes: gl.constexpr = (st.q_desc.block_type.nbytes + st.do_desc.block_type.nbytes
                              + st.lse2_desc.block_type.nbytes + st.delta_desc.block_type.nbytes)
     m_start = st.m_lo
@@ -221,8 +228,10 @@ def _producer(st, cfg):
         ws.wait_free(st.free_bars, i_it, STAGES)
         bar = st.ready_bars.index(slot)
         mbarrier.expect(bar, n_bytes)
-        ws.tma_load(st.q_desc, [m_start, i_h, 0], bar, st.q_ring.index(slot))
-        ws.tma_load(st.do_desc, [m_start, i_h, 0], bar, st.do_ring.index(slot))
+        ws.ragged_load(st.q_desc, st.bos_q, st.seqlen_q, m_start, i_h, bar,
+                       st.q_ring.index(slot))
+        ws.ragged_load(st.do_desc, st.bos_q, st.seqlen_q, m_start, i_h, bar,
+                       st.do_ring.index(slot))
         o_hm = st.hm_start + m_start  # the tile's first row in lse2 / delta
         ws.tma_load(st.lse2_desc, [i_h, o_hm], bar, st.lse2_ring.index(slot))
         ws.tma_load(st.delta_desc, [i_h, o_hm], bar, st.delta_ring.index(slot))
@@ -259,26 +268,21 @@ def attn_bwd_dkdv_ws_kernel(
     diag = seqlen_k - seqlen_q
     m_lo, _ = query_range(n_start, seqlen_q, diag, BLOCK_M, BLOCK_N, CAUSAL)
     n_tiles = (seqlen_q - m_lo + BLOCK_M - 1) // BLOCK_M  # query tiles per head
-    n_heads_q = gl.num_programs(1) * group
 
-    dtype: gl.constexpr = q.dtype.element_ty
+    # q, do, k, v: ragged host descriptors (descriptors.py).
+    dtype: gl.constexpr = q.dtype
     smem3: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                                rank=3)
     smem_row: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32,
                                                   rank=2)
-    # The program's keys, two tiles of ws.GROUP_ROWS rows (one per consumer group), copied once.
-    k_desc, k_smem, v_desc, v_smem = ws.kv_rings(k, v, bos_k, i_hk, seqlen_k, stride_kt,
-                                                 stride_kh, stride_vt, stride_vh, ws.GROUP_ROWS,
-                                                 HEAD_DIM, 2)
-    # Q and dO rows of the sequence, any head of the group: [seqlen_q, Hq, HEAD_DIM].
-    q_desc = tma.make_tensor_descriptor(
-        q + bos_q * stride_qt, [seqlen_q, n_heads_q, HEAD_DIM], [stride_qt, stride_qh, 1],
-        [BLOCK_M, 1, HEAD_DIM], smem3)
-    do_desc = tma.make_tensor_descriptor(
-        do + bos_q * stride_dot, [seqlen_q, n_heads_q, HEAD_DIM], [stride_dot, stride_doh, 1],
-        [BLOCK_M, 1, HEAD_DIM], smem3)
+    # The program's keys, two tiles of ws.GROUP_ROWS rows (one per consumer group), copied once;
+    # Q and dO tiles of the sequence's rows of one head of the group.
+    k_smem = gl.allocate_shared_memory(dtype, [2, ws.GROUP_ROWS, HEAD_DIM], ws.SWIZZLED_128B)
+    v_smem = gl.allocate_shared_memory(dtype, [2, ws.GROUP_ROWS, HEAD_DIM], ws.SWIZZLED_128B)
     # lse2 and delta past the sequence end read 0, as in the Triton kernel: those rows' Q and
-    # dO are 0, so what they add is exactly 0.
+    # dO are 0, so what they add is exactly 0. Head-major, the sequence's bound is on their
+    # contiguous dim, which a ragged descriptor cannot bound: each program makes these two.
+    n_heads_q = gl.num_programs(1) * group
     hm_start = head_major_start(bos_q, i_b, True).to(gl.int32)
     hm_shape = [n_heads_q, hm_start + seqlen_q]
     lse2_desc = tma.make_tensor_descriptor(lse2, hm_shape, [stride_hm, 1], [1, BLOCK_M],
@@ -302,8 +306,9 @@ def attn_bwd_dkdv_ws_kernel(
         dk=dk, dv=dv, cu_seqlens_k=cu_seqlens_k, batch=batch, stride_dkt=stride_dkt,
         stride_dkh=stride_dkh, stride_dvt=stride_dvt, stride_dvh=stride_dvh, scale=scale,
         seqlen_q=seqlen_q, seqlen_k=seqlen_k, diag=diag, n_start=n_start, m_lo=m_lo,
-        n_tiles=n_tiles, group=group, scale_log2=scale_log2, q_desc=q_desc, do_desc=do_desc,
-        k_desc=k_desc, v_desc=v_desc, lse2_desc=lse2_desc, delta_desc=delta_desc,
-        hm_start=hm_start, i_hk=i_hk)
+        n_tiles=n_tiles, group=group, scale_log2=scale_log2, q_desc=q, do_desc=do,
+        k_desc=k, v_desc=v, lse2_desc=lse2_desc, delta_desc=delta_desc, hm_start=hm_start,
+        i_hk=i_hk,
+        bos_q=bos_q, bos_k=bos_k)
     ws.specialize(program, ws.Config(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, STAGES),
                   _consume, _producer)

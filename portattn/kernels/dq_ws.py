@@ -81,11 +81,14 @@ class _Program(NamedTuple):
     stride_dqh: gl.tensor
     scale: gl.tensor
     scale_log2: gl.tensor
-    # The producer's descriptors.
+    # The producer's: the launch's ragged descriptors of q, do, k and v (``ws.ragged_load``),
+    # the sequence's first key row and the kv head.
     q_desc: tma.tensor_descriptor
     do_desc: tma.tensor_descriptor
     k_desc: tma.tensor_descriptor
     v_desc: tma.tensor_descriptor
+    bos_k: gl.tensor
+    i_hk: gl.tensor
 
 
 @gluon.jit
@@ -165,17 +168,20 @@ def _producer(st, cfg):
     STAGES: gl.constexpr = cfg.STAGES
     for group in gl.static_range(2):
         bar = st.q_bars.index(group)
+        row = st.m_tile + group * ws.GROUP_ROWS
         mbarrier.expect(bar, st.q_desc.block_type.nbytes + st.do_desc.block_type.nbytes)
-        ws.tma_load(st.q_desc, [st.m_tile + group * ws.GROUP_ROWS, 0], bar, st.q_smem.index(group))
-        ws.tma_load(st.do_desc, [st.m_tile + group * ws.GROUP_ROWS, 0], bar,
-                    st.do_smem.index(group))
+        ws.ragged_load(st.q_desc, st.bos_q, st.seqlen_q, row, st.i_h, bar, st.q_smem.index(group))
+        ws.ragged_load(st.do_desc, st.bos_q, st.seqlen_q, row, st.i_h, bar,
+                       st.do_smem.index(group))
     for i_tile in range(st.n_tiles):
         slot = i_tile % STAGES
         ws.wait_free(st.free_bars, i_tile, STAGES)
         bar = st.kv_bars.index(slot)
         mbarrier.expect(bar, st.k_desc.block_type.nbytes + st.v_desc.block_type.nbytes)
-        ws.tma_load(st.k_desc, [i_tile * cfg.BLOCK_N, 0], bar, st.k_ring.index(slot))
-        ws.tma_load(st.v_desc, [i_tile * cfg.BLOCK_N, 0], bar, st.v_ring.index(slot))
+        ws.ragged_load(st.k_desc, st.bos_k, st.seqlen_k, i_tile * cfg.BLOCK_N, st.i_hk, bar,
+                       st.k_ring.index(slot))
+        ws.ragged_load(st.v_desc, st.bos_k, st.seqlen_k, i_tile * cfg.BLOCK_N, st.i_hk, bar,
+                       st.v_ring.index(slot))
 
 
 @gluon.jit
@@ -203,13 +209,13 @@ def attn_bwd_dq_ws_kernel(
     diag, t_full, n_tiles = ws.query_key_tiles(m_tile, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
                                                CAUSAL)
 
-    q_desc, q_smem = ws.row_ring(q, bos_q, i_h, seqlen_q, stride_qt, stride_qh, ws.GROUP_ROWS,
-                                 HEAD_DIM, 2)  # a tile per group
-    do_desc, do_smem = ws.row_ring(do, bos_q, i_h, seqlen_q, stride_dot, stride_doh,
-                                   ws.GROUP_ROWS, HEAD_DIM, 2)
-    k_desc, k_ring, v_desc, v_ring = ws.kv_rings(k, v, bos_k, i_hk, seqlen_k, stride_kt,
-                                                 stride_kh, stride_vt, stride_vh, BLOCK_N,
-                                                 HEAD_DIM, STAGES)
+    # q, k, v, do: ragged host descriptors (``descriptors.py``); a Q and a dO tile per
+    # group.
+    dtype: gl.constexpr = q.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2, ws.GROUP_ROWS, HEAD_DIM], ws.SWIZZLED_128B)
+    do_smem = gl.allocate_shared_memory(dtype, [2, ws.GROUP_ROWS, HEAD_DIM], ws.SWIZZLED_128B)
+    k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], ws.SWIZZLED_128B)
+    v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], ws.SWIZZLED_128B)
     q_bars = ws.barriers(2, 1)
     kv_bars = ws.barriers(STAGES, 1)
     free_bars = ws.barriers(STAGES, 2)  # one arrival per consumer group
@@ -222,6 +228,6 @@ def attn_bwd_dq_ws_kernel(
         i_b=i_b, i_h=i_h, bos_q=bos_q, seqlen_q=seqlen_q, seqlen_k=seqlen_k, diag=diag,
         m_tile=m_tile, t_full=t_full, n_tiles=n_tiles, stride_hm=stride_hm,
         stride_dqt=stride_dqt, stride_dqh=stride_dqh, scale=scale, scale_log2=scale_log2,
-        q_desc=q_desc, do_desc=do_desc, k_desc=k_desc, v_desc=v_desc)
+        q_desc=q, do_desc=do, k_desc=k, v_desc=v, bos_k=bos_k, i_hk=i_hk)
     ws.specialize(program, ws.Config(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
                                      PADDED=PADDED), _consume, _producer)

@@ -272,8 +272,11 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     )
     # The warp-specialised Gluon kernel computes the same bits; it reads through descriptors
     # and has no interpreter.
-    if ws:
-        launch = KernelLaunch("fwd", attn_fwd_ws_kernel, grid, args, dict(params), tma)
+    if ws:  # q, k, v and out go as ragged descriptors (kernels/descriptors.py), Q and out by
+        block_n, group_rows = params["BLOCK_N"], params["BLOCK_M"] // 2  # group tiles
+        reads = ((0, group_rows), (1, block_n), (2, block_n), (3, group_rows))
+        launch = KernelLaunch("fwd", attn_fwd_ws_kernel, grid, args, dict(params), False,
+                              descriptors=reads)
     else:
         launch = KernelLaunch("fwd", attn_fwd_kernel, grid, args, dict(params, sinks=sinks), tma)
     if not p.has_unseen_keys:

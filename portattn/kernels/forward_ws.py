@@ -5,8 +5,9 @@ automatic warp specialisation fails there (perf-notes row 26) and it waits for a
 right after issuing it unless the result is the next product's accumulator (rows 21, 32).
 Gluon states the schedule by hand (FlashAttention-3's structure):
 
-* one producer warp copies Q, then K and V tiles into a ring of ``STAGES`` slots (TMA, per-
-  sequence descriptors that read 0 past the sequence end), each tile signalling an mbarrier;
+* one producer warp copies Q, then K and V tiles into a ring of ``STAGES`` slots (TMA, through
+  the launch's ragged host descriptors, ``descriptors.py``: rows past the sequence end read
+  0), each tile signalling an mbarrier;
 * two consumer warp groups of 4 warps each own 64 query rows of the program's 128. Each issues
   the next key tile's ``Q K^T`` and, right after it, this tile's ``P V``, computes the next
   softmax while they run (P packed to the input dtype under the exponentials), and rescales
@@ -84,9 +85,9 @@ class _Program(NamedTuple):
     k_bars: gl.shared_memory_descriptor
     v_bars: gl.shared_memory_descriptor
     free_bars: gl.shared_memory_descriptor
-    # Outputs: o [total_q, Hq, D], lse [total_q, Hq], o32 float32 [total_q, Hq, D] (with
-    # STORE_O32; with KEY_CHUNK also the running accumulators' park).
-    o: gl.tensor
+    # Outputs: o [total_q, Hq, D] (its ragged descriptor), lse [total_q, Hq], o32 float32
+    # [total_q, Hq, D] (with STORE_O32; with KEY_CHUNK also the running accumulators' park).
+    o: tma.tensor_descriptor
     lse: gl.tensor
     o32: gl.tensor
     # The query tile: rows [m_tile, m_tile + 128) of head i_h of the sequence whose first
@@ -105,10 +106,13 @@ class _Program(NamedTuple):
     stride_o32t: gl.tensor
     stride_o32h: gl.tensor
     scale_log2: gl.tensor
-    # The producer's descriptors.
+    # The producer's: the launch's ragged descriptors of q, k and v (``ws.ragged_load``), the
+    # sequence's first key row and the kv head.
     q_desc: tma.tensor_descriptor
     k_desc: tma.tensor_descriptor
     v_desc: tma.tensor_descriptor
+    bos_k: gl.tensor
+    i_hk: gl.tensor
 
 
 @gluon.jit
@@ -310,16 +314,21 @@ def _consume(GROUP: gl.constexpr, st, cfg):
     # Rows that saw no key: out 0, lse -inf (as attn_fwd_kernel).
     b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [64, HEAD_DIM], [64]
 
+    # out through the group's Q tile (free: its last Q K^T is done) and one TMA store, which
+    # writes no row past the sequence's end (8 shared stores and a copy in place of 32
+    # uncoalesced global stores a thread, perf-notes row 102).
+    q_tile.store(b_out.to(st.o.dtype))
+    fence_async_shared()
+    ws.ragged_store(st.o, st.bos_q, st.seqlen_q, m_start, st.i_h, q_tile)
     o_q, o_d, o_rows, m_o = ws.tile_rows(m_start, st.bos_q, st.seqlen_q, ws.GROUP_ROWS, HEAD_DIM,
                                          o_layout)
-    p_o = st.o + o_rows * st.stride_ot + st.i_h.to(gl.int64) * st.stride_oh + o_d[None, :]
-    gl.store(p_o, b_out.to(st.o.dtype.element_ty), mask=m_o)
     p_lse = st.lse + (st.bos_q + o_q.to(gl.int64)) * st.n_heads_q + st.i_h
     gl.store(p_lse, b_lse, mask=o_q < st.seqlen_q)
     if cfg.STORE_O32:
         p_o32 = (st.o32 + o_rows * st.stride_o32t + st.i_h.to(gl.int64) * st.stride_o32h
                  + o_d[None, :])
         gl.store(p_o32, b_out, mask=m_o)
+    tma.store_wait(0)  # the copy has read the tile before the program ends
 
 
 @gluon.jit
@@ -328,17 +337,17 @@ def _producer(st, cfg):
     STAGES: gl.constexpr = cfg.STAGES
     for group in gl.static_range(2):
         mbarrier.expect(st.q_bars.index(group), st.q_desc.block_type.nbytes)
-        ws.tma_load(st.q_desc, [st.m_tile + group * ws.GROUP_ROWS, 0], st.q_bars.index(group),
-                    st.q_smem.index(group))
+        ws.ragged_load(st.q_desc, st.bos_q, st.seqlen_q, st.m_tile + group * ws.GROUP_ROWS,
+                       st.i_h, st.q_bars.index(group), st.q_smem.index(group))
     for i_tile in range(st.n_tiles):
         slot = i_tile % STAGES
         ws.wait_free(st.free_bars, i_tile, STAGES)
         mbarrier.expect(st.k_bars.index(slot), st.k_desc.block_type.nbytes)
-        ws.tma_load(st.k_desc, [i_tile * cfg.BLOCK_N, 0], st.k_bars.index(slot),
-                    st.k_ring.index(slot))
+        ws.ragged_load(st.k_desc, st.bos_k, st.seqlen_k, i_tile * cfg.BLOCK_N, st.i_hk,
+                       st.k_bars.index(slot), st.k_ring.index(slot))
         mbarrier.expect(st.v_bars.index(slot), st.v_desc.block_type.nbytes)
-        ws.tma_load(st.v_desc, [i_tile * cfg.BLOCK_N, 0], st.v_bars.index(slot),
-                    st.v_ring.index(slot))
+        ws.ragged_load(st.v_desc, st.bos_k, st.seqlen_k, i_tile * cfg.BLOCK_N, st.i_hk,
+                       st.v_bars.index(slot), st.v_ring.index(slot))
 
 
 @gluon.jit
@@ -370,11 +379,11 @@ def attn_fwd_ws_kernel(
     diag, t_full, n_tiles = ws.query_key_tiles(m_tile, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
                                                CAUSAL)
 
-    q_desc, q_smem = ws.row_ring(q, bos_q, i_h, seqlen_q, stride_qt, stride_qh, ws.GROUP_ROWS,
-                                 HEAD_DIM, 2)  # a tile per group
-    k_desc, k_ring, v_desc, v_ring = ws.kv_rings(k, v, bos_k, i_hk, seqlen_k, stride_kt,
-                                                 stride_kh, stride_vt, stride_vh, BLOCK_N,
-                                                 HEAD_DIM, STAGES)
+    # q, k, v: ragged host descriptors (``descriptors.py``); a Q tile per group.
+    dtype: gl.constexpr = q.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2, ws.GROUP_ROWS, HEAD_DIM], ws.SWIZZLED_128B)
+    k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], ws.SWIZZLED_128B)
+    v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], ws.SWIZZLED_128B)
     q_bars = ws.barriers(2, 1)
     k_bars = ws.barriers(STAGES, 1)
     v_bars = ws.barriers(STAGES, 1)
@@ -388,7 +397,7 @@ def attn_fwd_ws_kernel(
         bos_q=bos_q, seqlen_q=seqlen_q, seqlen_k=seqlen_k, diag=diag, t_full=t_full,
         n_tiles=n_tiles, m_tile=m_tile, i_h=i_h, n_heads_q=n_heads_q, stride_ot=stride_ot,
         stride_oh=stride_oh, stride_o32t=stride_o32t, stride_o32h=stride_o32h,
-        scale_log2=scale_log2, q_desc=q_desc, k_desc=k_desc, v_desc=v_desc)
+        scale_log2=scale_log2, q_desc=q, k_desc=k, v_desc=v, bos_k=bos_k, i_hk=i_hk)
     ws.specialize(program, ws.Config(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
                                      STORE_O32=STORE_O32, KEY_CHUNK=KEY_CHUNK), _consume,
                   _producer)

@@ -24,6 +24,10 @@ held of them (dtype, 16-byte alignment), with the current device and knobs. Addr
 launcher as ints: it then neither calls ``data_ptr`` nor asks the driver about each pointer
 (the checks before launch have put every tensor on the device).
 
+A launch whose kernel takes some tensors as ragged host descriptors (``KernelLaunch.descriptors``)
+keeps them as tensors in its signature (with which ones and their tiles' rows); the descriptors
+are made from the call's tensors right before the launcher is called, on every path.
+
 The kernels are module-level objects, never freed: tables here know them by ``id``.
 """
 
@@ -36,6 +40,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from portattn.kernels.descriptors import ragged_descriptor, with_descriptors
 
 if TYPE_CHECKING:
     from portattn.kernels.plan import KernelLaunch
@@ -132,6 +138,7 @@ class DirectLaunch:
     device: int
     knobs: tuple  # run's options read from Triton's knobs
     generation: int
+    descriptors: tuple[tuple[int, int], ...] = ()  # the launch's (KernelLaunch.descriptors)
 
     def run(self, args: tuple, knobs: Any) -> bool:
         """Launch with ``args`` (a bind of the template: its tensors at ``positions``, its
@@ -165,6 +172,10 @@ class DirectLaunch:
         values = list(self.values)
         for position, address in zip(self.positions, addresses, strict=True):
             values[position] = address
+        if self.descriptors:  # those tensors go as their descriptors, not as addresses
+            at = dict(zip(self.positions, tensors, strict=True))
+            for position, rows in self.descriptors:
+                values[position] = ragged_descriptor(at[position], rows)
         return values
 
     def launch(self, values: list, knobs: Any) -> None:
@@ -207,7 +218,7 @@ def _direct_launch(launch: KernelLaunch, key: tuple, template: _Template) -> Dir
     _, device, debug, instrumentation, _, _, dtypes, aligned = key
     return DirectLaunch(_KEPT[key], grid, tuple(values), positions, _picker(list(positions)),
                         dtypes, aligned, device, (debug, instrumentation),
-                        _generation[0])  # fmt: skip
+                        _generation[0], launch.descriptors)  # fmt: skip
 
 
 def launch_kernel(launch: KernelLaunch) -> None:
@@ -217,7 +228,7 @@ def launch_kernel(launch: KernelLaunch) -> None:
 
     jit, args, params = launch.kernel, launch.args, launch.params
     if not PREPARED_LAUNCHES or not hasattr(jit, "device_caches"):  # the interpreter's
-        jit[launch.grid](*args, **params)
+        jit[launch.grid](*with_descriptors(args, launch.descriptors), **params)
         return
     cell = launch.direct  # the template's, for a launch bound from one
     if cell and cell[0].run(args, knobs):
@@ -225,12 +236,14 @@ def launch_kernel(launch: KernelLaunch) -> None:
     device, stream = device_and_stream()
     values = tuple(params.values())
     try:
-        key, template = launch_signature(jit, device, args, params, values, knobs)
+        key, template = launch_signature(jit, device, args, params, values, knobs,
+                                         launch.descriptors)
         kept = _KEPT.get(key)
     except TypeError:  # an unhashable value
         key = kept = None
+    kernel_args = with_descriptors(args, launch.descriptors)  # what the kernel takes
     if kept is None:
-        compiled = jit[launch.grid](*args, **params)
+        compiled = jit[launch.grid](*kernel_args, **params)
         if key is not None and compiled is not None and hasattr(compiled, "packed_metadata"):
             if len(_KEPT) >= _KEPT_MAX:
                 forget_launches()
@@ -239,7 +252,7 @@ def launch_kernel(launch: KernelLaunch) -> None:
         return
     if cell is not None and not any(isinstance(v, torch.Tensor) for v in values):
         cell[:] = [_direct_launch(launch, key, template)]  # the template's next binds
-    everything = launcher_values(template, args, params, values)
+    everything = launcher_values(template, kernel_args, params, values)
     grid = launch.grid
     grid_1 = grid[1] if len(grid) > 1 else 1
     grid_2 = grid[2] if len(grid) > 2 else 1
@@ -285,13 +298,20 @@ def driver_stream(device: int) -> int:
 
 
 def launch_signature(
-    jit: Any, device: int, args: tuple, params: dict, values: tuple, knobs: Any
+    jit: Any,
+    device: int,
+    args: tuple,
+    params: dict,
+    values: tuple,
+    knobs: Any,
+    descriptors: tuple[tuple[int, int], ...] = (),
 ) -> tuple[tuple, _Template]:
     """The launch signature (module docstring) of ``kernel[grid](*args, **params)``, whose
-    keywords' values are ``values``, with its template."""
+    keywords' values are ``values``, with its template; ``descriptors``: the tensors of
+    ``args`` that go as ragged descriptors (``KernelLaunch.descriptors``)."""
     arg_types = tuple(map(type, args))
     param_types = tuple(map(type, values))
-    shape = (id(jit), arg_types, tuple(params), param_types)
+    shape = (id(jit), arg_types, tuple(params), param_types, descriptors)
     template = _TEMPLATES.get(shape)
     if template is None:
         template = _TEMPLATES[shape] = _make_template(jit, arg_types, shape[2], param_types)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from portattn.kernels.descriptors import with_descriptors
+
 if TYPE_CHECKING:
     from portattn.kernels.plan import KernelLaunch
 
@@ -22,11 +24,12 @@ def launch_through_ptx(launch: KernelLaunch, arch: int) -> None:
     """Compile ``launch`` for ``sm{arch}``, load its PTX on the current GPU, launch it."""
     from triton import knobs
 
+    args = with_descriptors(launch.args, launch.descriptors)
     with knobs.runtime.scope():
         knobs.runtime.override_arch = f"sm{arch}"
-        compiled = launch.kernel.warmup(*launch.args, grid=launch.grid, **launch.params)
+        compiled = launch.kernel.warmup(*args, grid=launch.grid, **launch.params)
         _load_as_ptx(compiled, arch)
-        launch.kernel[launch.grid](*launch.args, **launch.params)
+        launch.kernel[launch.grid](*args, **launch.params)
 
 
 def _load_as_ptx(compiled, arch: int) -> None:

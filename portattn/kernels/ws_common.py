@@ -29,6 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from portattn.configs import Tiles
+from portattn.kernels import descriptors
 from portattn.kernels.primitives import key_range, split_p_lo
 
 # The TMA copy of a tile into shared memory, under its name in the installed Triton: 3.6 names
@@ -151,32 +152,66 @@ def issue_scores_dp(a_s, b_s_smem, a_dp, b_dp_smem, b_zero):
     return b_s, b_dp
 
 
-@gluon.jit
-def row_ring(x, bos, i_head, seqlen, stride_t, stride_h, BLOCK_R: gl.constexpr,
-             HEAD_DIM: gl.constexpr, SLOTS: gl.constexpr):
-    """A TMA descriptor of one sequence's rows of one head of ``x`` ([tokens, heads,
-    HEAD_DIM]; ``bos``: the sequence's first token), of shape [seqlen, HEAD_DIM] in [BLOCK_R,
-    HEAD_DIM] tiles (0 past the sequence end), and ``SLOTS`` such tiles of 128-byte swizzled
-    shared memory to copy them into."""
-    base = x + bos * stride_t + i_head.to(gl.int64) * stride_h
-    layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
-                                                rank=2)
-    desc = tma.make_tensor_descriptor(base, [seqlen, HEAD_DIM], [stride_t, 1],
-                                      [BLOCK_R, HEAD_DIM], layout)
-    tiles = gl.allocate_shared_memory(base.dtype.element_ty, [SLOTS, BLOCK_R, HEAD_DIM], layout)
-    return desc, tiles
+# The ragged descriptors' row coordinate bound (``descriptors.py``: one descriptor of a whole
+# [tokens, heads, HEAD_DIM] tensor per launch, passed as a kernel parameter, whose copies name
+# one sequence's rows; rows past its end read 0, as with a per-sequence descriptor).
+RAGGED_ROWS = gl.constexpr(descriptors.RAGGED_ROWS)
+# The shared memory of TMA tiles whose rows fill 128 bytes (a head dim of 64 or 128, 16-bit).
+SWIZZLED_128B = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                  rank=2))
+
+
+# A shared-memory tile seen as another shape and layout of the same bytes, under its name in
+# the installed Triton (3.6: ``_reinterpret``; 3.9: ``reinterpret``).
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+
+    @gluon.jit
+    def _as_block(tile, desc):
+        """``tile`` [R, HEAD_DIM] (or [R, 1, HEAD_DIM]) as the [1, 1, R, 1, HEAD_DIM] block of
+        a ragged ``desc``."""
+        return tile.reinterpret(tile.dtype, desc.block_type.shape, desc.layout)
+
+else:
+
+    @gluon.jit
+    def _as_block(tile, desc):
+        """``tile`` [R, HEAD_DIM] (or [R, 1, HEAD_DIM]) as the [1, 1, R, 1, HEAD_DIM] block of
+        a ragged ``desc``."""
+        return tile._reinterpret(tile.dtype, desc.block_type.shape, desc.layout)
 
 
 @gluon.jit
-def kv_rings(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt, stride_vh,
-             BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, SLOTS: gl.constexpr):
-    """``row_ring`` of K and of V for kv head ``i_hk`` of one sequence (``bos_k``: its first
-    key row): (k_desc, k_tiles, v_desc, v_tiles), ``SLOTS`` tiles of [BLOCK_N, HEAD_DIM]."""
-    k_desc, k_tiles = row_ring(k, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, BLOCK_N,
-                               HEAD_DIM, SLOTS)
-    v_desc, v_tiles = row_ring(v, bos_k, i_hk, seqlen_k, stride_vt, stride_vh, BLOCK_N,
-                               HEAD_DIM, SLOTS)
-    return k_desc, k_tiles, v_desc, v_tiles
+def _ragged_coords(bos, seqlen, row, head):
+    """The int32 coordinates of a ragged copy but the constant ones (``descriptors.py``:
+    ``ragged_coordinates``): bos + seqlen, 2**30 - seqlen + row, head. cu_seqlens are int32,
+    so every row index fits."""
+    end = (bos + seqlen).to(gl.int32)
+    start = (RAGGED_ROWS - seqlen + row).to(gl.int32)
+    return end, start, head.to(gl.int32)
+
+
+@gluon.jit
+def ragged_load(desc, bos, seqlen, row, head, bar, tile):
+    """Copy rows [row, row + R) of head ``head`` of the sequence whose rows are [bos, bos +
+    seqlen) into ``tile`` ([R, HEAD_DIM] of ``SWIZZLED_128B``), completing ``bar``; rows past
+    the sequence's end read 0 (the row coordinate passes 2**30 there)."""
+    end, start, head = _ragged_coords(bos, seqlen, row, head)
+    tma_load(desc, [RAGGED_ROWS, end, start, head, 0], bar, _as_block(tile, desc))
+
+
+@gluon.jit
+def ragged_store(desc, bos, seqlen, row, head, tile):
+    """Copy ``tile`` ([R, HEAD_DIM] of ``SWIZZLED_128B``) to rows [row, row + R) of head
+    ``head`` of the sequence whose rows are [bos, bos + seqlen), as ``ragged_load``: rows past
+    the sequence's end are not written."""
+    end, start, head = _ragged_coords(bos, seqlen, row, head)
+    tma_store(desc, [RAGGED_ROWS, end, start, head, 0], _as_block(tile, desc))
+
+
+# The TMA copy of a shared-memory tile to global memory, under its name in the installed
+# Triton (3.6: ``async_copy_shared_to_global``; later ``async_store``), as ``tma_load``.
+tma_store = (tma.async_store if hasattr(tma, "async_store")
+             else tma.async_copy_shared_to_global)
 
 
 @gluon.jit

@@ -26,6 +26,7 @@ from portattn.configs import (
     table_head_dim,
 )
 from portattn.families import FAMILIES
+from portattn.kernels.descriptors import with_descriptors
 from portattn.validation import check_head_dims
 
 # KernelConfig fields, one kernel each; "decode" is the paged decode kernel (its tiles:
@@ -126,10 +127,15 @@ def compiler_env() -> dict[str, str]:
     return env
 
 
-def bind_launch(stage: str, fn: Any, args: tuple, params: dict) -> Launch:
-    """Split a planned launch's parameters into bound kernel arguments and launch options."""
+def bind_launch(
+    stage: str, fn: Any, args: tuple, params: dict, descriptors: tuple[tuple[int, int], ...] = ()
+) -> Launch:
+    """Split a planned launch's parameters into bound kernel arguments and launch options;
+    ``descriptors``: the tensors of ``args`` the kernel takes as ragged descriptors, as
+    launched (``KernelLaunch.descriptors``)."""
     kernel_params = {k: v for k, v in params.items() if k in fn.arg_names}
     options = {k: v for k, v in params.items() if k not in fn.arg_names}
+    args = with_descriptors(args, descriptors)
     bound = inspect.signature(fn.fn).bind(*args, **kernel_params)  # jit and interpreted fns
     bound.apply_defaults()
     return Launch(stage, fn, dict(bound.arguments), options)
@@ -159,7 +165,7 @@ def record_launches(entry: Entry, cfg: KernelConfig | None = None) -> dict[str, 
             planned += [x for x in split if x.stage in SPLIT_STAGES]
     launches: dict[str, tuple[Launch, ...]] = {}
     for one in planned:
-        launch = bind_launch(one.stage, one.kernel, one.args, one.params)
+        launch = bind_launch(one.stage, one.kernel, one.args, one.params, one.descriptors)
         launches[launch.stage] = (*launches.get(launch.stage, ()), launch)
     missing = set(entry_stages(cfg, GUARDED_STAGES)) - set(launches)
     if missing:

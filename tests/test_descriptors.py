@@ -1,0 +1,71 @@
+"""portattn.kernels.descriptors: the ragged host descriptors of the Gluon kernels (perf-notes
+row 103). CPU: their shapes and strides, and that a copy's coordinates address the sequence's
+own rows and run out of bounds exactly at its end (modulo 2**64, as the copy engine computes
+addresses); the kernels' copies through them are tested bitwise on the GPU
+(tests/test_table_variants.py: the Gluon kernels against the Triton ones)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from portattn.kernels import descriptors
+from portattn.kernels.descriptors import (
+    RAGGED_ROWS,
+    ragged_coordinates,
+    ragged_descriptor,
+    with_descriptors,
+)
+
+pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+
+
+def packed_qkv(tokens: int, heads: int, dim: int) -> tuple[torch.Tensor, ...]:
+    """q, k, v as views of one [tokens, 3, heads, dim] buffer (strided rows, as a fused
+    projection gives them)."""
+    qkv = torch.randn(tokens, 3, heads, dim, dtype=torch.bfloat16)
+    return qkv[:, 0], qkv[:, 1], qkv[:, 2]
+
+
+def test_descriptor_describes_the_whole_tensor_in_five_dims():
+    q, _, _ = packed_qkv(300, 4, 128)
+    desc = ragged_descriptor(q, 64)
+    s_t, s_h = q.stride(0), q.stride(1)
+    assert desc.base is q
+    assert list(desc.block_shape) == [1, 1, 64, 1, 128]
+    assert list(desc.strides) == [2**34 - s_t, s_t, s_t, s_h, 1]
+    assert list(desc.shape)[2:] == [RAGGED_ROWS, 4, 128]
+    assert desc.layout.rank == 5 and desc.layout.swizzle_byte_width == 128
+
+
+def test_coordinates_address_the_sequences_rows_and_stop_at_its_end():
+    """For every row of a tile (in and past the sequence), the copy engine's address (the sum
+    of coordinates times byte strides, modulo 2**64) is the row's own in the tensor, and the
+    row coordinate is in bounds exactly for the rows before the sequence's end."""
+    q, _, _ = packed_qkv(8, 3, 64)
+    desc = ragged_descriptor(q, 16)
+    dtype_bytes = q.element_size()
+    strides = [s * dtype_bytes for s in desc.strides]
+    total = 1_500_000_000  # packs far past int32 element offsets still address right
+    for bos, seqlen in [(0, 1), (17, 63), (1000, 113), (total - 1000, 1000)]:
+        for row in range(0, seqlen + 130, 7):
+            for head in range(3):
+                coords = ragged_coordinates(bos, seqlen, row, head)
+                # every coordinate but the row's within its dimension; the row's only before
+                # the sequence's end
+                assert all(0 <= coords[i] < desc.shape[i] for i in (0, 1, 3, 4))
+                assert (coords[2] < desc.shape[2]) == (row < seqlen)
+                address = sum(c * s for c, s in zip(coords, strides, strict=True)) % 2**64
+                own = ((bos + row) * q.stride(0) + head * q.stride(1)) * dtype_bytes
+                assert address == own
+
+
+def test_with_descriptors_replaces_only_the_named_positions():
+    q, k, v = packed_qkv(40, 2, 64)
+    args = (q, k, v, 7, 0.5)
+    assert with_descriptors(args, ()) is args
+    out = with_descriptors(args, ((0, 64), (2, 128)))
+    assert out[1] is k and out[3:] == (7, 0.5)
+    assert out[0].base is q and list(out[0].block_shape) == [1, 1, 64, 1, 64]
+    assert out[2].base is v and list(out[2].block_shape) == [1, 1, 128, 1, 64]
+    assert descriptors.ragged_layout() is descriptors.ragged_layout()  # made once
