@@ -97,13 +97,19 @@ CASES = [
 
 
 def _numpy_avx512_loops() -> list[str]:
-    """The AVX-512 features numpy dispatches to in this process (none where the CPU has none,
-    or where ``NPY_DISABLE_CPU_FEATURES`` turned them off)."""
+    """The AVX-512 targets numpy dispatches to in this process (none where the CPU has none,
+    or where ``NPY_DISABLE_CPU_FEATURES`` turned them off). Its dispatch targets, not the CPU's
+    flags: numpy >= 2.4 names its AVX-512 loops X86_V4 (and reports AVX512F and the other
+    flags of the CPU whether its loops are off or not)."""
     try:
-        from numpy._core._multiarray_umath import __cpu_features__
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
     except ImportError:  # numpy < 2
-        from numpy.core._multiarray_umath import __cpu_features__
-    return sorted(k for k, on in __cpu_features__.items() if on and k.startswith("AVX512"))
+        from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    return sorted(
+        k
+        for k in __cpu_dispatch__
+        if __cpu_features__.get(k) and (k.startswith("AVX512") or k == "X86_V4")
+    )
 
 
 def _bits(case: Case) -> dict:
