@@ -1,18 +1,14 @@
 #!/usr/bin/env bash
 # The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;
 # a refused start costs 15 s or more: check `status` first).
-# Session 38, first (if session 37's call did not run; ~9.5 min with a cold start, no .fa4):
-#   ROUND_LIMIT=230 TESTS_LIMIT=100 bash ci/gpu_three_groups.sh; P=ci/patches/gluon_host_descriptors;
-#   WORKLOADS=$'rl 64x(32..2048) gqa32/8 d128 causal\nskewed 32k h16 d128 causal' FA4=0 \
-#   FWD_BWD=1 TESTS=0 SMOKE_LIMIT=110 timeout 225 bash ci/gpu_fwd_variant.sh \
-#   $P.diff+${P}_store.diff+${P}_dq.diff+${P}_dkdv.diff
-# (1) The Gluon forward in three consumer groups at d64 (perf-notes row 104): d64 forward TF/s
-# of the table's Triton 64 x 64 against 192 x 64 (the table's bits) and 192 x 128 (FA4's
-# tiles), and its GPU bits test. (2) The four host-descriptor patches against main: bits
-# (out, dq, dk, dv) and fwd / fwd+bwd ms. What gains lands through `bash ci/gpu_patch_land.sh
-# PATCHES` (A/B, golden verify, the Gluon tests on a patched copy, in one call) after
-# `python -m ci.golden_dev fingerprints --update --family sm90` under both Tritons (branch
-# land37 of session 37 holds the four descriptor patches with their golden/sm90.json).
+# Session 38, first (H200, carry .fa4; ~8 min): the full benchmark after the host descriptors
+# (perf-notes row 105; docs/bench-h200.* predates them), as docs/performance.md's command:
+#   source .fa4/install.sh; python3 benchmarks/bench.py --json $OUT/bench-h200.json \
+#     --markdown $OUT/bench-h200.md --png $OUT/bench-h200.png
+# then docs/performance.md's table and targets from it. Session 37 ran (on an H100) the
+# descriptors' A/B, golden verify and GPU tests (landed, row 105) and the three-group d64
+# forward (row 104: not kept); its GPU-host check of tests/test_interpreter_bits.py found
+# numpy 2.5.2 there (outside the pin < 2.4), whose AVX-512 loops are named X86_V4.
 # Session 37, before or after the first call, ~30 s (session 36's CI fix, not yet seen on an
 # AVX-512 CPU): does the record of tests/test_interpreter_bits.py hold on the GPU host's CPU
 # with numpy's AVX-512 loops off (pass), and does the test refuse where they are on (fail

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The Gluon forward in three consumer groups (ci/patches/gluon_three_groups.diff, session 37):
+# The Gluon forward in three consumer groups (ci/patches/gluon_three_groups.diff, session 37;
+# made against b3a1d76, before the host descriptors landed: perf-notes rows 104-105):
 # on a patched copy of the tree in /tmp/three_groups, `python ci/tune_sm90.py --round
 # d64-three-groups` (d64 forward TF/s, skewed 32k h16, the table's Triton 64 x 64 against the
 # Gluon forward at 192 x 64 / 192 x 128 and at 128 x 128; each variant checked against
