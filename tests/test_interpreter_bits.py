@@ -96,20 +96,34 @@ CASES = [
 ]
 
 
-def _numpy_avx512_loops() -> list[str]:
+def _numpy_avx512_loops(dispatch: list[str] | None = None, features: dict | None = None):
     """The AVX-512 targets numpy dispatches to in this process (none where the CPU has none,
     or where ``NPY_DISABLE_CPU_FEATURES`` turned them off). Its dispatch targets, not the CPU's
     flags: numpy >= 2.4 names its AVX-512 loops X86_V4 (and reports AVX512F and the other
-    flags of the CPU whether its loops are off or not)."""
-    try:
-        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
-    except ImportError:  # numpy < 2
-        from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    flags of the CPU whether its loops are off or not). ``dispatch`` / ``features``: numpy's
+    ``__cpu_dispatch__`` / ``__cpu_features__`` (the test below passes its own)."""
+    if dispatch is None or features is None:
+        try:
+            from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+        except ImportError:  # numpy < 2
+            from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+        dispatch, features = __cpu_dispatch__, __cpu_features__
     return sorted(
-        k
-        for k in __cpu_dispatch__
-        if __cpu_features__.get(k) and (k.startswith("AVX512") or k == "X86_V4")
+        k for k in dispatch if features.get(k) and (k.startswith("AVX512") or k == "X86_V4")
     )
+
+
+def test_avx512_check_reads_numpy_dispatch_targets():
+    """numpy 2.3 on an AVX-512 CPU, its loops on and off; numpy 2.5 (the GPU host's, session
+    37) with its X86_V4 loops off, which still reports the CPU's AVX512F flag on."""
+    old = ["AVX2", "AVX512F", "AVX512_SKX", "AVX512_ICL"]
+    assert _numpy_avx512_loops(old, dict.fromkeys(old, True)) == sorted(old[1:])
+    assert _numpy_avx512_loops(old, {"AVX2": True, "AVX512F": False}) == []
+    new = ["X86_V3", "X86_V4", "AVX512_ICL", "AVX512_SPR"]
+    on = {"X86_V3": True, "X86_V4": True, "AVX512F": True, "AVX512_ICL": True}
+    assert _numpy_avx512_loops(new, on) == ["AVX512_ICL", "X86_V4"]
+    off = {"X86_V3": True, "X86_V4": False, "AVX512F": True, "AVX512_ICL": False}
+    assert _numpy_avx512_loops(new, off) == []
 
 
 def _bits(case: Case) -> dict:
