@@ -246,6 +246,12 @@ ROUNDS: dict[str, list[tuple[str, int, dict]]] = {
         ("fixed_order", 64, dict(dq_ws=True)),
         ("varlen", 64, {}),
     ],
+    # The same, three variants (for a call with two minutes of device time left).
+    "d64-dq-ws-short": [
+        ("varlen", 64, {}),
+        ("varlen", 64, dict(dq_ws=True)),
+        ("varlen", 64, {}),
+    ],
 }
 FORWARD_ONLY = {"row35-forward", "row40-forward", "row48-forward", "row51-forward"}
 FORWARD_ONLY |= {"fa4-d64-forward", "d64-forward", "row99-d64"}
