@@ -5,7 +5,9 @@
 # (perf-notes row 105; docs/bench-h200.* predates them), as docs/performance.md's command:
 #   source .fa4/install.sh; python3 benchmarks/bench.py --json $OUT/bench-h200.json \
 #     --markdown $OUT/bench-h200.md --png $OUT/bench-h200.png
-# then docs/performance.md's table and targets from it. Session 37 ran (on an H100) the
+# then docs/performance.md's table and targets from it. Second (~3 min): `python3
+# ci/tune_sm90.py --round d64-dq-ws` (the dQ Gluon kernel at d64, both kernels; CPU-compiled
+# spill-free, same bits by its tiles; not yet timed). Session 37 ran (on an H100) the
 # descriptors' A/B, golden verify and GPU tests (landed, row 105) and the three-group d64
 # forward (row 104: not kept); its GPU-host check of tests/test_interpreter_bits.py found
 # numpy 2.5.2 there (outside the pin < 2.4), whose AVX-512 loops are named X86_V4.
