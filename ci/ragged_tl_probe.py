@@ -1,0 +1,89 @@
+"""CPU probe (no GPU): does a ``tl`` kernel read tiles through host-made ragged descriptors
+(triton/tools/ragged_tma.py's 5-d construction, as ``kernels/descriptors.py`` makes them for
+the Gluon kernels) as cheaply as through the per-program descriptors of
+``addressing.row_tiles``? Compiles two small sm90 kernels, one Q K^T product each, and prints
+their PTX counts (perf-notes row 105, "next lever").
+
+Usage: python ci/ragged_tl_probe.py
+"""
+
+from __future__ import annotations
+
+import re
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+RAGGED_ROWS = tl.constexpr(0x40000000)  # 2**30, as kernels/descriptors.py
+
+
+@triton.jit
+def ragged_qk(
+    q_desc,
+    k_desc,
+    out,
+    bos,
+    seqlen,
+    head,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+):
+    b_q = q_desc.load([RAGGED_ROWS, bos + seqlen, RAGGED_ROWS - seqlen, head, 0])
+    b_k = k_desc.load([RAGGED_ROWS, bos + seqlen, RAGGED_ROWS - seqlen, head, 0])
+    b_s = tl.dot(tl.reshape(b_q, [BLOCK_M, D]), tl.trans(tl.reshape(b_k, [BLOCK_N, D])))
+    o = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tl.store(out + o, b_s)
+
+
+@triton.jit
+def program_qk(
+    q,
+    k,
+    out,
+    bos,
+    seqlen,
+    head,
+    stride,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+):
+    q_desc = tl.make_tensor_descriptor(
+        q + bos * stride + head * D, [seqlen, D], [stride, 1], [BLOCK_M, D]
+    )
+    k_desc = tl.make_tensor_descriptor(
+        k + bos * stride + head * D, [seqlen, D], [stride, 1], [BLOCK_N, D]
+    )
+    b_s = tl.dot(q_desc.load([0, 0]), tl.trans(k_desc.load([0, 0])))
+    o = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tl.store(out + o, b_s)
+
+
+def main() -> None:
+    tiles = {"BLOCK_M": 64, "BLOCK_N": 64, "D": 64}
+    scalars = {"out": "*fp32", "bos": "i32", "seqlen": "i32", "head": "i32"}
+    desc = "tensordesc<bf16[1,1,64,1,64]>"
+    kernels = (
+        (ragged_qk, {"q_desc": desc, "k_desc": desc, **scalars}),
+        (program_qk, {"q": "*bf16", "k": "*bf16", **scalars, "stride": "i32"}),
+    )
+    for fn, signature in kernels:
+        signature = dict(signature, **dict.fromkeys(tiles, "constexpr"))
+        compiled = triton.compile(
+            ASTSource(fn, signature, constexprs=tiles),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": 4},
+        )
+        ptx = compiled.asm["ptx"]
+        counts = {
+            p: len(re.findall(re.escape(p), ptx))
+            for p in ("tensormap", "cp.async.bulk.tensor", "ldmatrix", "wgmma.mma_async")
+        }
+        print(fn.__name__, ptx.count("\n"), "PTX lines,", counts)
+
+
+if __name__ == "__main__":
+    main()
