@@ -12,14 +12,7 @@ set -uo pipefail
 [ $# -eq 1 ] || { echo "usage: bash ci/gpu_patch_land.sh PATCH[+PATCH...]"; exit 2; }
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 gpu_setup
-ROOT=$PWD
-rm -rf /tmp/patched && mkdir -p /tmp/patched
-tar --exclude=./.fa4 -cf - . | tar -xf - -C /tmp/patched
-IFS=+ read -ra parts <<<"$1"
-for p in "${parts[@]}"; do
-  (cd /tmp/patched && patch -s -p1 --forward --no-backup-if-mismatch -r - <"$ROOT/$p") \
-    || { echo "patch $p does not apply"; exit 2; }
-done
+patched_copy /tmp/patched "$1" || exit 2
 FWD_BWD=${FWD_BWD:-1} FA4=${FA4:-0} TESTS=0 SMOKE_LIMIT=${SMOKE_LIMIT:-120} \
   timeout "${AB_LIMIT:-250}" bash ci/gpu_fwd_variant.sh "$1" >"$OUT/ab.log" 2>&1
 echo "== A/B rc=$?"; grep -E "^== |^\|" "$OUT/ab.log" | grep -v "^== smoke" | sort -u

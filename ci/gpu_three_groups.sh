@@ -10,12 +10,8 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 gpu_setup
-ROOT=$PWD
-rm -rf /tmp/three_groups && mkdir -p /tmp/three_groups
-tar --exclude=./.fa4 -cf - . | tar -xf - -C /tmp/three_groups
+patched_copy /tmp/three_groups ci/patches/gluon_three_groups.diff || exit 2
 cd /tmp/three_groups || exit 2
-patch -s -p1 --forward --no-backup-if-mismatch -r - <"$ROOT/ci/patches/gluon_three_groups.diff" \
-  || { echo "ci/patches/gluon_three_groups.diff does not apply"; exit 2; }
 export PYTHONPATH=/tmp/three_groups
 step round "${ROUND_LIMIT:-240}" python3 ci/tune_sm90.py --round d64-three-groups
 grep -E "^\||^\{|rror" "$OUT/round.log" | cut -c1-400

@@ -19,3 +19,15 @@ step() {
   summary+=("$(printf '%-10s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
   return $rc
 }
+# `patched_copy DIR PATCH[+PATCH...]`: a copy of the checkout (without .fa4) in DIR with the
+# patches applied in order (paths relative to the checkout); returns 2 if one does not apply.
+patched_copy() {
+  local dir=$1 root=$PWD p
+  rm -rf "$dir" && mkdir -p "$dir"
+  tar --exclude=./.fa4 -cf - . | tar -xf - -C "$dir"
+  IFS=+ read -ra parts <<<"$2"
+  for p in "${parts[@]}"; do
+    (cd "$dir" && patch -s -p1 --forward --no-backup-if-mismatch -r - <"$root/$p") \
+      || { echo "$p does not apply"; return 2; }
+  done
+}

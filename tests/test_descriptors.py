@@ -69,3 +69,16 @@ def test_with_descriptors_replaces_only_the_named_positions():
     assert out[0].base is q and list(out[0].block_shape) == [1, 1, 64, 1, 64]
     assert out[2].base is v and list(out[2].block_shape) == [1, 1, 128, 1, 64]
     assert descriptors.ragged_layout() is descriptors.ragged_layout()  # made once
+
+
+def test_ragged_arguments_name_the_kernels_tensors():
+    """The planners name the Gluon kernels' descriptor arguments (``ragged_arguments``); the
+    positions are those of the kernels' signatures, in the order named."""
+    from portattn.kernels import ws_kernels
+
+    fwd = descriptors.ragged_arguments(ws_kernels.attn_fwd_ws_kernel, q=64, k=128, v=128, o=64)
+    assert fwd == ((0, 64), (1, 128), (2, 128), (3, 64))
+    dkdv = descriptors.ragged_arguments(ws_kernels.attn_bwd_dkdv_ws_kernel, do=64, k=32)
+    assert dkdv == ((3, 64), (1, 32))
+    with pytest.raises(ValueError):  # no such argument: not silently another position
+        descriptors.ragged_arguments(ws_kernels.attn_bwd_dq_ws_kernel, out=64)

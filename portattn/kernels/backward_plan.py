@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 
 from portattn.kernels.buffers import check_row_strides, dense_specialized, new_buffer, rows_aligned
+from portattn.kernels.descriptors import ragged_arguments
 from portattn.kernels.plan import (
     KernelLaunch,
     VarlenProblem,
@@ -174,9 +175,11 @@ def _backward_stages(kernels: BackwardKernels, p: VarlenProblem, tma_dkdv: bool,
         params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                       CAUSAL=p.causal, SPLIT_P=p.split_p, PADDED=padded,
                       STAGES=t.num_stages, **ws_launch_options(t))
-        # q, k, v and do go as ragged descriptors (kernels/descriptors.py), q and do by the
-        # groups' tiles: the kernel makes none
-        reads = ((0, t.block_m // 2), (1, t.block_n), (2, t.block_n), (3, t.block_m // 2))
+        # q, k, v and do go as ragged descriptors, q and do by the groups' tiles: the kernel
+        # makes none
+        rows = t.block_m // 2
+        reads = ragged_arguments(attn_bwd_dq_ws_kernel, q=rows, k=t.block_n, v=t.block_n,
+                                 do=rows)  # fmt: skip
         stages.append(_Stage("bwd_dq", attn_bwd_dq_ws_kernel, grid, params, False, "dq", reads))
     else:
         params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, TMA=tma_dq, PADDED=padded,
@@ -224,10 +227,10 @@ def _plan_dkdv(kernels: BackwardKernels, p: VarlenProblem, common: dict,
             params = dict(HEAD_DIM=p.head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                           CAUSAL=p.causal, SPLIT_P=p.split_p, STAGES=t.num_stages,
                           **ws_launch_options(t))
-            # q, k, v, do as ragged descriptors (kernels/descriptors.py); the kernel makes
-            # those of lse2 and delta
-            m, g = t.block_m, t.block_n // 2  # K and V by the groups' tiles
-            reads = ((0, m), (1, g), (2, g), (3, m))
+            # q, k, v, do as ragged descriptors, K and V by the groups' tiles; the kernel
+            # makes those of lse2 and delta
+            m, g = t.block_m, t.block_n // 2
+            reads = ragged_arguments(attn_bwd_dkdv_ws_kernel, q=m, k=g, v=g, do=m)
             launches.append(_Stage("bwd_dkdv", attn_bwd_dkdv_ws_kernel, grid[:2], params, tma,
                                    "dkdv", reads))
             launches += repair

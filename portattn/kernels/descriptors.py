@@ -57,6 +57,12 @@ def ragged_coordinates(bos: int, seqlen: int, row: int, head: int) -> tuple[int,
     return (RAGGED_ROWS, bos + seqlen, RAGGED_ROWS - seqlen + row, head, 0)
 
 
+def ragged_arguments(kernel: Any, **block_rows: int) -> tuple[tuple[int, int], ...]:
+    """``KernelLaunch.descriptors`` for the arguments of ``kernel`` named in ``block_rows``
+    (name: the rows of its copies' tiles), each at its position in the kernel's signature."""
+    return tuple((kernel.arg_names.index(name), rows) for name, rows in block_rows.items())
+
+
 def with_descriptors(args: tuple, descriptors: tuple[tuple[int, int], ...]) -> tuple:
     """``args`` with the tensor at each (position, block rows) of ``descriptors`` passed as
     its ragged descriptor."""

@@ -272,9 +272,14 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     )
     # The warp-specialised Gluon kernel computes the same bits; it reads through descriptors
     # and has no interpreter.
-    if ws:  # q, k, v and out go as ragged descriptors (kernels/descriptors.py), Q and out by
-        block_n, group_rows = params["BLOCK_N"], params["BLOCK_M"] // 2  # group tiles
-        reads = ((0, group_rows), (1, block_n), (2, block_n), (3, group_rows))
+    if ws:  # q, k, v and out go as ragged descriptors, Q and out by the groups' tiles
+        # (imported here: an import above the kernels would move their lines, so every
+        # compile key)
+        from portattn.kernels.descriptors import ragged_arguments
+
+        group_rows, block_n = params["BLOCK_M"] // 2, params["BLOCK_N"]
+        reads = ragged_arguments(attn_fwd_ws_kernel, q=group_rows, k=block_n, v=block_n,
+                                 o=group_rows)  # fmt: skip
         launch = KernelLaunch("fwd", attn_fwd_ws_kernel, grid, args, dict(params), False,
                               descriptors=reads)
     else:
