@@ -160,6 +160,7 @@ def overhead_workloads() -> list[Workload]:
         Workload("small 4x256 gqa32/8 d128 causal", (256,) * 4, 32, 8, 128, True),
         Workload("rl 64x(32..2048) gqa32/8 d128 causal", rl, 32, 8, 128, True),
         Workload("rl 64x(32..2048) h16 d128 full", rl, 16, 16, 128, False),
+        Workload("rl 64x(32..2048) h16 d64 causal", rl, 16, 16, 64, True),
         Workload("tiles 1024x128 h16 d128 full", (128,) * 1024, 16, 16, 128, False),
     ]
 

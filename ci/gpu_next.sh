@@ -1,6 +1,18 @@
 #!/usr/bin/env bash
 # The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;
 # a refused start costs 15 s or more: check `status` first).
+# Session 39, first (H200, carry .fa4; ~8 min): the full benchmark, as session 38 planned
+# below (sessions 38 and 37 got H100s only; docs/bench-h200.* predates perf-notes rows 105-106),
+# then docs/performance.md's table and targets from it. Second (~6 min): the whole GPU suite
+# on the H200 (`bash ci/h200_suite.sh` with REFRESH=0 and BENCH_LIMIT=1, or `bash ci/gpu_next.sh
+# 3`): rows 105-106 moved the Gluon kernels and the Triton forward onto host descriptors and
+# only the launch paths' tests and golden verify ran, on H100s. Then, for issue 36: the
+# Triton dK/dV (fixed_order at every head dim, varlen d96) still makes its descriptors in each
+# program (136 tensormap PTX lines at fixed_order d128); row 107 says to watch registers
+# against two CTAs an SM before timing (`bash ci/gpu_tl_descriptors.sh ab-bwd PATCH`).
+# Session 38 ran (H100): `bash ci/gpu_tl_descriptors.sh` ab / tests / ab-bwd (rows 106-107;
+# the forward landed, dQ's patches not kept) and `ci/tune_sm90.py --round d64-dq-ws` (row
+# 107: the Gluon dQ at d64 3-4% slower, not kept).
 # Session 38, first (H200, carry .fa4; ~8 min): the full benchmark after the host descriptors
 # (perf-notes row 105; docs/bench-h200.* predates them), as docs/performance.md's command:
 #   source .fa4/install.sh; python3 benchmarks/bench.py --json $OUT/bench-h200.json \

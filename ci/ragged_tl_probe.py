@@ -1,8 +1,11 @@
 """CPU probe (no GPU): does a ``tl`` kernel read tiles through host-made ragged descriptors
-(triton/tools/ragged_tma.py's 5-d construction, as ``kernels/descriptors.py`` makes them for
-the Gluon kernels) as cheaply as through the per-program descriptors of
-``addressing.row_tiles``? Compiles two small sm90 kernels, one Q K^T product each, and prints
-their PTX counts (perf-notes row 105, "next lever").
+(triton/tools/ragged_tma.py's 5-d construction, as ``kernels/descriptors.py`` makes them) as
+cheaply as through the per-program descriptors of ``addressing.row_tiles``? Compiles three
+small sm90 kernels, one Q K^T product each, and prints their PTX counts (perf-notes rows 105
+and 106): with the Gluon kernels' layout ([.., rows, head, D]: the block's unit head dim
+between rows and columns) the reshape to 2-d sends both operands through registers
+(``ldmatrix``); with the head first (``descriptors.ragged_tl_descriptor``, [head, .., rows,
+D]) it is a view and wgmma reads shared memory, as with the program's own descriptors.
 
 Usage: python ci/ragged_tl_probe.py
 """
@@ -39,6 +42,25 @@ def ragged_qk(
 
 
 @triton.jit
+def head_first_qk(
+    q_desc,
+    k_desc,
+    out,
+    bos,
+    seqlen,
+    head,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+):
+    b_q = q_desc.load([head, RAGGED_ROWS, bos + seqlen, RAGGED_ROWS - seqlen, 0])
+    b_k = k_desc.load([head, RAGGED_ROWS, bos + seqlen, RAGGED_ROWS - seqlen, 0])
+    b_s = tl.dot(tl.reshape(b_q, [BLOCK_M, D]), tl.trans(tl.reshape(b_k, [BLOCK_N, D])))
+    o = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tl.store(out + o, b_s)
+
+
+@triton.jit
 def program_qk(
     q,
     k,
@@ -66,8 +88,10 @@ def main() -> None:
     tiles = {"BLOCK_M": 64, "BLOCK_N": 64, "D": 64}
     scalars = {"out": "*fp32", "bos": "i32", "seqlen": "i32", "head": "i32"}
     desc = "tensordesc<bf16[1,1,64,1,64]>"
+    head_first = "tensordesc<bf16[1,1,1,64,64]>"
     kernels = (
         (ragged_qk, {"q_desc": desc, "k_desc": desc, **scalars}),
+        (head_first_qk, {"q_desc": head_first, "k_desc": head_first, **scalars}),
         (program_qk, {"q": "*bf16", "k": "*bf16", **scalars, "stride": "i32"}),
     )
     for fn, signature in kernels:

@@ -20,7 +20,7 @@ import torch
 import triton
 
 from benchmarks import bench
-from benchmarks.bench_report import FA4_DET, VARLEN
+from benchmarks.bench_report import FA4_DET, FIXED, VARLEN
 
 DEFAULT = ("equal 2x8192 h16 d128 causal", "equal 2x8192 h16 d128 full",
            "skewed 32k h16 d128 causal", "equal 2x8192 gqa32/8 d128 causal",
@@ -39,8 +39,11 @@ def main() -> int:
     parser.add_argument("--workloads", action="append")
     parser.add_argument("--fa4", action="store_true")
     parser.add_argument("--fwd-only", action="store_true", help="out's bits, forward times")
+    parser.add_argument("--fixed-order", action="store_true", help="portattn fixed_order too")
     args = parser.parse_args()
     only = [VARLEN, FA4_DET] if args.fa4 else [VARLEN]
+    if args.fixed_order:
+        only.append(FIXED)
     for w in bench.named_workloads(args.workloads or list(DEFAULT)):
         q, k, v, cu = bench.make_inputs(w)
         q, k, v = (t.requires_grad_() for t in (q, k, v))

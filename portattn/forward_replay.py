@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from portattn.kernels.buffers import descriptor_scratch, new_buffer, rows_aligned
+from portattn.kernels.descriptors import HostDescriptor
 from portattn.kernels.forward import plan_forward
 from portattn.kernels.launcher import launch_all
 from portattn.kernels.plan import KernelLaunch, VarlenProblem, plan_problem, run_launches
@@ -63,7 +64,7 @@ class LaunchTemplate:
     # The launcher's direct launch of this template's binds, once its kernel is kept
     # (kernels/launcher.py): empty until then.
     direct: list = field(default_factory=list, compare=False, repr=False)
-    descriptors: tuple[tuple[int, int], ...] = ()  # as KernelLaunch's
+    descriptors: tuple[HostDescriptor, ...] = ()  # as KernelLaunch's
 
     def slot_tensors(self, tensors: tuple) -> tuple:
         """The tensors of ``tensors`` (as :meth:`bind` takes them) in the order of their

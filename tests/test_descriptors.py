@@ -1,8 +1,10 @@
 """portattn.kernels.descriptors: the ragged host descriptors of the Gluon kernels (perf-notes
-row 103). CPU: their shapes and strides, and that a copy's coordinates address the sequence's
-own rows and run out of bounds exactly at its end (modulo 2**64, as the copy engine computes
-addresses); the kernels' copies through them are tested bitwise on the GPU
-(tests/test_table_variants.py: the Gluon kernels against the Triton ones)."""
+row 103) and of the Triton forward (row 106). CPU: their shapes and strides, and that a copy's
+coordinates address the sequence's own rows and run out of bounds exactly at its end (modulo
+2**64, as the copy engine computes addresses); the kernels' copies through them are tested
+bitwise on the GPU (tests/test_table_variants.py: the Gluon kernels against the Triton ones,
+the descriptor paths against the pointer path) and, for the Triton forward, under the
+interpreter too."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import torch
 from portattn.kernels import descriptors
 from portattn.kernels.descriptors import (
     RAGGED_ROWS,
+    HostDescriptor,
     ragged_coordinates,
     ragged_descriptor,
+    ragged_tl_descriptor,
     with_descriptors,
 )
 
@@ -38,23 +42,44 @@ def test_descriptor_describes_the_whole_tensor_in_five_dims():
     assert desc.layout.rank == 5 and desc.layout.swizzle_byte_width == 128
 
 
-def test_coordinates_address_the_sequences_rows_and_stop_at_its_end():
+def test_tl_descriptor_puts_the_head_first():
+    """The ``tl`` kernels' descriptor: the head first, so the block's unit dims all lead (its
+    reshape to 2-d is a view, ``ci/ragged_tl_probe.py``); its tiles may be wider than D."""
+    q, _, _ = packed_qkv(300, 4, 96)
+    desc = ragged_tl_descriptor(q, 64, 128)
+    s_t, s_h = q.stride(0), q.stride(1)
+    assert desc.base is q
+    assert list(desc.block_shape) == [1, 1, 1, 64, 128]
+    assert list(desc.strides) == [s_h, 2**34 - s_t, s_t, s_t, 1]
+    assert list(desc.shape) == [4, 0x7FFF0000, 0x7FFF0000, RAGGED_ROWS, 96]
+
+
+def tl_coordinates(bos: int, seqlen: int, row: int, head: int) -> tuple[int, ...]:
+    """What ``addressing.ragged_source`` and ``ragged_tile`` compute for a ``tl`` kernel."""
+    return (head, RAGGED_ROWS, bos + seqlen, RAGGED_ROWS - seqlen + row, 0)
+
+
+@pytest.mark.parametrize("layout", ["gluon", "tl"])
+def test_coordinates_address_the_sequences_rows_and_stop_at_its_end(layout):
     """For every row of a tile (in and past the sequence), the copy engine's address (the sum
     of coordinates times byte strides, modulo 2**64) is the row's own in the tensor, and the
     row coordinate is in bounds exactly for the rows before the sequence's end."""
     q, _, _ = packed_qkv(8, 3, 64)
-    desc = ragged_descriptor(q, 16)
+    if layout == "gluon":
+        desc, coordinates, row_dim = ragged_descriptor(q, 16), ragged_coordinates, 2
+    else:
+        desc, coordinates, row_dim = ragged_tl_descriptor(q, 16, 64), tl_coordinates, 3
     dtype_bytes = q.element_size()
     strides = [s * dtype_bytes for s in desc.strides]
     total = 1_500_000_000  # packs far past int32 element offsets still address right
     for bos, seqlen in [(0, 1), (17, 63), (1000, 113), (total - 1000, 1000)]:
         for row in range(0, seqlen + 130, 7):
             for head in range(3):
-                coords = ragged_coordinates(bos, seqlen, row, head)
+                coords = coordinates(bos, seqlen, row, head)
                 # every coordinate but the row's within its dimension; the row's only before
                 # the sequence's end
-                assert all(0 <= coords[i] < desc.shape[i] for i in (0, 1, 3, 4))
-                assert (coords[2] < desc.shape[2]) == (row < seqlen)
+                assert all(0 <= coords[i] < desc.shape[i] for i in range(5) if i != row_dim)
+                assert (coords[row_dim] < desc.shape[row_dim]) == (row < seqlen)
                 address = sum(c * s for c, s in zip(coords, strides, strict=True)) % 2**64
                 own = ((bos + row) * q.stride(0) + head * q.stride(1)) * dtype_bytes
                 assert address == own
@@ -64,21 +89,23 @@ def test_with_descriptors_replaces_only_the_named_positions():
     q, k, v = packed_qkv(40, 2, 64)
     args = (q, k, v, 7, 0.5)
     assert with_descriptors(args, ()) is args
-    out = with_descriptors(args, ((0, 64), (2, 128)))
+    out = with_descriptors(args, (HostDescriptor(0, 64), HostDescriptor(2, 128, 32)))
     assert out[1] is k and out[3:] == (7, 0.5)
     assert out[0].base is q and list(out[0].block_shape) == [1, 1, 64, 1, 64]
-    assert out[2].base is v and list(out[2].block_shape) == [1, 1, 128, 1, 64]
+    assert out[2].base is v and list(out[2].block_shape) == [1, 1, 1, 128, 32]
     assert descriptors.ragged_layout() is descriptors.ragged_layout()  # made once
 
 
 def test_ragged_arguments_name_the_kernels_tensors():
     """The planners name the Gluon kernels' descriptor arguments (``ragged_arguments``); the
     positions are those of the kernels' signatures, in the order named."""
-    from portattn.kernels import ws_kernels
+    from portattn.kernels import forward, ws_kernels
 
     fwd = descriptors.ragged_arguments(ws_kernels.attn_fwd_ws_kernel, q=64, k=128, v=128, o=64)
-    assert fwd == ((0, 64), (1, 128), (2, 128), (3, 64))
+    assert fwd == ((0, 64, 0), (1, 128, 0), (2, 128, 0), (3, 64, 0))
     dkdv = descriptors.ragged_arguments(ws_kernels.attn_bwd_dkdv_ws_kernel, do=64, k=32)
-    assert dkdv == ((3, 64), (1, 32))
+    assert dkdv == ((3, 64, 0), (1, 32, 0))
+    tl_fwd = descriptors.ragged_arguments(forward.attn_fwd_kernel, v=(64, 32), q=(128, 64))
+    assert tl_fwd == (HostDescriptor(2, 64, 32), HostDescriptor(0, 128, 64))
     with pytest.raises(ValueError):  # no such argument: not silently another position
         descriptors.ragged_arguments(ws_kernels.attn_bwd_dq_ws_kernel, out=64)

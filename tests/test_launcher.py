@@ -14,7 +14,7 @@ from triton import knobs
 from triton.runtime.jit import KernelParam
 
 from portattn.kernels import launcher
-from portattn.kernels.descriptors import with_descriptors
+from portattn.kernels.descriptors import HostDescriptor, with_descriptors
 from portattn.kernels.plan import KernelLaunch
 from portattn.tools import compile_launches
 from portattn.tools.compile_launches import Entry
@@ -204,7 +204,7 @@ def test_descriptor_arguments_go_as_descriptors_on_every_path(fake_device):
     jit = Jit()
     x, y = torch.ones(64, 2, 64, dtype=torch.bfloat16), torch.zeros(64, 2, 64, dtype=torch.bfloat16)
     planned = KernelLaunch("fwd", jit, (8, 2), (x, 32, 0.5), dict(BLOCK=64, num_warps=4),
-                           descriptors=((0, 64),))  # fmt: skip
+                           descriptors=(HostDescriptor(0, 64),))  # fmt: skip
     template = LaunchTemplate.record(planned, tensor_indexes((x,)))  # a forward replay's
     for t in (x, x, y):
         launcher.launch_kernel(template.bind((t,)))

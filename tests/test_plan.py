@@ -63,11 +63,17 @@ def test_sm90_entries_plan_their_gluon_kernels(kernel):
     launch, repair = fwd.launches  # causal: the repair pass follows (design §3.2)
     expected = forward.attn_fwd_ws_kernel if cfg.fwd_ws else forward.attn_fwd_kernel
     assert launch.kernel is expected
-    if cfg.fwd_ws:  # q, k, v as the launch's ragged descriptors, made on the host
-        reads, n = dict(launch.descriptors), cfg.fwd.block_n
-        assert (reads[0], reads[1], reads[2]) == (64, n, n) and not launch.tma
-    else:  # the Triton kernel makes its descriptors in each program
-        assert launch.tma == ("fwd" in cfg.tma) and launch.descriptors == ()
+    # q, k, v as the launch's ragged descriptors, made on the host: the kernel makes none
+    reads, n = {d.position: d[1:] for d in launch.descriptors}, cfg.fwd.block_n
+    assert not launch.tma
+    if cfg.fwd_ws:  # the groups' 64 rows, the whole head dim
+        assert (reads[0], reads[1], reads[2]) == ((64, 0), (n, 0), (n, 0))
+    elif "fwd" in cfg.tma:  # the Triton kernel's tiles, head-first (TMA_HOST)
+        m = cfg.fwd.block_m
+        assert (reads[0], reads[1], reads[2]) == ((m, 128), (n, 128), (n, 128))
+        assert launch.params["TMA"] == 2 and repair.descriptors == launch.descriptors
+    else:
+        assert not reads
     assert repair.stage == "fwd_repair" and repair.kernel is forward.attn_fwd_kernel
     assert repair.params["REPAIR"] and repair.params["BLOCK_N"] == cfg.fwd.block_n
     # A view starting 2 bytes in: no descriptor path, so the Triton forward.

@@ -18,6 +18,8 @@ Conventions as in ``primitives.py``: ``b_`` block values, ``p_`` pointers, ``o_`
 import triton
 import triton.language as tl
 
+from portattn.kernels import descriptors
+
 
 @triton.jit
 def head_dim_chunk(o_d, m_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -81,21 +83,53 @@ def row_tiles(base, seqlen, stride_t, HEAD_DIM: tl.constexpr, BLOCK_R: tl.conste
     return tl.make_tensor_descriptor(base, [seqlen, HEAD_DIM], [stride_t, 1], [BLOCK_R, BLOCK_C])
 
 
+# ``TMA``, as the kernels take it: 0 (False) masked pointer loads; ``TMA_PROGRAM`` (1, True)
+# descriptors the program makes (``row_tiles``); ``TMA_HOST`` (2) the launch's ragged host
+# descriptors (``kernels/descriptors.py``, ``ragged_source``), kernel parameters in place of
+# the tensors.
+TMA_PROGRAM = tl.constexpr(1)
+TMA_HOST = tl.constexpr(descriptors.TMA_HOST)
+RAGGED_ROWS = tl.constexpr(descriptors.RAGGED_ROWS)  # 2**30
+
+
+@triton.jit
+def ragged_source(desc, head, bos, seqlen):
+    """Where ``ragged_tile`` reads rows of head ``head`` of the sequence [bos, bos + seqlen)
+    through a ragged host descriptor ``desc`` (``descriptors.ragged_tl_descriptor``): (desc,
+    head, bos + seqlen, 2**30 - seqlen), int32. (The tensor comes first in each sum: Triton
+    3.9's interpreter makes ``constexpr - tensor`` a constexpr.)"""
+    return desc, head.to(tl.int32), (bos + seqlen).to(tl.int32), -seqlen.to(tl.int32) + RAGGED_ROWS
+
+
+@triton.jit
+def ragged_tile(src, row, col):
+    """The [R, C] tile of rows ``row`` onwards and columns ``col`` onwards of a
+    ``ragged_source``: the copy's row coordinate passes 2**30 at the sequence's end, where it
+    reads 0 (as past the head dim), like a per-sequence descriptor (``row_tiles``)."""
+    b_x = src[0].load([src[1], RAGGED_ROWS, src[2], row + src[3], col])  # [1, 1, 1, R, C]
+    return b_x.reshape(b_x.shape[3], b_x.shape[4])
+
+
 @triton.jit
 def key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt, stride_vh,
                     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_DV: tl.constexpr, TMA: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     """Where ``load_key_tile`` reads K tiles ([BLOCK_N, BLOCK_D]) and V tiles ([BLOCK_N,
     BLOCK_DV], of V's ``HEAD_DIM_V`` columns) of sequence ``bos_k`` and kv head ``i_hk``:
-    descriptors (``TMA``) or the base pointers of its first row."""
-    p_k_base = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
-    p_v_base = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
-    if TMA:
-        src_k = row_tiles(p_k_base, seqlen_k, stride_kt, HEAD_DIM, BLOCK_N, BLOCK_D)
-        src_v = row_tiles(p_v_base, seqlen_k, stride_vt, HEAD_DIM_V, BLOCK_N, BLOCK_DV)
+    ``ragged_source``s of the host descriptors ``k`` and ``v`` (``TMA_HOST``), the program's
+    descriptors (``TMA_PROGRAM``) or the base pointers of its first row."""
+    if TMA == TMA_HOST:
+        src_k = ragged_source(k, i_hk, bos_k, seqlen_k)
+        src_v = ragged_source(v, i_hk, bos_k, seqlen_k)
     else:
-        src_k = p_k_base
-        src_v = p_v_base
+        p_k_base = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
+        p_v_base = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
+        if TMA:
+            src_k = row_tiles(p_k_base, seqlen_k, stride_kt, HEAD_DIM, BLOCK_N, BLOCK_D)
+            src_v = row_tiles(p_v_base, seqlen_k, stride_vt, HEAD_DIM_V, BLOCK_N, BLOCK_DV)
+        else:
+            src_k = p_k_base
+            src_v = p_v_base
     return src_k, src_v
 
 

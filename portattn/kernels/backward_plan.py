@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from portattn.kernels.buffers import check_row_strides, dense_specialized, new_buffer, rows_aligned
-from portattn.kernels.descriptors import ragged_arguments
+from portattn.kernels.descriptors import HostDescriptor, ragged_arguments
 from portattn.kernels.plan import (
     KernelLaunch,
     VarlenProblem,
@@ -81,7 +81,7 @@ class _Stage(NamedTuple):
     params: dict
     tma: bool
     reads: str
-    descriptors: tuple[tuple[int, int], ...] = ()  # as KernelLaunch's
+    descriptors: tuple[HostDescriptor, ...] = ()  # as KernelLaunch's
 
 
 def plan_backward_launches(kernels: BackwardKernels, problem: VarlenProblem, do, q, k, v,

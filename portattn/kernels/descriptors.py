@@ -13,16 +13,27 @@ and a copy of rows [row, row + R) of the sequence [bos, bos + seqlen) names coor
 wraps modulo 2**64 to row bos + row, and the row coordinate reaches 2**30, out of bounds, at the
 sequence's end, where the copy reads 0 and a store writes nothing.
 
-A planned launch names the arguments it passes this way (``KernelLaunch.descriptors``:
-position, rows of a tile); its arguments stay tensors until the launch (``with_descriptors``),
+The ``tl`` kernels (the Triton forward, ``addressing.ragged_source``) take the same construction
+with the head first, [heads, 2**31 - 2**16, 2**31 - 2**16, 2**30, D] with strides [s_h, 2**34
+- s, s, s, 1] (``ragged_tl_descriptor``): their [1, 1, 1, R, C] block reshaped to [R, C] is
+then a view of the copy's shared tile, which the matrix instructions read in place; with the
+head between the rows and the columns, as in the Gluon layout, Triton moves both operands
+through registers (``ci/ragged_tl_probe.py``). C may pass D (a d96 head read as 128 columns):
+the copy reads 0 there.
+
+A planned launch names the arguments it passes this way (``KernelLaunch.descriptors``: one
+``HostDescriptor`` each); its arguments stay tensors until the launch (``with_descriptors``),
 so replays, kept templates and the direct launches bind tensors as before.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 RAGGED_ROWS = 1 << 30
+# The value of a ``tl`` kernel's ``TMA`` flag where it takes ragged host descriptors
+# (``addressing.TMA_HOST``).
+TMA_HOST = 2
 _OUTER = 0x7FFF0000  # 2**31 - 2**16: room for bos + seqlen and for 2**30
 _LAYOUT: list = []  # the 5-d block's shared layout, made at the first call (needs Gluon)
 
@@ -50,6 +61,19 @@ def ragged_descriptor(x: Any, block_rows: int) -> Any:
                             ragged_layout())  # fmt: skip
 
 
+def ragged_tl_descriptor(x: Any, block_rows: int, block_cols: int) -> Any:
+    """The head-first ragged host descriptor of ``x`` [tokens, heads, D] for a ``tl`` kernel
+    (module docstring), whose copies are [block_rows, block_cols] tiles of one head of one
+    sequence (``addressing.ragged_tile``)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    s_t, s_h, _ = x.stride()
+    heads, dim = x.shape[1], x.shape[2]
+    return TensorDescriptor(x, [heads, _OUTER, _OUTER, RAGGED_ROWS, dim],
+                            [s_h, (1 << 34) - s_t, s_t, s_t, 1],
+                            [1, 1, 1, block_rows, block_cols])  # fmt: skip
+
+
 def ragged_coordinates(bos: int, seqlen: int, row: int, head: int) -> tuple[int, ...]:
     """The coordinates of a ragged copy of rows [row, ...) of head ``head`` of the sequence
     [bos, bos + seqlen): what ``ws_common.ragged_load`` / ``ragged_store`` compute in the
@@ -57,18 +81,41 @@ def ragged_coordinates(bos: int, seqlen: int, row: int, head: int) -> tuple[int,
     return (RAGGED_ROWS, bos + seqlen, RAGGED_ROWS - seqlen + row, head, 0)
 
 
-def ragged_arguments(kernel: Any, **block_rows: int) -> tuple[tuple[int, int], ...]:
-    """``KernelLaunch.descriptors`` for the arguments of ``kernel`` named in ``block_rows``
-    (name: the rows of its copies' tiles), each at its position in the kernel's signature."""
-    return tuple((kernel.arg_names.index(name), rows) for name, rows in block_rows.items())
+class HostDescriptor(NamedTuple):
+    """An argument of a planned launch that its kernel takes as a ragged host descriptor: the
+    argument's position in the kernel's signature, and its copies' tiles: ``rows``, and
+    ``cols`` for a ``tl`` kernel (``ragged_tl_descriptor``; 0: a Gluon kernel's, whose tiles
+    span the head dim, ``ragged_descriptor``)."""
+
+    position: int
+    rows: int
+    cols: int = 0
 
 
-def with_descriptors(args: tuple, descriptors: tuple[tuple[int, int], ...]) -> tuple:
-    """``args`` with the tensor at each (position, block rows) of ``descriptors`` passed as
-    its ragged descriptor."""
+def host_descriptor(x: Any, spec: HostDescriptor) -> Any:
+    """The descriptor ``spec`` names, of the tensor ``x``."""
+    if spec.cols:
+        return ragged_tl_descriptor(x, spec.rows, spec.cols)
+    return ragged_descriptor(x, spec.rows)
+
+
+def ragged_arguments(kernel: Any, **tiles: int | tuple[int, int]) -> tuple[HostDescriptor, ...]:
+    """``KernelLaunch.descriptors`` for the arguments of ``kernel`` named in ``tiles`` (name:
+    its copies' tile rows for a Gluon kernel, (rows, cols) for a ``tl`` kernel), each at its
+    position in the kernel's signature."""
+    specs = []
+    for name, tile in tiles.items():
+        rows, cols = tile if isinstance(tile, tuple) else (tile, 0)
+        specs.append(HostDescriptor(kernel.arg_names.index(name), rows, cols))
+    return tuple(specs)
+
+
+def with_descriptors(args: tuple, descriptors: tuple[HostDescriptor, ...]) -> tuple:
+    """``args`` with the tensor at each of ``descriptors``' positions passed as that
+    descriptor."""
     if not descriptors:
         return args
     out = list(args)
-    for position, rows in descriptors:
-        out[position] = ragged_descriptor(args[position], rows)
+    for spec in descriptors:
+        out[spec.position] = host_descriptor(args[spec.position], spec)
     return tuple(out)

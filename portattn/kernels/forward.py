@@ -14,10 +14,14 @@ import torch
 import triton
 import triton.language as tl
 
+from portattn.kernels import descriptors
 from portattn.kernels.addressing import (
+    TMA_HOST,
     head_dim_chunk,
     key_value_tiles,
     query_tile,
+    ragged_source,
+    ragged_tile,
     row_strides,
     row_tiles,
     seq_bounds,
@@ -26,6 +30,7 @@ from portattn.kernels.addressing import (
 )
 from portattn.kernels.buffers import check_row_strides, new_buffer, rows_aligned
 from portattn.kernels.decode import decode_fits, plan_decode
+from portattn.kernels.descriptors import ragged_arguments
 from portattn.kernels.plan import (
     KernelLaunch,
     VarlenProblem,
@@ -73,7 +78,8 @@ def attn_fwd_kernel(
     ``D_CHUNKS`` = 2 each program computes the scores and softmax over the whole head dim and
     the output for half of its columns (one [BLOCK_M, D / 2] accumulator), for head dims whose
     full accumulator does not fit beside the tiles; program 0 of the pair writes lse. ``TMA``:
-    Q, K and V tiles are read through per-sequence tensor descriptors (``row_tiles``).
+    Q, K and V tiles are read through the launch's ragged host descriptors (``TMA_HOST``: q, k
+    and v are descriptors) or the program's per-sequence descriptors (``row_tiles``).
     ``WINDOW_LEFT`` / ``WINDOW_RIGHT`` >= 0: a sliding window (``visible_mask``); only the key
     tiles some row of the tile sees are visited (``visited_key_range``). ``SOFTCAP`` > 0: the
     scores are softcapped (``softcap_scores``). ``HAS_SINK``: float32 ``sinks`` [Hq] (else
@@ -153,7 +159,9 @@ def forward_program(
     o_q = m_start + tl.arange(0, BLOCK_M)  # [BLOCK_M] positions in the sequence
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
-    if TMA:
+    if TMA == TMA_HOST:  # q, k and v are the launch's ragged descriptors
+        b_q = ragged_tile(ragged_source(q, i_h, bos_q, seqlen_q), m_start, 0)
+    elif TMA:
         p_q = q + bos_q * stride_qt + i_h.to(tl.int64) * stride_qh
         src_q = row_tiles(p_q, seqlen_q, stride_qt, HEAD_DIM, BLOCK_M, BLOCK_D)
         b_q = src_q.load([m_start, 0])  # [BLOCK_M, BLOCK_D]
@@ -273,17 +281,15 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     # The warp-specialised Gluon kernel computes the same bits; it reads through descriptors
     # and has no interpreter.
     if ws:  # q, k, v and out go as ragged descriptors, Q and out by the groups' tiles
-        # (imported here: an import above the kernels would move their lines, so every
-        # compile key)
-        from portattn.kernels.descriptors import ragged_arguments
-
         group_rows, block_n = params["BLOCK_M"] // 2, params["BLOCK_N"]
         reads = ragged_arguments(attn_fwd_ws_kernel, q=group_rows, k=block_n, v=block_n,
                                  o=group_rows)  # fmt: skip
         launch = KernelLaunch("fwd", attn_fwd_ws_kernel, grid, args, dict(params), False,
                               descriptors=reads)
-    else:
-        launch = KernelLaunch("fwd", attn_fwd_kernel, grid, args, dict(params, sinks=sinks), tma)
+    else:  # with TMA, q, k and v go as ragged descriptors: the kernel makes none (no scratch)
+        reads = _triton_descriptors(params) if tma else ()
+        launch = KernelLaunch("fwd", attn_fwd_kernel, grid, args, dict(params, sinks=sinks),
+                              descriptors=reads)
     if not p.has_unseen_keys:
         return ForwardPlan(out, lse, out32, (launch,), park)
     # Design §3.2: the Triton kernel of the same tiles repairs tiles that hold a NaN or inf.
@@ -292,8 +298,19 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     if repair is None:
         repair = p.memo[repair_key] = _forward_static(p, store_o32, tma, sinks is not None, True)
     fix = KernelLaunch("fwd_repair", attn_fwd_kernel, repair[0], args,
-                       dict(repair[2], sinks=sinks), tma)
+                       dict(repair[2], sinks=sinks),
+                       descriptors=_triton_descriptors(repair[2]) if tma else ())
     return ForwardPlan(out, lse, out32, (launch, fix), park)
+
+
+def _triton_descriptors(params: dict) -> tuple:
+    """The ragged host descriptors of ``attn_fwd_kernel``'s q, k and v for a launch with
+    ``params`` (``TMA_HOST``): Q [BLOCK_M, BLOCK_D], K [BLOCK_N, BLOCK_D] and V [BLOCK_N,
+    BLOCK_DV / D_CHUNKS] tiles."""
+    block_m, block_n, block_d = params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_D"]
+    block_dc = params["BLOCK_DV"] // params["D_CHUNKS"]
+    return ragged_arguments(attn_fwd_kernel, q=(block_m, block_d), k=(block_n, block_d),
+                            v=(block_n, block_dc))  # fmt: skip
 
 
 def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool,
@@ -312,7 +329,8 @@ def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool,
         return grid, True, dict(flags, STAGES=tiles.num_stages, **ws_launch_options(tiles),
                                 **p.chunk_flags())
     params = dict(flags, BLOCK_D=p.block_d, **p.value_flags(), INTERPRET=p.interpret,
-                  D_CHUNKS=cfg.fwd_chunks, TMA=tma, **p.feature_flags(),  # window, softcap
+                  D_CHUNKS=cfg.fwd_chunks, TMA=descriptors.TMA_HOST if tma else False,
+                  **p.feature_flags(),  # window, softcap
                   HAS_SINK=has_sink, **tiles.launch_kwargs(), **p.chunk_flags())
     if repair:
         params.update(REPAIR=p.cfg.repair_products)

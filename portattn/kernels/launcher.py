@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from portattn.kernels.descriptors import ragged_descriptor, with_descriptors
+from portattn.kernels.descriptors import HostDescriptor, host_descriptor, with_descriptors
 
 if TYPE_CHECKING:
     from portattn.kernels.plan import KernelLaunch
@@ -138,7 +138,7 @@ class DirectLaunch:
     device: int
     knobs: tuple  # run's options read from Triton's knobs
     generation: int
-    descriptors: tuple[tuple[int, int], ...] = ()  # the launch's (KernelLaunch.descriptors)
+    descriptors: tuple[HostDescriptor, ...] = ()  # the launch's (KernelLaunch.descriptors)
 
     def run(self, args: tuple, knobs: Any) -> bool:
         """Launch with ``args`` (a bind of the template: its tensors at ``positions``, its
@@ -174,8 +174,8 @@ class DirectLaunch:
             values[position] = address
         if self.descriptors:  # those tensors go as their descriptors, not as addresses
             at = dict(zip(self.positions, tensors, strict=True))
-            for position, rows in self.descriptors:
-                values[position] = ragged_descriptor(at[position], rows)
+            for spec in self.descriptors:
+                values[spec.position] = host_descriptor(at[spec.position], spec)
         return values
 
     def launch(self, values: list, knobs: Any) -> None:
@@ -304,7 +304,7 @@ def launch_signature(
     params: dict,
     values: tuple,
     knobs: Any,
-    descriptors: tuple[tuple[int, int], ...] = (),
+    descriptors: tuple[HostDescriptor, ...] = (),
 ) -> tuple[tuple, _Template]:
     """The launch signature (module docstring) of ``kernel[grid](*args, **params)``, whose
     keywords' values are ``values``, with its template; ``descriptors``: the tensors of

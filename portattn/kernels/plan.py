@@ -36,6 +36,7 @@ from portattn.configs import (
     resolve_config,
 )
 from portattn.kernels.buffers import descriptor_scratch
+from portattn.kernels.descriptors import HostDescriptor
 from portattn.kernels.host_checks import checks_at_launch
 from portattn.kernels.launcher import launch_kernel
 from portattn.kernels.ptx_jit import launch_through_ptx
@@ -273,9 +274,9 @@ def repair_tiles(tiles: Tiles) -> Tiles:
 class KernelLaunch:
     """One planned launch: ``kernel[grid](*args, **params)``. ``params`` holds the
     compile-time parameters and the launch options; ``tma``: the kernel makes tensor
-    descriptors, so it needs their scratch memory; ``descriptors``: (position, tile rows) of
-    the tensors of ``args`` that the kernel takes as ragged host descriptors
-    (``descriptors.with_descriptors``, applied at the launch)."""
+    descriptors, so it needs their scratch memory; ``descriptors``: the tensors of ``args``
+    that the kernel takes as ragged host descriptors (``descriptors.HostDescriptor``: their
+    positions and tiles; ``descriptors.with_descriptors``, applied at the launch)."""
 
     stage: str  # the KernelConfig field of its tiles: fwd, bwd_pre, bwd_dkdv, bwd_dq, decode;
     # a repair pass (design §3.2) is its pass's stage + "_repair"
@@ -287,7 +288,7 @@ class KernelLaunch:
     # Bound from a kept template (forward_replay.LaunchTemplate): the template's cell, where
     # the launcher keeps the direct launch of its binds (kernels/launcher.py); else None.
     direct: list | None = field(default=None, compare=False, repr=False)
-    descriptors: tuple[tuple[int, int], ...] = ()
+    descriptors: tuple[HostDescriptor, ...] = ()
 
 
 def run_launches(

@@ -18,7 +18,13 @@ from typing import NamedTuple
 import triton
 import triton.language as tl
 
-from portattn.kernels.addressing import load_page_tiles, page_block, paged_rows
+from portattn.kernels.addressing import (
+    TMA_HOST,
+    load_page_tiles,
+    page_block,
+    paged_rows,
+    ragged_tile,
+)
 from portattn.kernels.row_state import empty_rows, finish_rows, merge_partial
 
 # 2**15: P <= 1 times this stays below float16's largest finite value (65504).
@@ -273,7 +279,7 @@ class KeyLoop(NamedTuple):
     CAUSAL: tl.constexpr
     SPLIT_P: tl.constexpr
     INTERPRET: tl.constexpr
-    TMA: tl.constexpr  # K/V read through ``key_value_tiles``' descriptors
+    TMA: tl.constexpr  # K/V read through ``key_value_tiles``' descriptors (its TMA values)
     WINDOW_LEFT: tl.constexpr = -1  # ``visible_mask``
     WINDOW_RIGHT: tl.constexpr = -1
     SOFTCAP: tl.constexpr = 0.0  # ``scores_log2``
@@ -318,7 +324,10 @@ def forward_key_tiles(
     else:
         for n_start in range(n_lo, n_hi, BLOCK_N):
             o_k = n_start + tl.arange(0, BLOCK_N)
-            if loop.TMA:
+            if loop.TMA == TMA_HOST:  # ragged_source's of the launch's descriptors
+                b_k = ragged_tile(src_k, n_start, 0)  # [BLOCK_N, BLOCK_D]
+                b_v = ragged_tile(src_v, n_start, c_v)  # [BLOCK_N, BLOCK_DC]
+            elif loop.TMA:
                 b_k = src_k.load([n_start, 0])  # [BLOCK_N, BLOCK_D]
                 b_v = src_v.load([n_start, c_v])  # [BLOCK_N, BLOCK_DC]
             else:  # both masks and addresses before both loads: keeps the pointer path's code

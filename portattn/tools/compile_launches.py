@@ -26,7 +26,7 @@ from portattn.configs import (
     table_head_dim,
 )
 from portattn.families import FAMILIES
-from portattn.kernels.descriptors import with_descriptors
+from portattn.kernels.descriptors import HostDescriptor, with_descriptors
 from portattn.validation import check_head_dims
 
 # KernelConfig fields, one kernel each; "decode" is the paged decode kernel (its tiles:
@@ -128,7 +128,7 @@ def compiler_env() -> dict[str, str]:
 
 
 def bind_launch(
-    stage: str, fn: Any, args: tuple, params: dict, descriptors: tuple[tuple[int, int], ...] = ()
+    stage: str, fn: Any, args: tuple, params: dict, descriptors: tuple[HostDescriptor, ...] = ()
 ) -> Launch:
     """Split a planned launch's parameters into bound kernel arguments and launch options;
     ``descriptors``: the tensors of ``args`` the kernel takes as ragged descriptors, as
