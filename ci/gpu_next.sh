@@ -8,8 +8,10 @@
 # 3`): rows 105-106 moved the Gluon kernels and the Triton forward onto host descriptors and
 # only the launch paths' tests and golden verify ran, on H100s. Then, for issue 36: the
 # Triton dK/dV (fixed_order at every head dim, varlen d96) still makes its descriptors in each
-# program (136 tensormap PTX lines at fixed_order d128); row 107 says to watch registers
-# against two CTAs an SM before timing (`bash ci/gpu_tl_descriptors.sh ab-bwd PATCH`).
+# program (136 tensormap PTX lines at fixed_order d128): `D128=1 bash ci/gpu_tl_descriptors.sh
+# ab-bwd ci/patches/tl_host_dkdv.diff` (~4 min warm; row 108: CPU-compiled, registers no
+# higher, interpreter bits equal), then `bash ci/gpu_tl_descriptors.sh tests
+# ci/patches/tl_host_dkdv.diff` if it gains (~7 min), then fingerprints on the CPU.
 # Session 38 ran (H100): `bash ci/gpu_tl_descriptors.sh` ab / tests / ab-bwd (rows 106-107;
 # the forward landed, dQ's patches not kept) and `ci/tune_sm90.py --round d64-dq-ws` (row
 # 107: the Gluon dQ at d64 3-4% slower, not kept).
