@@ -33,28 +33,14 @@ def ragged_qk(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     D: tl.constexpr,
+    HEAD_FIRST: tl.constexpr,
 ):
-    b_q = q_desc.load([RAGGED_ROWS, bos + seqlen, RAGGED_ROWS - seqlen, head, 0])
-    b_k = k_desc.load([RAGGED_ROWS, bos + seqlen, RAGGED_ROWS - seqlen, head, 0])
-    b_s = tl.dot(tl.reshape(b_q, [BLOCK_M, D]), tl.trans(tl.reshape(b_k, [BLOCK_N, D])))
-    o = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    tl.store(out + o, b_s)
-
-
-@triton.jit
-def head_first_qk(
-    q_desc,
-    k_desc,
-    out,
-    bos,
-    seqlen,
-    head,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    D: tl.constexpr,
-):
-    b_q = q_desc.load([head, RAGGED_ROWS, bos + seqlen, RAGGED_ROWS - seqlen, 0])
-    b_k = k_desc.load([head, RAGGED_ROWS, bos + seqlen, RAGGED_ROWS - seqlen, 0])
+    if HEAD_FIRST:  # descriptors.ragged_tl_descriptor's order
+        coords = [head, RAGGED_ROWS, bos + seqlen, RAGGED_ROWS - seqlen, 0]
+    else:  # the Gluon kernels' (descriptors.ragged_descriptor)
+        coords = [RAGGED_ROWS, bos + seqlen, RAGGED_ROWS - seqlen, head, 0]
+    b_q = q_desc.load(coords)
+    b_k = k_desc.load(coords)
     b_s = tl.dot(tl.reshape(b_q, [BLOCK_M, D]), tl.trans(tl.reshape(b_k, [BLOCK_N, D])))
     o = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     tl.store(out + o, b_s)
@@ -89,15 +75,18 @@ def main() -> None:
     scalars = {"out": "*fp32", "bos": "i32", "seqlen": "i32", "head": "i32"}
     desc = "tensordesc<bf16[1,1,64,1,64]>"
     head_first = "tensordesc<bf16[1,1,1,64,64]>"
-    kernels = (
-        (ragged_qk, {"q_desc": desc, "k_desc": desc, **scalars}),
-        (head_first_qk, {"q_desc": head_first, "k_desc": head_first, **scalars}),
-        (program_qk, {"q": "*bf16", "k": "*bf16", **scalars, "stride": "i32"}),
-    )
-    for fn, signature in kernels:
-        signature = dict(signature, **dict.fromkeys(tiles, "constexpr"))
+    kernels = (  # (label, kernel, signature, constexprs beside the tiles)
+        ("ragged_qk", ragged_qk, {"q_desc": desc, "k_desc": desc, **scalars},
+         {"HEAD_FIRST": False}),
+        ("head_first_qk", ragged_qk, {"q_desc": head_first, "k_desc": head_first, **scalars},
+         {"HEAD_FIRST": True}),
+        ("program_qk", program_qk, {"q": "*bf16", "k": "*bf16", **scalars, "stride": "i32"}, {}),
+    )  # fmt: skip
+    for label, fn, signature, flags in kernels:
+        constexprs = dict(tiles, **flags)
+        signature = dict(signature, **dict.fromkeys(constexprs, "constexpr"))
         compiled = triton.compile(
-            ASTSource(fn, signature, constexprs=tiles),
+            ASTSource(fn, signature, constexprs=constexprs),
             target=GPUTarget("cuda", 90, 32),
             options={"num_warps": 4},
         )
@@ -106,7 +95,7 @@ def main() -> None:
             p: len(re.findall(re.escape(p), ptx))
             for p in ("tensormap", "cp.async.bulk.tensor", "ldmatrix", "wgmma.mma_async")
         }
-        print(fn.__name__, ptx.count("\n"), "PTX lines,", counts)
+        print(label, ptx.count("\n"), "PTX lines,", counts)
 
 
 if __name__ == "__main__":
