@@ -11,7 +11,9 @@
 # program (136 tensormap PTX lines at fixed_order d128): `D128=1 bash ci/gpu_tl_descriptors.sh
 # ab-bwd ci/patches/tl_host_dkdv.diff` (~4 min warm; row 108: CPU-compiled, registers no
 # higher, interpreter bits equal), then `bash ci/gpu_tl_descriptors.sh tests
-# ci/patches/tl_host_dkdv.diff` if it gains (~7 min), then fingerprints on the CPU.
+# ci/patches/tl_host_dkdv.diff` if it gains (~7 min), then fingerprints on the CPU. Also
+# (~3 min): `python3 ci/tune_sm90.py --round d64-forward-host` (the d64 Triton forward's query
+# tiles and stages with the host descriptors; 64-key tiles keep the bits; CPU-compiled: ok).
 # Session 38 ran (H100): `bash ci/gpu_tl_descriptors.sh` ab / tests / ab-bwd (rows 106-107;
 # the forward landed, dQ's patches not kept) and `ci/tune_sm90.py --round d64-dq-ws` (row
 # 107: the Gluon dQ at d64 3-4% slower, not kept).

@@ -252,9 +252,22 @@ ROUNDS: dict[str, list[tuple[str, int, dict]]] = {
         ("varlen", 64, dict(dq_ws=True)),
         ("varlen", 64, {}),
     ],
+    # Session 38 (row 106): the d64 Triton forward's query tiles and stages again, now that it
+    # reads through host descriptors; 64-key tiles keep the table's bits, both kernels.
+    "d64-forward-host": [
+        ("varlen", 64, {}),
+        ("varlen", 64, dict(fwd=(128, 64, 8, 3))),
+        ("varlen", 64, dict(fwd=(128, 64, 8, 2))),
+        ("varlen", 64, dict(fwd=(64, 64, 4, 4))),
+        ("varlen", 64, dict(fwd=(64, 64, 4, 2))),
+        ("fixed_order", 64, {}),
+        ("fixed_order", 64, dict(fwd=(128, 64, 8, 2))),
+        ("fixed_order", 64, dict(fwd=(64, 64, 4, 4))),
+        ("varlen", 64, {}),
+    ],
 }
 FORWARD_ONLY = {"row35-forward", "row40-forward", "row48-forward", "row51-forward"}
-FORWARD_ONLY |= {"fa4-d64-forward", "d64-forward", "row99-d64"}
+FORWARD_ONLY |= {"fa4-d64-forward", "d64-forward", "row99-d64", "d64-forward-host"}
 LATEST = "d64-backward"
 
 TABLE = dict(configs.config_table())  # the committed table, before any override
