@@ -109,3 +109,25 @@ def test_ragged_arguments_name_the_kernels_tensors():
     assert tl_fwd == (HostDescriptor(2, 64, 32), HostDescriptor(0, 128, 64))
     with pytest.raises(ValueError):  # no such argument: not silently another position
         descriptors.ragged_arguments(ws_kernels.attn_bwd_dq_ws_kernel, out=64)
+
+
+@pytest.mark.parametrize("layout", ["gluon", "tl"])
+def test_repeat_descriptors_equal_tritons_checked_ones(layout):
+    """After the first descriptor of a block shape and dtype, ``descriptors`` copies it with
+    the new tensor's address, shape and strides instead of running Triton's checks again: the
+    copies equal what Triton's constructor makes, and a tensor that fails those checks (an
+    address 2 bytes past a 16-byte boundary) still gets Triton's error."""
+    make = (
+        (lambda x: ragged_descriptor(x, 64))
+        if layout == "gluon"
+        else (lambda x: ragged_tl_descriptor(x, 64, 128))
+    )
+    cls = type(make(packed_qkv(8, 2, 64)[0]))
+    for x in (*packed_qkv(300, 4, 64), torch.randn(50, 3, 64, dtype=torch.bfloat16)):
+        desc = make(x)
+        fresh = cls(desc.base, desc.shape, desc.strides, desc.block_shape,
+                    *([desc.layout] if layout == "gluon" else []))  # fmt: skip
+        assert type(desc) is cls and desc == fresh and desc.base is x
+    flat = torch.empty(3 * 4 * 64 + 1, dtype=torch.bfloat16)
+    with pytest.raises(AssertionError, match="16-byte"):
+        make(flat[1:].view(3, 4, 64))
