@@ -8,6 +8,8 @@ interpreter too."""
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
@@ -128,6 +130,12 @@ def test_repeat_descriptors_equal_tritons_checked_ones(layout):
         fresh = cls(desc.base, desc.shape, desc.strides, desc.block_shape,
                     *([desc.layout] if layout == "gluon" else []))  # fmt: skip
         assert type(desc) is cls and desc == fresh and desc.base is x
+    # no tensor outlives its call in what is kept for the next ones
+    first = torch.randn(40, 2, 64, dtype=torch.float16)  # a new dtype: the first of its kind
+    gone = weakref.ref(first)
+    make(first)
+    del first
+    assert gone() is None
     flat = torch.empty(3 * 4 * 64 + 1, dtype=torch.bfloat16)
     with pytest.raises(AssertionError, match="16-byte"):
         make(flat[1:].view(3, 4, 64))

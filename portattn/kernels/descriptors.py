@@ -48,7 +48,7 @@ def ragged_layout() -> Any:
     return _LAYOUT[0]
 
 
-_MADE: dict[tuple, Any] = {}  # (class, block shape, dtype) -> a descriptor made by Triton
+_MADE: dict[tuple, dict] = {}  # (class, block shape, dtype) -> fields Triton's checks made
 _CLASSES: dict[str, Any] = {}  # "gluon" / "tl" -> Triton's descriptor class, imported once
 
 
@@ -73,13 +73,14 @@ def _descriptor(
     them): about half the host time per tensor and launch (a launch passes three or four).
     Where they do not hold, the constructor raises as before."""
     key = (cls, block[-2], block[-1], block[2], x.dtype)
-    made = _MADE.get(key)
-    if made is None or (x.data_ptr() | (s_t | s_h) * x.element_size()) % 16:
+    fields = _MADE.get(key)
+    if fields is None or (x.data_ptr() | (s_t | s_h) * x.element_size()) % 16:
         made = cls(x, shape, strides, block, *rest)
-        _MADE.setdefault(key, made)
+        # its fields without the tensor (kept here, it would outlive the call)
+        _MADE.setdefault(key, dict(made.__dict__, base=None, shape=None, strides=None))
         return made
     copy = object.__new__(cls)
-    copy.__dict__.update(made.__dict__, base=x, shape=shape, strides=strides)
+    copy.__dict__.update(fields, base=x, shape=shape, strides=strides)
     return copy
 
 
