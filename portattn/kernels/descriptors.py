@@ -72,7 +72,7 @@ def _descriptor(
     token and head strides ``s_t``, ``s_h`` 16-byte aligned; the other strides follow from
     them): about half the host time per tensor and launch (a launch passes three or four).
     Where they do not hold, the constructor raises as before."""
-    key = (cls, block[-2], block[-1], block[2], x.dtype)
+    key = (cls, tuple(block), x.dtype)
     fields = _MADE.get(key)
     if fields is None or (x.data_ptr() | (s_t | s_h) * x.element_size()) % 16:
         made = cls(x, shape, strides, block, *rest)
