@@ -13,6 +13,8 @@ Cases (B=1 decode, Hq 32 / Hkv 8, d128, page 64, bfloat16; varlen: 4 x 256 token
   B 8, GQA 16/4, 2,049 keys, d128;
 * ``varlen_nograd``: ``varlen_attention`` forward (both max_seqlen) under ``torch.no_grad()``;
 * ``varlen_grad``: the same forward with q/k/v requiring grad (forward only);
+* ``varlen_train``: that forward and its backward (``out.backward(dout)``), as a training step
+  calls them;
 * ``paged_append_step`` / ``paged_append_step_i``: a decode step of ``LAYERS`` (32)
   ``paged_append_t`` / ``paged_append_i`` calls sharing one ``cache_seqlens``, which grows by
   one after the step (in place for the tensor, as engines do): the calls after a step's first
@@ -66,6 +68,7 @@ CASES = (
     "attention_decode",
     "varlen_nograd",
     "varlen_grad",
+    "varlen_train",
     "paged_append_step",
     "paged_append_step_i",
 )
@@ -94,7 +97,7 @@ def make_case(name: str, device: str, dtype=torch.bfloat16):
         return t.requires_grad_() if grad else t
 
     if name.startswith("varlen"):
-        grad = name == "varlen_grad"
+        grad = name in ("varlen_grad", "varlen_train")
         total, seqs = 1024, 4
         q, k, v = (
             rand(total, HQ, D, grad=grad),
@@ -102,12 +105,17 @@ def make_case(name: str, device: str, dtype=torch.bfloat16):
             rand(total, HKV, D, grad=grad),
         )
         cu = torch.arange(0, total + 1, total // seqs, dtype=torch.int32, device=device)
+        dout = rand(total, HQ, D)
 
         def call():
             with torch.set_grad_enabled(grad):
                 return portattn.varlen_attention(q, k, v, cu, cu, 256, 256, causal=True)
 
-        return call
+        def train():
+            call().backward(dout)
+            q.grad = k.grad = v.grad = None  # each step's gradients are new tensors
+
+        return train if name == "varlen_train" else call
     if name == "attention_decode":  # transformers' layout: [B, H, S, D] memory, BSHD views
         qh, kh, vh = rand(8, 16, 1, D), rand(8, 4, 2049, D), rand(8, 4, 2049, D)
         views = tuple(x.transpose(1, 2) for x in (qh, kh, vh))

@@ -1,6 +1,21 @@
 #!/usr/bin/env bash
 # The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;
 # a refused start costs 15 s or more: check `status` first).
+# Session 40, first (~5 min warm; carry nothing): `bash ci/gpu_variance.sh` (issue 36's <= 5%
+# spread: the skewed 16k d64 causal forward+backward of varlen took 1.16-1.70 ms in four
+# processes of one code in session 39, its forward 0.28-0.31; per-kernel µs per process say
+# which kernel, or the gaps, moves). Second (~6 min): `python3 ci/tune_sm90.py --round
+# fixed-order-ws` (fixed_order's forward warp-specialised at 64-key tiles, d128 and d64; the
+# bits column must show the table's hash to be adoptable) then `--round d64-forward-host`.
+# Third and fourth: the whole GPU suite in two halves (session 39's one call reached 49% in
+# its 420 s on a cold machine, no failure; golden verify 30/30):
+#   python3 -m pytest $(ls tests/test_*.py | awk 'NR % 2 == 1') -q -n 12 -p no:cacheprovider
+#   python3 -m pytest $(ls tests/test_*.py | awk 'NR % 2 == 0') -q -n 12 -p no:cacheprovider
+# Then, if an H200 is lent (carry .fa4, ~8 min), the full benchmark as below; on an H100 the
+# table of 02789fd is docs/bench-h100.* (session 39), before row 108's dK/dV.
+# Session 39 ran (H100): the full benchmark (docs/bench-h100.*), the GPU suite (49% in 420 s,
+# no failure) and golden verify, `D128=1 bash ci/gpu_tl_descriptors.sh ab-bwd
+# ci/patches/tl_host_dkdv.diff` and `tests` with it (row 108: landed).
 # Session 39, first (H200, carry .fa4; ~8 min): the full benchmark, as session 38 planned
 # below (sessions 38 and 37 got H100s only; docs/bench-h200.* predates perf-notes rows 105-106),
 # then docs/performance.md's table and targets from it. Second (~6 min): the whole GPU suite

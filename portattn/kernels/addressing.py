@@ -111,6 +111,15 @@ def ragged_tile(src, row, col):
 
 
 @triton.jit
+def ragged_store(src, row, col, b_x):
+    """Store ``b_x`` [R, C] at rows ``row`` onwards and columns ``col`` onwards of a
+    ``ragged_source``: the copy engine writes no row past the sequence's end and no column
+    past the head dim (as a per-sequence descriptor's store)."""
+    src[0].store([src[1], RAGGED_ROWS, src[2], row + src[3], col],
+                 b_x.reshape(1, 1, 1, b_x.shape[0], b_x.shape[1]))
+
+
+@triton.jit
 def key_value_tiles(k, v, bos_k, i_hk, seqlen_k, stride_kt, stride_kh, stride_vt, stride_vh,
                     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_DV: tl.constexpr, TMA: tl.constexpr, HEAD_DIM_V: tl.constexpr):

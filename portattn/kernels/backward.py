@@ -27,11 +27,15 @@ import triton
 import triton.language as tl
 
 from portattn.kernels.addressing import (
+    TMA_HOST,
     head_dim_chunk,
     head_major_start,
     head_rows_tiles,
     key_tile,
     load_head_rows,
+    ragged_source,
+    ragged_store,
+    ragged_tile,
     row_strides,
     row_tiles,
     seq_bounds,
@@ -171,7 +175,19 @@ def attn_bwd_dkdv_kernel(
                                              m_check[:, None] & m_rvc[None, :])
         if finite:
             return
-    if TMA:
+    if TMA == TMA_HOST:
+        # q, k, v, do, dk and dv are the launch's ragged descriptors (one program's columns:
+        # D_CHUNKS is 1); lse2 and delta are read through the program's own, as below.
+        tl.static_assert(D_CHUNKS == 1)
+        b_k = ragged_tile(ragged_source(k, i_hk, bos_k, seqlen_k), n_start, 0)
+        b_v = ragged_tile(ragged_source(v, i_hk, bos_k, seqlen_k), n_start, 0)
+        desc_q, desc_do, desc_qc, desc_doc = None, None, None, None
+        n_heads_q = tl.num_programs(1) * group
+        hm_start = head_major_start(bos_q, i_b, True).to(tl.int32)
+        hm_shape = [n_heads_q, hm_start + seqlen_q]
+        desc_lse2 = tl.make_tensor_descriptor(lse2, hm_shape, [stride_hm, 1], [1, BLOCK_M])
+        desc_delta = tl.make_tensor_descriptor(delta, hm_shape, [stride_hm, 1], [1, BLOCK_M])
+    elif TMA:
         # K and V are read once per program; spelled out rather than through key_value_tiles,
         # which gives other (equally valid) machine code here than the one the golden
         # hashes were recorded with.
@@ -213,8 +229,9 @@ def attn_bwd_dkdv_kernel(
     else:
         m_lo, m_full = query_range(n_start, seqlen_q, diag, BLOCK_M, BLOCK_N, CAUSAL)
         m_hi = seqlen_q
-    p_dk = dk + o_krows * stride_dkt + i_hk.to(tl.int64) * stride_dkh
-    p_dv = dv + o_krows * stride_dvt + i_hk.to(tl.int64) * stride_dvh
+    if TMA != TMA_HOST:  # dk and dv are tensors
+        p_dk = dk + o_krows * stride_dkt + i_hk.to(tl.int64) * stride_dkh
+        p_dv = dv + o_krows * stride_dvt + i_hk.to(tl.int64) * stride_dvh
     BLOCK_DC: tl.constexpr = BLOCK_D // D_CHUNKS  # dK columns of this program
     o_dc, m_dc, c_dc = head_dim_chunk(o_d, m_d, HEAD_DIM, BLOCK_D, D_CHUNKS)
     BLOCK_DVC: tl.constexpr = BLOCK_DV // D_CHUNKS  # dV columns of this program
@@ -239,11 +256,15 @@ def attn_bwd_dkdv_kernel(
         o_q = m_start + tl.arange(0, BLOCK_M)  # [BLOCK_M]
         m_row = o_q < seqlen_q
         o_rows = bos_q + o_q.to(tl.int64)
-        p_q = q + o_rows[:, None] * stride_qt + i_h * stride_qh
-        p_do = do + o_rows[:, None] * stride_dot + i_h * stride_doh
         i_h32 = i_h.to(tl.int32)
-        b_q = load_head_rows(desc_q, p_q, m_start, i_h32, 0, o_d, m_row, m_d, BLOCK_M, BLOCK_D,
-                             TMA)  # [BLOCK_M, BLOCK_D]
+        if TMA == TMA_HOST:
+            p_q, p_do = None, None
+            b_q = ragged_tile(ragged_source(q, i_h32, bos_q, seqlen_q), m_start, 0)
+        else:
+            p_q = q + o_rows[:, None] * stride_qt + i_h * stride_qh
+            p_do = do + o_rows[:, None] * stride_dot + i_h * stride_doh
+            b_q = load_head_rows(desc_q, p_q, m_start, i_h32, 0, o_d, m_row, m_d, BLOCK_M,
+                                 BLOCK_D, TMA)  # [BLOCK_M, BLOCK_D]
         if TMA:
             b_lse2 = desc_lse2.load([i_h32, hm_start + m_start]).reshape(BLOCK_M)
         else:
@@ -265,7 +286,9 @@ def attn_bwd_dkdv_kernel(
         if REPAIR:  # every tile: a fully visible one passes mma_visible's plain product
             m_visT = visible_mask(o_q[None, :], o_k[:, None], seqlen_k, diag, CAUSAL,
                                   WINDOW_LEFT, WINDOW_RIGHT)
-        if WANT_DK or BLOCK_DVC == BLOCK_DV:
+        if TMA == TMA_HOST:
+            b_do = ragged_tile(ragged_source(do, i_h32, bos_q, seqlen_q), m_start, 0)
+        elif WANT_DK or BLOCK_DVC == BLOCK_DV:
             b_do = load_head_rows(desc_do, p_do, m_start, i_h32, 0, o_dv, m_row, m_dv, BLOCK_M,
                                   BLOCK_DV, TMA)  # [BLOCK_M, BLOCK_DV]
         if WANT_DV:
@@ -305,7 +328,14 @@ def attn_bwd_dkdv_kernel(
         m_kvc = m_kc
     else:
         m_kvc = m_krow[:, None] & m_dvc[None, :]
-    if TMA:
+    if TMA == TMA_HOST:
+        if WANT_DK:
+            ragged_store(ragged_source(dk, i_hk, bos_k, seqlen_k), n_start, 0,
+                         (b_dk * scale).to(dk.dtype))
+        if WANT_DV:
+            ragged_store(ragged_source(dv, i_hk, bos_k, seqlen_k), n_start, 0,
+                         (b_dv * (1.0 / P_SCALE)).to(dv.dtype))
+    elif TMA:
         # Stored through descriptors: the copy engine clips rows past the sequence end and
         # columns past the head dim, so no per-row store offsets stay live across the loop
         # (they spilled in the one-pass split-P program; perf-notes row 44).

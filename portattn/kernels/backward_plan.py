@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 
+from portattn.kernels import descriptors
 from portattn.kernels.buffers import check_row_strides, dense_specialized, new_buffer, rows_aligned
 from portattn.kernels.descriptors import HostDescriptor, ragged_arguments
 from portattn.kernels.plan import (
@@ -235,8 +236,17 @@ def _plan_dkdv(kernels: BackwardKernels, p: VarlenProblem, common: dict,
                                    "dkdv", reads))
             launches += repair
             continue
+        # q, k, v, do, dk and dv as the launch's ragged descriptors where one program has all
+        # columns (TMA_HOST); lse2 and delta through the program's own (so scratch, tma)
+        host = tma and chunks == 1
+        reads = ragged_arguments(
+            kernels.dkdv, q=(t.block_m, p.block_d), k=(t.block_n, p.block_d),
+            v=(t.block_n, p.block_dv), do=(t.block_m, p.block_dv), dk=(t.block_n, p.block_d),
+            dv=(t.block_n, p.block_dv),
+        ) if host else ()  # fmt: skip
         params = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, WANT_DK=want_dk, WANT_DV=want_dv,
-                      D_CHUNKS=chunks, TMA=tma, **common, **kernel_flags, **t.launch_kwargs())
-        launches.append(_Stage("bwd_dkdv", kernels.dkdv, grid, params, tma, "dkdv"))
+                      D_CHUNKS=chunks, TMA=descriptors.TMA_HOST if host else tma, **common,
+                      **kernel_flags, **t.launch_kwargs())
+        launches.append(_Stage("bwd_dkdv", kernels.dkdv, grid, params, tma, "dkdv", reads))
         launches += repair
     return launches

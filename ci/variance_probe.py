@@ -1,0 +1,114 @@
+"""Where a row's time varies between identical processes (issue 36: no row may vary by more than
+5%; perf-notes row 108: the skewed 16k d64 causal forward+backward of varlen took 1.16-1.70 ms
+in four processes of the same code, its forward 0.28-0.31).
+
+For each workload and portattn kernel, in this process: the out and gradient hashes, do_bench's
+median ms (L2 flushed before each repeat, as the benchmark) twice, the back-to-back ms per step
+(CUDA events around ``--calls`` steps, no flush: what the GPU takes when the host runs ahead),
+and each kernel's CUDA µs per step from ``torch.profiler`` over the same number of steps, with
+its fastest and slowest launch (a kernel of one launch per step that is bimodal shows here). Run it
+in several processes (``ci/gpu_variance.sh``): a kernel whose µs move with the total is the
+limiter; totals that move while every kernel's µs stay put mean gaps (the host, or a wait).
+
+Usage (GPU): python ci/variance_probe.py [--workloads W ...] [--fixed-order] [--calls 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from pathlib import Path
+
+if not __package__:  # the checkout's root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import triton
+
+from benchmarks import bench
+from benchmarks.bench_report import FIXED, VARLEN
+
+DEFAULT = ("skewed 16k h16 d64 causal", "skewed 16k h16 d64 full")
+
+
+def digest(*tensors: torch.Tensor) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+def back_to_back_ms(step, calls: int) -> float:
+    """ms per step over ``calls`` steps queued without a sync or an L2 flush between them."""
+    step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        step()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def kernel_times_us(step, calls: int) -> dict[str, list[float]]:
+    """Each kernel's CUDA µs per launch (by name) over ``calls`` steps, after one step outside
+    the profile (``torch.profiler``): the spread of one kernel within this process shows."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    times: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_time_total > 0 and event.device_type == torch.autograd.DeviceType.CUDA:
+            times.setdefault(event.name, []).append(event.device_time_total)
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", action="append")
+    parser.add_argument("--fixed-order", action="store_true", help="portattn fixed_order too")
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--tag", default="", help="printed in each line (the process's name)")
+    args = parser.parse_args()
+    only = [VARLEN, FIXED] if args.fixed_order else [VARLEN]
+    for w in bench.named_workloads(args.workloads or list(DEFAULT)):
+        q, k, v, cu = bench.make_inputs(w)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        gen = torch.Generator(device=q.device).manual_seed(1)  # the same dO in every run
+        do = torch.randn(q.shape, device=q.device, dtype=q.dtype, generator=gen)
+        for name, impl in bench.build_impls(w, cu, only=only).items():
+            if isinstance(impl, str):
+                print(f"{args.tag} | {w.name} | {name} | {impl[:200]}")
+                continue
+            out = impl.fn(q, k, v)
+            bits = digest(out, *torch.autograd.grad(out, (q, k, v), do))
+            for mode in ("fwd", "fwd+bwd"):
+                step = bench.make_step(impl, mode, q, k, v, do if mode != "fwd" else None)
+                flushed = [
+                    triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median")
+                    for _ in range(2)
+                ]
+                queued = back_to_back_ms(step, args.calls)
+                kernels = kernel_times_us(step, args.calls)
+                total = sum(sum(times) for times in kernels.values()) / args.calls / 1e3
+                print(
+                    f"{args.tag} | {w.name} | {name} | {mode} | {bits} | "
+                    f"{flushed[0]:.3f}, {flushed[1]:.3f} | {queued:.3f} | {total:.3f} | "
+                    + "; ".join(
+                        f"{key[:32]} {sum(t) / args.calls:.0f} ({min(t):.0f}-{max(t):.0f})"
+                        for key, t in sorted(kernels.items())
+                    ),
+                    flush=True,
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
