@@ -4,9 +4,14 @@
 # Session 40, first (~5 min warm; carry nothing): `bash ci/gpu_variance.sh` (issue 36's <= 5%
 # spread: the skewed 16k d64 causal forward+backward of varlen took 1.16-1.70 ms in four
 # processes of one code in session 39, its forward 0.28-0.31; per-kernel µs per process say
-# which kernel, or the gaps, moves). Second (~6 min): `python3 ci/tune_sm90.py --round
-# fixed-order-ws` (fixed_order's forward warp-specialised at 64-key tiles, d128 and d64; the
-# bits column must show the table's hash to be adoptable) then `--round d64-forward-host`.
+# which kernel, or the gaps, moves). Second (~7 min): `python3 ci/tune_sm90.py --round
+# fixed-order-d64-bwd-ws` (fixed_order d64's dK/dV as the Gluon kernel at its own tiles: row
+# 53 measured -22%/-29% for varlen d64's dK/dV this way, same bits; never timed for
+# fixed_order d64; CPU-compiled without spills), then `--round fixed-order-ws` (fixed_order's
+# forward warp-specialised at 64-key tiles, d128 and d64; CPU-compiled, no spills). A variant
+# is adoptable where its bits column shows the table's hash; then set the field in
+# portattn/configs/rows.py, re-record fingerprints on the CPU and verify golden in a later call.
+# Then `--round d64-forward-host` if time is left.
 # Third and fourth: the whole GPU suite in two halves (session 39's one call reached 49% in
 # its 420 s on a cold machine, no failure; golden verify 30/30):
 #   python3 -m pytest $(ls tests/test_*.py | awk 'NR % 2 == 1') -q -n 12 -p no:cacheprovider

@@ -278,6 +278,18 @@ ROUNDS: dict[str, list[tuple[str, int, dict]]] = {
         ("fixed_order", 64, dict(fwd=(128, 64, 8, 3), fwd_ws=True)),
         ("fixed_order", 128, {}),
     ],
+    # Session 39: fixed_order d64's dK/dV as the warp-specialised Gluon kernel at its table
+    # tiles, (64, 128, 8, 2), varlen d64's (row 53: there -22% / -29% dK/dV against the Triton
+    # kernel at the same tiles, bits equal with split-P too); never timed for fixed_order d64.
+    "fixed-order-d64-bwd-ws": [
+        ("fixed_order", 64, {}),
+        ("fixed_order", 64, dict(bwd_ws=True)),
+        ("fixed_order", 64, dict(bwd_ws=True, bwd_dkdv=(64, 128, 8, 3))),
+        ("fixed_order", 64, {}),
+        # d128 at its own 32-row query tiles (row 53: -2 to -6% then, before row 108)
+        ("fixed_order", 128, {}),
+        ("fixed_order", 128, dict(bwd_ws=True, bwd_dkdv=(32, 128, 8, 2))),
+    ],
 }
 FORWARD_ONLY = {"row35-forward", "row40-forward", "row48-forward", "row51-forward"}
 FORWARD_ONLY |= {"fa4-d64-forward", "d64-forward", "row99-d64", "d64-forward-host"}
