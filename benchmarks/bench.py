@@ -9,8 +9,10 @@ Peers, timed in the same run: FlashAttention-4 (``flash_attn.cute``, determinist
 default) where it imports (``source .fa4/install.sh`` on the H200), SDPA with the cuDNN and the
 flash backend (equal packs only: they need the dense [B, H, S, D] layout, which the packed
 tensors are viewed as, without a copy),
-FlexAttention with a document mask (every pack, ``torch.compile``-d), and both portattn kernels
-through the public ``portattn.varlen_attention``. An implementation that fails (setup, first
+FlexAttention with a document mask (every pack, ``torch.compile``-d), torch's ``varlen_attn``
+(``torch.nn.attention.varlen``, FlashAttention-2, on the packed tensors; where the installed
+torch has what the workload needs) and both portattn kernels through the public
+``portattn.varlen_attention``. An implementation that fails (setup, first
 call or timing) gets rows with the error message instead of timings; the run goes on.
 
 Timing. Each implementation's first call per mode runs outside the timings (Triton JIT,
@@ -66,7 +68,17 @@ if not __package__:  # run as `python benchmarks/bench.py`: the checkout's root 
 import torch
 
 from benchmarks import bench_report as report
-from benchmarks.bench_report import CUDNN, FA4, FA4_DET, FIXED, FLASH, FLEX, MODES, VARLEN
+from benchmarks.bench_report import (
+    CUDNN,
+    FA4,
+    FA4_DET,
+    FIXED,
+    FLASH,
+    FLEX,
+    MODES,
+    TORCH_VARLEN,
+    VARLEN,
+)
 
 WARMUP_MS = 50  # do_bench's warm-up and repetition budgets: about 0.4 s per do_bench call
 REP_MS = 300
@@ -272,6 +284,44 @@ def _flex(w: Workload, cu: torch.Tensor) -> Impl:
     return Impl(fn, packed_to_bhsd)
 
 
+def _torch_varlen(w: Workload, cu: torch.Tensor) -> Impl:
+    """torch's ``varlen_attn`` (its FlashAttention-2 kernels) on the packed tensors, where the
+    installed torch has it with what the workload needs: a causal form (``window_size`` (-1, 0)
+    or ``is_causal``) and, for GQA, ``enable_gqa`` (torch 2.11 has none: those rows record why)."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    if not cu.is_cuda:
+        raise RuntimeError(f"torch varlen_attn needs CUDA tensors (inputs are on {cu.device})")
+    kw = torch_varlen_options(w, inspect.signature(varlen_attn).parameters)
+    longest = max(w.lengths)
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return varlen_attn(q, k, v, cu, cu, longest, longest, **kw)
+
+    return Impl(fn, _identity)
+
+
+def torch_varlen_options(w: Workload, params: Any) -> dict[str, Any]:
+    """The keywords of torch's ``varlen_attn`` for ``w``, given its signature's ``params``;
+    NotImplementedError where that torch lacks one the workload needs."""
+    kw: dict[str, Any] = {}
+    if w.n_heads_q != w.n_heads_k:
+        if "enable_gqa" not in params:
+            raise NotImplementedError(
+                f"unsupported: torch {torch.__version__}'s varlen_attn: no enable_gqa"
+            )
+        kw["enable_gqa"] = True
+    if w.causal and "window_size" in params:
+        kw["window_size"] = (-1, 0)  # causal, bottom-right aligned (Sq == Sk here)
+    elif w.causal and "is_causal" in params:
+        kw["is_causal"] = True
+    elif w.causal:
+        raise NotImplementedError(f"unsupported: torch {torch.__version__}'s varlen_attn: causal")
+    return kw
+
+
 def fa4_available() -> bool:
     """Whether FlashAttention-4 (``flash_attn.cute``) imports: a peer only where it is
     installed (``source .fa4/install.sh`` on the H200; never a dependency of portattn)."""
@@ -320,6 +370,7 @@ def build_impls(
         makers[CUDNN] = lambda: _sdpa(w, "CUDNN_ATTENTION")
         makers[FLASH] = lambda: _sdpa(w, "FLASH_ATTENTION")
     makers[FLEX] = lambda: _flex(w, cu)
+    makers[TORCH_VARLEN] = lambda: _torch_varlen(w, cu)
     if only:
         wanted = [o.lower() for o in only]
         makers = {n: m for n, m in makers.items() if any(o in n.lower() for o in wanted)}

@@ -31,7 +31,8 @@ FLASH = "SDPA flash"
 FLEX = "FlexAttention"
 FA4_DET = "FA4 deterministic"  # FlashAttention-4 (flash_attn.cute), deterministic=True
 FA4 = "FA4"  # its default (atomic dQ accumulation: not bitwise run to run)
-IMPLS = (VARLEN, FIXED, FA4_DET, FA4, CUDNN, FLASH, FLEX)  # column order of tables and charts
+TORCH_VARLEN = "torch varlen_attn"  # torch.nn.attention.varlen.varlen_attn (FlashAttention-2)
+IMPLS = (VARLEN, FIXED, FA4_DET, FA4, CUDNN, FLASH, FLEX, TORCH_VARLEN)  # columns' order
 SHORT = {
     VARLEN: "varlen",
     FIXED: "fixed_order",
@@ -40,8 +41,9 @@ SHORT = {
     CUDNN: "cuDNN",
     FLASH: "flash",
     FLEX: "Flex",
+    TORCH_VARLEN: "torch varlen",
 }
-# Ratio columns, (title, numerator impl, denominator impl) of *times*. The first four are
+# Ratio columns, (title, numerator impl, denominator impl) of *times*. The first five are
 # peer time / varlen time: a speedup of portattn varlen over the peer, which is the same number
 # as varlen's throughput as a fraction of the peer's (> 1: portattn is faster). The last is
 # fixed_order time / varlen time: what the strict kernel costs (> 1: fixed_order is slower).
@@ -51,6 +53,7 @@ RATIOS = (
     ("varlen speedup vs Flex", FLEX, VARLEN),
     ("varlen / cuDNN throughput", CUDNN, VARLEN),
     ("varlen / flash throughput", FLASH, VARLEN),
+    ("varlen / torch varlen_attn throughput", TORCH_VARLEN, VARLEN),
     ("fixed_order / varlen time", FIXED, VARLEN),
 )
 NOT_RUN = "—"  # the implementation does not apply to this workload (SDPA on a skewed pack)

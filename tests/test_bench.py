@@ -10,7 +10,7 @@ import torch
 
 from benchmarks import bench
 from benchmarks.bench import Impl, Workload
-from benchmarks.bench_report import CUDNN, FA4, FA4_DET, FIXED, FLASH, FLEX, VARLEN
+from benchmarks.bench_report import CUDNN, FA4, FA4_DET, FIXED, FLASH, FLEX, TORCH_VARLEN, VARLEN
 
 # --- FLOPs ------------------------------------------------------------------------------------
 
@@ -151,10 +151,27 @@ def test_build_impls_peers_per_pack(monkeypatch):
     monkeypatch.setattr(bench, "_flex", broken)
     cu = torch.tensor([0, 8, 16], dtype=torch.int32)
     equal = bench.build_impls(Workload("e", (8, 8), 2, 2, 64, False), cu)
-    assert list(equal) == [VARLEN, FIXED, CUDNN, FLASH, FLEX]
+    assert list(equal) == [VARLEN, FIXED, CUDNN, FLASH, FLEX, TORCH_VARLEN]
     assert equal[FLEX] == "RuntimeError: no flex here"
+    assert "needs CUDA tensors" in equal[TORCH_VARLEN]  # cu is on the CPU
     skewed = bench.build_impls(Workload("s", (4, 12), 2, 2, 64, False), cu)
-    assert list(skewed) == [VARLEN, FIXED, FLEX]
+    assert list(skewed) == [VARLEN, FIXED, FLEX, TORCH_VARLEN]
+
+
+def test_torch_varlen_options_follow_its_signature():
+    """torch's varlen_attn gets causal through window_size (-1, 0), else is_causal, and GQA
+    through enable_gqa; a torch without what a workload needs is an error for that peer."""
+    causal_gqa = Workload("g", (8, 8), 4, 2, 64, causal=True)
+    full = Workload("f", (8, 8), 2, 2, 64, causal=False)
+    new = ("window_size", "enable_gqa")
+    assert bench.torch_varlen_options(causal_gqa, new) == dict(enable_gqa=True, window_size=(-1, 0))
+    assert bench.torch_varlen_options(full, new) == {}
+    old = Workload("c", (8, 8), 2, 2, 64, causal=True)
+    assert bench.torch_varlen_options(old, ("is_causal",)) == dict(is_causal=True)
+    with pytest.raises(NotImplementedError, match="no enable_gqa"):
+        bench.torch_varlen_options(causal_gqa, ("window_size",))
+    with pytest.raises(NotImplementedError, match="causal"):
+        bench.torch_varlen_options(old, ())
 
 
 def test_build_impls_fa4_where_it_imports_and_the_impls_filter(monkeypatch):
@@ -166,15 +183,16 @@ def test_build_impls_fa4_where_it_imports_and_the_impls_filter(monkeypatch):
         made.append(kwargs.get("deterministic"))
         return Impl(lambda q, k, v: q, lambda x: x)
 
-    for name in ("_portattn", "_sdpa", "_flex", "_fa4"):
+    for name in ("_portattn", "_sdpa", "_flex", "_fa4", "_torch_varlen"):
         monkeypatch.setattr(bench, name, fake)
     cu = torch.tensor([0, 4, 16], dtype=torch.int32)
     skewed = Workload("s", (4, 12), 2, 2, 64, False)
     monkeypatch.setattr(bench, "fa4_available", lambda: False)
     assert FA4_DET not in bench.build_impls(skewed, cu)
     monkeypatch.setattr(bench, "fa4_available", lambda: True)
-    assert list(bench.build_impls(skewed, cu)) == [VARLEN, FIXED, FA4_DET, FA4, FLEX]
-    assert made[-3:-1] == [True, False]  # deterministic=True, then FA4's default (then Flex)
+    assert list(bench.build_impls(skewed, cu)) == [VARLEN, FIXED, FA4_DET, FA4, FLEX, TORCH_VARLEN]
+    # deterministic=True, then FA4's default (then Flex and torch's varlen_attn)
+    assert made[-4:-2] == [True, False]
     only = bench.build_impls(skewed, cu, only=["PORTATTN v", "fa4 det"])
     assert list(only) == [VARLEN, FA4_DET]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench, bench_report
-from benchmarks.bench_report import CUDNN, FA4_DET, FIXED, FLASH, FLEX, VARLEN
+from benchmarks.bench_report import CUDNN, FA4_DET, FIXED, FLASH, FLEX, TORCH_VARLEN, VARLEN
 
 # --- reports ----------------------------------------------------------------------------------
 
@@ -84,7 +84,8 @@ def test_markdown_table():
     for column in ("varlen TF/s", "fixed_order TF/s", "cuDNN TF/s", "flash TF/s", "Flex TF/s"):
         assert column in header
     for column, num, _ in bench_report.RATIOS:
-        assert (column in header) == (num != FA4_DET)  # no FA4 rows: no FA4 ratio column
+        # no FA4 or torch varlen_attn rows: no ratio column of theirs
+        assert (column in header) == (num not in (FA4_DET, TORCH_VARLEN))
     eq_fwd = next(line for line in table if line.startswith("| equal 2x8192 h16 d128 full | fwd |"))
     cells = [c.strip() for c in eq_fwd.strip("|").split("|")]
     # workload, mode, 5 x TF/s (1e12 FLOPs / ms), 4 ratios, varlen's spread (2.1 / 2.0 ms)
