@@ -156,6 +156,22 @@ def default_workloads() -> list[Workload]:
     return [_workload(*p, causal) for p in packs for causal in (False, True)]
 
 
+def seed_workloads(seeds: int) -> list[Workload]:
+    """``--seeds N``: the skewed packs again with seeds 1 .. N - 1 ("skewed 32k seed1 h16 d128
+    causal", ...): other mixes of the same lengths, so a ratio is not one pack's luck."""
+    packs = [
+        ("skewed 32k", 32768, 16, 16, 128),
+        ("skewed 16k", 16384, 16, 16, 64),
+        ("skewed 32k", 32768, 32, 8, 128),
+    ]
+    return [
+        _workload(f"{pack} seed{seed}", skewed_lengths(total, seed), hq, hk, d, causal)
+        for seed in range(1, seeds)
+        for pack, total, hq, hk, d in packs
+        for causal in (False, True)
+    ]
+
+
 def quick_workloads() -> list[Workload]:
     """``--quick``: equal 2x8192 and skewed 32k, H = 16, D = 128, causal and full."""
     keep = ("equal 2x8192 h16 d128 ", "skewed 32k h16 d128 ")
@@ -180,17 +196,20 @@ def overhead_workloads() -> list[Workload]:
 def named_workloads(names: list[str]) -> list[Workload]:
     """The bench's and ``overhead_workloads``' packs named exactly by ``names``, in their
     order (the GPU probes in ci/ take workloads so); an unknown name raises ``ValueError``."""
-    known = {w.name: w for w in default_workloads() + overhead_workloads()}
+    known = {w.name: w for w in default_workloads() + overhead_workloads() + seed_workloads(3)}
     missing = [name for name in names if name not in known]
     if missing:
         raise ValueError(f"unknown workload(s) {missing}; known: {sorted(known)}")
     return [known[name] for name in names]
 
 
-def select_workloads(quick: bool = False, patterns: list[str] | None = None) -> list[Workload]:
-    """The workloads of a run: all or ``--quick``, then those whose name contains any of the
-    ``--workloads`` substrings (case-insensitive)."""
-    out = quick_workloads() if quick else default_workloads()
+def select_workloads(
+    quick: bool = False, patterns: list[str] | None = None, seeds: int = 1
+) -> list[Workload]:
+    """The workloads of a run: all or ``--quick`` (with ``seeds`` > 1 the skewed packs of
+    :func:`seed_workloads` too), then those whose name contains any of the ``--workloads``
+    substrings (case-insensitive)."""
+    out = quick_workloads() if quick else default_workloads() + seed_workloads(seeds)
     if patterns:
         out = [w for w in out if any(p.lower() in w.name.lower() for p in patterns)]
     return out
@@ -658,6 +677,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="only implementations whose name contains SUBSTRING (case-insensitive; "
         "repeatable), e.g. --impls portattn --impls FA4",
     )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="also the skewed packs drawn with seeds 1 .. N-1 (default 1: seed 0 only; each "
+        "seed adds 6 workloads, about 3.5 minutes on an H100)",
+    )
     p.add_argument("--list", action="store_true", help="print the selected workloads and exit")
     p.add_argument("--json", metavar="PATH", help="raw rows and metadata (plot: read from here)")
     p.add_argument("--markdown", metavar="PATH", help="write the markdown summary here")
@@ -717,7 +744,7 @@ def command(args: argparse.Namespace) -> int:
             print(f"wrote {args.markdown}")
         return 0 if not args.png or _write_png(data, args.png, args.json) else 3
 
-    workloads = select_workloads(args.quick, args.workloads)
+    workloads = select_workloads(args.quick, args.workloads, getattr(args, "seeds", 1))
     if not workloads:
         names = "\n  ".join(w.name for w in select_workloads(args.quick))
         print(

@@ -94,6 +94,26 @@ def test_quick_and_filter():
     assert bench.select_workloads(patterns=["no such workload"]) == []
 
 
+def test_seeds_add_other_skewed_packs():
+    """``--seeds 3``: the six skewed workloads again for seeds 1 and 2, other packs of the same
+    token count; the default run is unchanged; the probes find them by name."""
+    default = bench.select_workloads()
+    seeded = bench.select_workloads(seeds=3)
+    extra = seeded[len(default) :]
+    assert seeded[: len(default)] == default and len(extra) == 12
+    assert len({w.name for w in seeded}) == len(seeded)
+    for w in extra:
+        base_name = w.name.replace(" seed1", "").replace(" seed2", "")
+        base = next(d for d in default if d.name == base_name)
+        assert sum(w.lengths) == sum(base.lengths) and w.lengths != base.lengths
+        assert (w.n_heads_q, w.n_heads_k, w.head_dim, w.causal) == (
+            base.n_heads_q, base.n_heads_k, base.head_dim, base.causal
+        )  # fmt: skip
+    assert bench.named_workloads(["skewed 16k seed2 h16 d64 causal"]) == [
+        w for w in extra if w.name == "skewed 16k seed2 h16 d64 causal"
+    ]
+
+
 @pytest.mark.parametrize("total", [16384, 32768, 5000])
 @pytest.mark.parametrize("seed", [0, 1, 7])
 def test_skewed_lengths(total: int, seed: int):
