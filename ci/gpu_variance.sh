@@ -15,6 +15,6 @@ for i in $(seq 1 "${PROCS:-4}"); do
   echo "process $i rc=$?"
   nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader
 done
-echo "tag | workload | kernel | mode | hashes | do_bench ms (2) | queued ms | kernels ms | µs per kernel"
+echo "tag | workload | kernel | mode | hashes | do_bench ms (2) | queued ms | host ms (max) | gc passes, ms | kernels ms | µs per kernel (min-max)"
 cat "$OUT"/variance_*.log | grep -E "^p[0-9]+ \|" | sort -t'|' -k2,2 -k3,3 -k4,4 -s
 grep -h -E "Error|Traceback" "$OUT"/variance_*.log | sort | uniq -c | head
