@@ -12,12 +12,15 @@
 # is adoptable where its bits column shows the table's hash; then set the field in
 # portattn/configs/rows.py, re-record fingerprints on the CPU and verify golden in a later call.
 # Then `--round d64-forward-host` if time is left.
-# Third and fourth: the whole GPU suite in two halves (session 39's one call reached 49% in
-# its 420 s on a cold machine, no failure; golden verify 30/30):
+# Third (carry .fa4, ~8 min): the full benchmark as below, on whichever card comes (an H200:
+# docs/bench-h200.*; an H100: docs/bench-h100.*, whose table of 02789fd predates row 108's
+# dK/dV); it now times torch's varlen_attn too (session 39; torch 2.11 lacks enable_gqa, so its
+# GQA rows record that). With time left, `--seeds 2 --workloads seed1` (~3.5 min: the skewed
+# packs of another seed). Fourth and fifth (next session if the budget is spent): the whole
+# GPU suite in two halves (session 39's one call reached 49% in its 420 s on a cold machine,
+# no failure; golden verify 30/30):
 #   python3 -m pytest $(ls tests/test_*.py | awk 'NR % 2 == 1') -q -n 12 -p no:cacheprovider
 #   python3 -m pytest $(ls tests/test_*.py | awk 'NR % 2 == 0') -q -n 12 -p no:cacheprovider
-# Then, if an H200 is lent (carry .fa4, ~8 min), the full benchmark as below; on an H100 the
-# table of 02789fd is docs/bench-h100.* (session 39), before row 108's dK/dV.
 # Session 39 ran (H100): the full benchmark (docs/bench-h100.*), the GPU suite (49% in 420 s,
 # no failure) and golden verify, `D128=1 bash ci/gpu_tl_descriptors.sh ab-bwd
 # ci/patches/tl_host_dkdv.diff` and `tests` with it (row 108: landed).
