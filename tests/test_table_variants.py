@@ -256,6 +256,7 @@ def test_fwd_ws_falls_back_under_interpreter_cpu(override_entry):
         ("varlen", 128, (64, 128, 8, 2)),
         ("varlen", 64, (64, 128, 8, 3)),
         ("fixed_order", 128, (32, 128, 8, 2)),  # split-P
+        ("fixed_order", 64, (64, 128, 8, 2)),  # split-P at fixed_order d64's own table tiles
     ],
 )
 def test_bwd_ws_same_bits_as_triton_gpu(kernel, head_dim, tiles, causal, dtype, override_entry):
