@@ -9,7 +9,9 @@
 # 53 measured -22%/-29% for varlen d64's dK/dV this way, same bits; never timed for
 # fixed_order d64; CPU-compiled without spills), then `--round fixed-order-ws` (fixed_order's
 # forward warp-specialised at 64-key tiles, d128 and d64; CPU-compiled, no spills). A variant
-# is adoptable where its bits column shows the table's hash; then set the field in
+# is adoptable where its bits column shows the table's hash and `python3 -m pytest -q
+# tests/test_table_variants.py -k "ws_same_bits"` passes (fixed_order d64 added there in
+# session 39, both the forward and dK/dV; ~1 min); then set the field in
 # portattn/configs/rows.py, re-record fingerprints on the CPU and verify golden in a later call.
 # Then `--round d64-forward-host` if time is left.
 # Third (carry .fa4, ~8 min): the full benchmark as below, on whichever card comes (an H200:

@@ -217,7 +217,8 @@ def _assert_ws_same_bits_as_triton(p, kernel, causal, override_entry, field, fie
 
 @_ws_gpu_matrix
 @pytest.mark.parametrize(
-    "kernel, head_dim", [("varlen", 128), ("fixed_order", 128), ("varlen", 64)]
+    "kernel, head_dim",
+    [("varlen", 128), ("fixed_order", 128), ("varlen", 64), ("fixed_order", 64)],
 )
 def test_fwd_ws_same_bits_as_triton_gpu(kernel, head_dim, causal, dtype, override_entry):
     """The warp-specialised forward (producer warp, two consumer groups, K/V ring) and the
