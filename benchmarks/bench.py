@@ -483,9 +483,9 @@ def gpu_timer(
     return ms, peak / 2**30, resident / 2**30
 
 
-def profile_cuda_us(step: Step, calls: int) -> dict[str, float]:
-    """CUDA microseconds of each kernel (by name) over ``calls`` calls of ``step``, after one
-    call outside the profile (``torch.profiler``; the CI scripts' per-kernel times)."""
+def profile_cuda(step: Step, calls: int) -> Any:
+    """``torch.profiler``'s record of the CUDA activity of ``calls`` calls of ``step``, after
+    one call outside it."""
     from torch.profiler import ProfilerActivity, profile
 
     step()
@@ -494,7 +494,13 @@ def profile_cuda_us(step: Step, calls: int) -> dict[str, float]:
         for _ in range(calls):
             step()
         torch.cuda.synchronize()
-    return {evt.key: evt.device_time_total for evt in prof.key_averages()}
+    return prof
+
+
+def profile_cuda_us(step: Step, calls: int) -> dict[str, float]:
+    """CUDA microseconds of each kernel (by name) over ``calls`` calls of ``step``, after one
+    call outside the profile (``torch.profiler``; the CI scripts' per-kernel times)."""
+    return {evt.key: evt.device_time_total for evt in profile_cuda(step, calls).key_averages()}
 
 
 def write_rows(path: str, rows: list[dict[str, Any]]) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import sys
 import time
@@ -31,6 +30,7 @@ import triton
 
 import portattn
 from benchmarks.bench import profile_cuda_us, skewed_lengths, write_rows
+from ci.wait_barrier_probe import digest  # the bits column (out, and the gradients)
 from portattn import configs
 from portattn.configs import Tiles
 from portattn.tools import check
@@ -378,15 +378,6 @@ def timings(kernel: str, head_dim: int, causal: bool, forward_only: bool = False
         torch.autograd.grad(fwd(*leaves), leaves, dout)
 
     return fwd_ms, bwd_ms, profile_kernels(step), bits
-
-
-def digest(*tensors: torch.Tensor) -> str:
-    """A short hash of the tensors' bits: a variant that keeps the table's bits shows the
-    table's hash (forward: out; otherwise out and the gradients)."""
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
-    return h.hexdigest()[:12]
 
 
 def profile_kernels(step) -> dict[str, float]:

@@ -18,7 +18,6 @@ Usage (GPU): python ci/variance_probe.py [--workloads W ...] [--fixed-order] [--
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from pathlib import Path
 
@@ -30,15 +29,9 @@ import triton
 
 from benchmarks import bench
 from benchmarks.bench_report import FIXED, VARLEN
+from ci.wait_barrier_probe import digest, probe_inputs
 
 DEFAULT = ("skewed 16k h16 d64 causal", "skewed 16k h16 d64 full")
-
-
-def digest(*tensors: torch.Tensor) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
-    return h.hexdigest()[:12]
 
 
 def back_to_back_ms(step, calls: int) -> float:
@@ -101,16 +94,8 @@ def host_ms(step, calls: int) -> tuple[float, float]:
 def kernel_times_us(step, calls: int) -> dict[str, list[float]]:
     """Each kernel's CUDA µs per launch (by name) over ``calls`` steps, after one step outside
     the profile (``torch.profiler``): the spread of one kernel within this process shows."""
-    from torch.profiler import ProfilerActivity, profile
-
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            step()
-        torch.cuda.synchronize()
     times: dict[str, list[float]] = {}
-    for event in prof.events():
+    for event in bench.profile_cuda(step, calls).events():
         if event.device_time_total > 0 and event.device_type == torch.autograd.DeviceType.CUDA:
             times.setdefault(event.name, []).append(event.device_time_total)
     return times
@@ -125,10 +110,7 @@ def main() -> int:
     args = parser.parse_args()
     only = [VARLEN, FIXED] if args.fixed_order else [VARLEN]
     for w in bench.named_workloads(args.workloads or list(DEFAULT)):
-        q, k, v, cu = bench.make_inputs(w)
-        q, k, v = (t.requires_grad_() for t in (q, k, v))
-        gen = torch.Generator(device=q.device).manual_seed(1)  # the same dO in every run
-        do = torch.randn(q.shape, device=q.device, dtype=q.dtype, generator=gen)
+        q, k, v, cu, do = probe_inputs(w)
         for name, impl in bench.build_impls(w, cu, only=only).items():
             if isinstance(impl, str):
                 print(f"{args.tag} | {w.name} | {name} | {impl[:200]}")

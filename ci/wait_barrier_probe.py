@@ -34,6 +34,15 @@ def digest(*tensors: torch.Tensor) -> str:
     return h.hexdigest()[:12]
 
 
+def probe_inputs(w: bench.Workload) -> tuple[torch.Tensor, ...]:
+    """q, k, v (requiring grad), cu_seqlens and dO of workload ``w``, the same in every run."""
+    q, k, v, cu = bench.make_inputs(w)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    gen = torch.Generator(device=q.device).manual_seed(1)  # the same dO in every run
+    do = torch.randn(q.shape, device=q.device, dtype=q.dtype, generator=gen)
+    return q, k, v, cu, do
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", action="append")
@@ -45,10 +54,7 @@ def main() -> int:
     if args.fixed_order:
         only.append(FIXED)
     for w in bench.named_workloads(args.workloads or list(DEFAULT)):
-        q, k, v, cu = bench.make_inputs(w)
-        q, k, v = (t.requires_grad_() for t in (q, k, v))
-        gen = torch.Generator(device=q.device).manual_seed(1)  # the same dO in every run
-        do = torch.randn(q.shape, device=q.device, dtype=q.dtype, generator=gen)
+        q, k, v, cu, do = probe_inputs(w)
         for name, impl in bench.build_impls(w, cu, only=only).items():
             if isinstance(impl, str):
                 print(f"{w.name} | {name} | {impl[:200]}")
