@@ -30,7 +30,7 @@ from portattn.kernels.addressing import (
 )
 from portattn.kernels.buffers import check_row_strides, new_buffer, rows_aligned
 from portattn.kernels.decode import decode_fits, plan_decode
-from portattn.kernels.descriptors import ragged_arguments
+from portattn.kernels.descriptors import HostDescriptor, ragged_arguments
 from portattn.kernels.plan import (
     KernelLaunch,
     VarlenProblem,
@@ -262,7 +262,7 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     static = p.memo.get(key)
     if static is None:  # the grid and compile-time parameters: the problem's alone
         static = p.memo[key] = _forward_static(p, store_o32, tma, sinks is not None)
-    grid, ws, params = static
+    grid, ws, params, reads = static
     # The Gluon forward parks its running accumulators between key-chunk merges in o32's rows:
     # a float32 workspace of out's shape where the call keeps no float32 copy.
     park = None
@@ -280,14 +280,12 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     )
     # The warp-specialised Gluon kernel computes the same bits; it reads through descriptors
     # and has no interpreter.
-    if ws:  # q, k, v and out go as ragged descriptors, Q and out by the groups' tiles
-        group_rows, block_n = params["BLOCK_M"] // 2, params["BLOCK_N"]
-        reads = ragged_arguments(attn_fwd_ws_kernel, q=group_rows, k=block_n, v=block_n,
-                                 o=group_rows)  # fmt: skip
+    # Either kernel takes its descriptors from the launch (reads): it makes none, so it needs
+    # no scratch.
+    if ws:
         launch = KernelLaunch("fwd", attn_fwd_ws_kernel, grid, args, dict(params), False,
                               descriptors=reads)
-    else:  # with TMA, q, k and v go as ragged descriptors: the kernel makes none (no scratch)
-        reads = _triton_descriptors(params) if tma else ()
+    else:
         launch = KernelLaunch("fwd", attn_fwd_kernel, grid, args, dict(params, sinks=sinks),
                               descriptors=reads)
     if not p.has_unseen_keys:
@@ -298,8 +296,7 @@ def plan_forward(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k,
     if repair is None:
         repair = p.memo[repair_key] = _forward_static(p, store_o32, tma, sinks is not None, True)
     fix = KernelLaunch("fwd_repair", attn_fwd_kernel, repair[0], args,
-                       dict(repair[2], sinks=sinks),
-                       descriptors=_triton_descriptors(repair[2]) if tma else ())
+                       dict(repair[2], sinks=sinks), descriptors=repair[3])
     return ForwardPlan(out, lse, out32, (launch, fix), park)
 
 
@@ -313,11 +310,12 @@ def _triton_descriptors(params: dict) -> tuple:
                             v=(block_n, block_dc))  # fmt: skip
 
 
-def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool,
-                    has_sink: bool, repair: bool = False) -> tuple[tuple, bool, dict]:
-    """The forward launch's grid, whether the Gluon kernel runs it, and its compile-time
-    parameters but ``sinks`` (a tensor); ``repair``: those of its repair pass (design §3.2),
-    the Triton kernel of the same key tiles (``plan.repair_tiles``)."""
+def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool, has_sink: bool,
+                    repair: bool = False) -> tuple[tuple, bool, dict, tuple[HostDescriptor, ...]]:
+    """The forward launch's grid, whether the Gluon kernel runs it, its compile-time
+    parameters but ``sinks`` (a tensor), and the arguments it takes as ragged host descriptors
+    (``KernelLaunch.descriptors``); ``repair``: those of its repair pass (design §3.2), the
+    Triton kernel of the same key tiles (``plan.repair_tiles``)."""
     cfg = p.cfg
     tiles = repair_tiles(cfg.fwd) if repair else cfg.fwd
     # A repair program covers every head of its query tile (attn_fwd_kernel's REPAIR).
@@ -326,15 +324,19 @@ def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool,
     flags = dict(HEAD_DIM=p.head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                  CAUSAL=p.causal, SPLIT_P=p.split_p, STORE_O32=store_o32)
     if not repair and use_warp_specialized(p, tma):
+        # q, k, v and out as ragged descriptors, Q and out by the consumer groups' tiles
+        group_rows = tiles.block_m // 2
+        reads = ragged_arguments(attn_fwd_ws_kernel, q=group_rows, k=tiles.block_n,
+                                 v=tiles.block_n, o=group_rows)  # fmt: skip
         return grid, True, dict(flags, STAGES=tiles.num_stages, **ws_launch_options(tiles),
-                                **p.chunk_flags())
+                                **p.chunk_flags()), reads
     params = dict(flags, BLOCK_D=p.block_d, **p.value_flags(), INTERPRET=p.interpret,
                   D_CHUNKS=cfg.fwd_chunks, TMA=descriptors.TMA_HOST if tma else False,
                   **p.feature_flags(),  # window, softcap
                   HAS_SINK=has_sink, **tiles.launch_kwargs(), **p.chunk_flags())
     if repair:
         params.update(REPAIR=p.cfg.repair_products)
-    return grid, False, params
+    return grid, False, params, _triton_descriptors(params) if tma else ()
 
 
 def attn_fwd(problem: VarlenProblem, q, k, v, cu_seqlens_q, cu_seqlens_k, store_o32: bool,
