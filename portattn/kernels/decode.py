@@ -322,7 +322,7 @@ def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool, stage: str 
     params = dict(
         HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, **p.value_flags(),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
-        PAGE_BLOCK=cfg.page_block if page_size else 0,  # the family's (rows.PAGE_BLOCK)
+        PAGE_BLOCK=page_block_tiles(cfg.page_block, page_size),
         CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret, D_CHUNKS=cfg.fwd_chunks,
         **p.feature_flags(), HAS_SINK=has_sink, **tiles.launch_kwargs(), **p.chunk_flags(),
     )
@@ -334,6 +334,17 @@ def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool, stage: str 
     elif stage == "decode_combine":
         params.update(SPLIT=2)
     return grid, params
+
+
+def page_block_tiles(family_tiles: int, page_size: int) -> int:
+    """The key tiles a decode program reads the block table for at once (``page_block``): the
+    family's (``rows.PAGE_BLOCK``) for a cache whose pages are a power of two rows, so a key
+    tile holds whole pages or lies in one; else 0, a table read per tile: a packed K/V, and a
+    dense cache whose "page" (its S_cache rows) is not a power of two (9 rows: a tile of 64
+    keys would span 7.1 pages, a Triton range of 7)."""
+    if page_size <= 0 or page_size & (page_size - 1):
+        return 0
+    return family_tiles
 
 
 def _decode_grid(p: VarlenProblem, tiles) -> tuple[int, int, int]:
