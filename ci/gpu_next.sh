@@ -1,6 +1,24 @@
 #!/usr/bin/env bash
 # The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;
 # a refused start costs 15 s or more: check `status` first).
+# Session 41, first (~6 min; on branch wip/fixed-order-ws, perf-notes row 109: fixed_order d64
+# runs the family row with its Gluon dK/dV, fixed_order d128's forward is the Gluon kernel at
+# (128, 64, 8, 3); fingerprints recorded on the CPU, the sm90 golden outputs of those entries
+# stale): `git checkout wip/fixed-order-ws` here (rebase on main first if main moved), then
+#   python3 -m pytest -q tests/test_table_variants.py -k ws_same_bits -p no:cacheprovider; \
+#   python3 -m ci.golden_dev refresh --family sm90 > $OUT/refresh.log 2>&1; \
+#   cp golden/sm90.json $OUT/; tail -n 20 $OUT/refresh.log; \
+#   python3 ci/tune_sm90.py --round fixed-order-d64-bwd-ws    # (bits column fixed in 40)
+# refresh should say "same bits" for every case (the Gluon kernels keep the Triton kernels'
+# bits at these tiles: ws_same_bits passed on an H100 in session 40). Copy the returned
+# golden/sm90.json into the branch, commit; second call: `python3 -m portattn golden verify
+# --family sm90` (30/30) and the GPU tests of the launch paths (tests/test_launcher.py
+# tests/test_table_variants.py tests/test_fixed_order.py -n 12); then merge into main. Third
+# (carry .fa4, ~6 min): the full benchmark (H200: docs/bench-h200.*; H100: docs/bench-h100.*).
+# Session 40 ran (H100): both tune rounds below (row 109), `PROCS=3 bash ci/gpu_variance.sh`
+# (steady, row 109), the full benchmark (docs/bench-h100.*, 333 s), the GPU suite in two halves
+# (odd: 800 passed, 3 failed, stopped by -x: a dense kvcache of 9 rows did not compile on sm90,
+# fixed in cc115c6 and rerun: 218 passed; even: 643 passed, 322 skipped).
 # Session 40, first (~5 min warm; carry nothing): `bash ci/gpu_variance.sh` (issue 36's <= 5%
 # spread: the skewed 16k d64 causal forward+backward of varlen took 1.16-1.70 ms in four
 # processes of one code in session 39, its forward 0.28-0.31; per-kernel µs per process say

@@ -366,7 +366,9 @@ def timings(kernel: str, head_dim: int, causal: bool, forward_only: bool = False
         return fwd_ms, float("nan"), profile_kernels(fwd), digest(fwd())
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     out = fwd(*leaves)
-    dout = torch.randn_like(out)
+    # dO from its own seed: the global generator's state depends on the variants timed before,
+    # so a randn_like here gave every variant other gradients (and another bits column).
+    dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen.manual_seed(2))
     bits = digest(out, *torch.autograd.grad(out, leaves, dout, retain_graph=True))
 
     def bwd():
