@@ -33,7 +33,7 @@ events around them), whether a warm call waits for the GPU
 events around ``--n`` replays).
 
 Usage: python benchmarks/host_overhead.py [--gpu] [--n 2000] [--profile] [--cases a,b]
-[--aten-append]
+[--aten-append] [--plan-backward]
 """
 
 from __future__ import annotations
@@ -207,11 +207,17 @@ def main() -> int:
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
     help_aten = "append with aten index_put_ (kvcache_append.APPEND_KERNEL off), for an A/B"
     parser.add_argument("--aten-append", action="store_true", help=help_aten)
+    help_plan = "plan every backward (backward_replay.REPLAYED_BACKWARDS off), for an A/B"
+    parser.add_argument("--plan-backward", action="store_true", help=help_plan)
     args = parser.parse_args()
     if args.aten_append:
         from portattn import kvcache_append
 
         kvcache_append.APPEND_KERNEL = False
+    if args.plan_backward:
+        from portattn import backward_replay
+
+        backward_replay.REPLAYED_BACKWARDS = False
     cases = [c for c in args.cases.split(",") if c]
     unknown = sorted(set(cases) - set(CASES))
     if unknown:

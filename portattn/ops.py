@@ -36,7 +36,7 @@ import torch
 
 from portattn import forward_replay
 from portattn.autocast import register_autocast_kernel
-from portattn.kernels.backward import attn_bwd
+from portattn.backward_replay import replayed_backward
 from portattn.kernels.plan import plan_problem, splits_p
 from portattn.options import AttentionOptions
 
@@ -269,7 +269,7 @@ def bwd_impl(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         head_dim_v=a.v.shape[-1],
     )
     tensors = (a.dout, a.q, a.k, a.v, a.o_for_delta, a.lse, a.dlse, a.cu_seqlens_q, a.cu_seqlens_k)
-    return attn_bwd(problem, *tensors)
+    return replayed_backward(problem, *tensors)
 
 
 @varlen_bwd.register_fake

@@ -63,13 +63,17 @@ def use_warp_specialized_dq(problem: VarlenProblem, tma: bool) -> bool:
 @dataclass(frozen=True)
 class BackwardPlan:
     """The gradients (dq [total_q, Hq, D], dk [total_k, Hkv, D], dv [total_k, Hkv, Dv], input
-    dtype) and the
-    launches that write them, in order: preprocess, dK/dV (one or two launches), dQ."""
+    dtype) and the launches that write them, in order: preprocess, dK/dV (one or two
+    launches), dQ."""
 
     dq: torch.Tensor
     dk: torch.Tensor
     dv: torch.Tensor
     launches: tuple[KernelLaunch, ...]
+    # The preprocess kernel's lse2 and delta (float32 [Hq, stride_hm]), None where nothing
+    # launches: scratch the launches share, which a replay allocates again (backward_replay)
+    lse2: torch.Tensor | None = None
+    delta: torch.Tensor | None = None
 
 
 class _Stage(NamedTuple):
@@ -149,7 +153,7 @@ def plan_backward_launches(kernels: BackwardKernels, problem: VarlenProblem, do,
                      descriptors=st.descriptors)
         for st in stages
     )
-    return BackwardPlan(dq, dk, dv, launches)
+    return BackwardPlan(dq, dk, dv, launches, lse2, delta)
 
 
 def _backward_stages(kernels: BackwardKernels, p: VarlenProblem, tma_dkdv: bool, tma_dq: bool,
