@@ -18,7 +18,9 @@
 # With it (~1 min), the backward replay's host time (f17547b, CPU-verified only), alternating:
 #   for f in "" --plan-backward "" --plan-backward; do python3 benchmarks/host_overhead.py \
 #     --gpu --cases varlen_train,varlen_grad --n 500 $f | grep "^| varlen"; done
-# and its GPU bits: python3 -m pytest -q tests/test_backward_replay.py tests/test_ops.py -n 8
+# and its GPU bits: python3 -m pytest -q tests/test_backward_replay.py tests/test_ops.py -n 8;
+# then `python3 benchmarks/transformers_llama.py` (~1.5 min; issue 36's transformers target:
+# session 28's table in docs/performance.md predates the replays of rows 87-92 and this one).
 # Session 40 ran (H100): both tune rounds below (row 109), `PROCS=3 bash ci/gpu_variance.sh`
 # (steady, row 109), the full benchmark (docs/bench-h100.*, 333 s), the GPU suite in two halves
 # (odd: 800 passed, 3 failed, stopped by -x: a dense kvcache of 9 rows did not compile on sm90,
