@@ -43,10 +43,9 @@ import triton
 from helpers import HAS_GPU, KERNELS, assert_accurate, make_pack, run_reference
 
 import portattn
-from portattn import configs, forward_replay
+from portattn import backward_replay, configs, forward_replay
 from portattn.configs import INTERPRETER, SUPPORTED_HEAD_DIMS, KernelConfig, Tiles
 from portattn.families import FAMILIES
-from portattn.kernels import backward
 from portattn.tools import harness
 from portattn.tools.compile_launches import WS_KERNELS, bind_launch, table_mismatches
 
@@ -182,7 +181,8 @@ def family_entry(monkeypatch):
 
         return run_launches
 
-    monkeypatch.setattr(backward, "run_launches", recording(backward.run_launches))
+    # every backward's launches, planned or replayed (ops runs backward_replay)
+    monkeypatch.setattr(backward_replay, "run_launches", recording(backward_replay.run_launches))
     # every forward's launches, planned or replayed
     monkeypatch.setattr(forward_replay, "run_launches", recording(forward_replay.run_launches))
 
