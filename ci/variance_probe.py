@@ -29,7 +29,7 @@ import triton
 
 from benchmarks import bench
 from benchmarks.bench_report import FIXED, VARLEN
-from ci.wait_barrier_probe import digest, probe_inputs
+from ci.wait_barrier_probe import digest, probe_impls
 
 DEFAULT = ("skewed 16k h16 d64 causal", "skewed 16k h16 d64 full")
 
@@ -109,36 +109,32 @@ def main() -> int:
     parser.add_argument("--tag", default="", help="printed in each line (the process's name)")
     args = parser.parse_args()
     only = [VARLEN, FIXED] if args.fixed_order else [VARLEN]
-    for w in bench.named_workloads(args.workloads or list(DEFAULT)):
-        q, k, v, cu, do = probe_inputs(w)
-        for name, impl in bench.build_impls(w, cu, only=only).items():
-            if isinstance(impl, str):
-                print(f"{args.tag} | {w.name} | {name} | {impl[:200]}")
-                continue
-            out = impl.fn(q, k, v)
-            bits = digest(out, *torch.autograd.grad(out, (q, k, v), do))
-            for mode in ("fwd", "fwd+bwd"):
-                step = bench.make_step(impl, mode, q, k, v, do if mode != "fwd" else None)
-                with GcClock() as gc_clock:
-                    flushed = [
-                        triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median")
-                        for _ in range(2)
-                    ]
-                queued = back_to_back_ms(step, args.calls)
-                host, host_max = host_ms(step, args.calls)
-                kernels = kernel_times_us(step, args.calls)
-                total = sum(sum(times) for times in kernels.values()) / args.calls / 1e3
-                print(
-                    f"{args.tag} | {w.name} | {name} | {mode} | {bits} | "
-                    f"{flushed[0]:.3f}, {flushed[1]:.3f} | {queued:.3f} | "
-                    f"{host:.3f} ({host_max:.3f}) | {gc_clock.passes}, {gc_clock.ms:.1f} | "
-                    f"{total:.3f} | "
-                    + "; ".join(
-                        f"{key[:32]} {sum(t) / args.calls:.0f} ({min(t):.0f}-{max(t):.0f})"
-                        for key, t in sorted(kernels.items())
-                    ),
-                    flush=True,
-                )
+    tag = f"{args.tag} | "
+    for w, name, impl, q, k, v, do in probe_impls(args.workloads or list(DEFAULT), only, tag):
+        out = impl.fn(q, k, v)
+        bits = digest(out, *torch.autograd.grad(out, (q, k, v), do))
+        for mode in ("fwd", "fwd+bwd"):
+            step = bench.make_step(impl, mode, q, k, v, do if mode != "fwd" else None)
+            with GcClock() as gc_clock:
+                flushed = [
+                    triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median")
+                    for _ in range(2)
+                ]
+            queued = back_to_back_ms(step, args.calls)
+            host, host_max = host_ms(step, args.calls)
+            kernels = kernel_times_us(step, args.calls)
+            total = sum(sum(times) for times in kernels.values()) / args.calls / 1e3
+            print(
+                f"{args.tag} | {w.name} | {name} | {mode} | {bits} | "
+                f"{flushed[0]:.3f}, {flushed[1]:.3f} | {queued:.3f} | "
+                f"{host:.3f} ({host_max:.3f}) | {gc_clock.passes}, {gc_clock.ms:.1f} | "
+                f"{total:.3f} | "
+                + "; ".join(
+                    f"{key[:32]} {sum(t) / args.calls:.0f} ({min(t):.0f}-{max(t):.0f})"
+                    for key, t in sorted(kernels.items())
+                ),
+                flush=True,
+            )
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 if not __package__:  # the checkout's root on sys.path
@@ -43,6 +44,19 @@ def probe_inputs(w: bench.Workload) -> tuple[torch.Tensor, ...]:
     return q, k, v, cu, do
 
 
+def probe_impls(workloads: list[str], only: list[str], tag: str = "") -> Iterator[tuple]:
+    """(workload, implementation name, impl, q, k, v, dO) for each of ``only`` on each named
+    workload (``probe_inputs``); an implementation that cannot run prints its reason (after
+    ``tag``) and is skipped."""
+    for w in bench.named_workloads(workloads):
+        q, k, v, cu, do = probe_inputs(w)
+        for name, impl in bench.build_impls(w, cu, only=only).items():
+            if isinstance(impl, str):
+                print(f"{tag}{w.name} | {name} | {impl[:200]}")
+                continue
+            yield w, name, impl, q, k, v, do
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", action="append")
@@ -53,30 +67,25 @@ def main() -> int:
     only = [VARLEN, FA4_DET] if args.fa4 else [VARLEN]
     if args.fixed_order:
         only.append(FIXED)
-    for w in bench.named_workloads(args.workloads or list(DEFAULT)):
-        q, k, v, cu, do = probe_inputs(w)
-        for name, impl in bench.build_impls(w, cu, only=only).items():
-            if isinstance(impl, str):
-                print(f"{w.name} | {name} | {impl[:200]}")
-                continue
-            out = impl.fn(q, k, v)
-            modes = ("fwd",) if args.fwd_only else ("fwd", "fwd+bwd")
-            grads = () if args.fwd_only else torch.autograd.grad(out, (q, k, v), do)
-            bits = digest(out, *grads)
-            times = {"fwd+bwd": float("nan")}
-            for mode in modes:
-                step = bench.make_step(impl, mode, q, k, v, do if mode != "fwd" else None)
-                best = min(
-                    triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median")
-                    for _ in range(2)
-                )
-                times[mode] = best
-            tf = {m: w.flops(m) / times[m] / 1e9 for m in times}
-            print(
-                f"| {w.name} | {name} | {bits} | {times['fwd']:.4f} | {tf['fwd']:.0f} | "
-                f"{times['fwd+bwd']:.3f} | {tf['fwd+bwd']:.0f} |",
-                flush=True,
+    for w, name, impl, q, k, v, do in probe_impls(args.workloads or list(DEFAULT), only):
+        out = impl.fn(q, k, v)
+        modes = ("fwd",) if args.fwd_only else ("fwd", "fwd+bwd")
+        grads = () if args.fwd_only else torch.autograd.grad(out, (q, k, v), do)
+        bits = digest(out, *grads)
+        times = {"fwd+bwd": float("nan")}
+        for mode in modes:
+            step = bench.make_step(impl, mode, q, k, v, do if mode != "fwd" else None)
+            best = min(
+                triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median")
+                for _ in range(2)
             )
+            times[mode] = best
+        tf = {m: w.flops(m) / times[m] / 1e9 for m in times}
+        print(
+            f"| {w.name} | {name} | {bits} | {times['fwd']:.4f} | {tf['fwd']:.0f} | "
+            f"{times['fwd+bwd']:.3f} | {tf['fwd+bwd']:.0f} |",
+            flush=True,
+        )
     return 0
 
 

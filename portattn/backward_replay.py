@@ -45,17 +45,18 @@ class BackwardTemplate:
     launches: tuple[LaunchTemplate, ...]
 
 
-def backward_key(do, q, k, v, o_for_delta, lse, dlse, cu_seqlens_q, cu_seqlens_k,
-                 copied: tuple[bool, bool]) -> tuple:  # fmt: skip
-    """What a backward's launches depend on beyond its problem: the tensors' strides, whether
-    dO and O were copied densely (``copied``), whether q, k, v and dO's rows are 16-byte
-    aligned (the descriptor paths), whether there is a dlse, and which inputs are one tensor."""
-    inputs = (do, q, k, v, o_for_delta, lse, dlse, cu_seqlens_q, cu_seqlens_k)
+def backward_key(inputs: tuple, dense_do: torch.Tensor, copied: tuple[bool, bool]) -> tuple:
+    """What a backward's launches depend on beyond its problem: the ``inputs``' strides (do, q,
+    k, v, o_for_delta, lse, dlse or None, cu_seqlens_q, cu_seqlens_k, as the caller gave them),
+    whether dO and O were copied densely (``copied``), whether the rows of q, k, v and the dO
+    the kernels read are 16-byte aligned (the descriptor paths), whether there is a dlse, and
+    which inputs are one tensor."""
+    _, q, k, v = inputs[:4]
     return (
         "backward replay",
         tuple(None if t is None else t.stride() for t in inputs),
         copied,
-        rows_aligned(q, k, v, do),
+        rows_aligned(q, k, v, dense_do),
         input_aliases(inputs),
     )
 
@@ -80,8 +81,8 @@ def replayed_backward(
     key = None
     if REPLAYED_BACKWARDS:
         copied = (dense_do is not do, dense_o is not o_for_delta)
-        key = backward_key(do, q, k, v, o_for_delta, lse, dlse, cu_seqlens_q, cu_seqlens_k,
-                           copied)  # fmt: skip
+        given = (do, q, k, v, o_for_delta, lse, dlse, cu_seqlens_q, cu_seqlens_k)
+        key = backward_key(given, dense_do, copied)
     template = None if key is None else problem.memo.get(key)
     dlse_read = lse if dlse is None else dlse  # what the preprocess kernel reads
     inputs = (dense_do, q, k, v, dense_o, lse, dlse_read, cu_seqlens_q, cu_seqlens_k)
