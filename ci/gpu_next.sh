@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;
 # a refused start costs 15 s or more: check `status` first).
+# Session 41 got no device: nine requests (H100 and H200) were refused between 13:00 and
+# 14:25 UTC, each costing up to 90 s of its budget; nothing below ran. Session 42: the same
+# calls, in the same order (ask for nvidia-h100-x1 by name when H200s are refused).
 # Session 41, first (~6 min; on branch wip/fixed-order-ws, perf-notes row 109: fixed_order d64
 # runs the family row with its Gluon dK/dV, fixed_order d128's forward is the Gluon kernel at
 # (128, 64, 8, 3); fingerprints recorded on the CPU, the sm90 golden outputs of those entries
