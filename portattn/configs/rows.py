@@ -124,14 +124,17 @@ CDNA2 = {
     256: _cfg((64, 32, 4, 1),    (32, 32, 4, 1),   (32, 32, 4, 1), _AMD1),
 }
 # fixed_order rows that differ from the family's row (a fifth number is waves_per_eu). sm90
-# d64-d128 forwards (and varlen d64's): one warp group per CTA at (64, 64), so two CTAs share
-# an SM and one's softmax runs under the other's products (perf-notes rows 34-35).
+# d96 forward (and d64's, whose fixed_order runs the family's row, its warp-specialised dK/dV
+# included: perf-notes row 109): one warp group per CTA at (64, 64), so two CTAs share an SM
+# and one's softmax runs under the other's products (rows 34-35). d128: the forward
+# warp-specialised at 64-key tiles (two consumer groups of 64 rows, the bits of the Triton
+# kernel's 64-row tiles; row 109), the decode kept at the old forward's (64, 64, 4, 3).
 FIXED_ORDER = {
     "sm90": {
-        64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
         96:  _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 2), tma=(_FWD, _DKDV)),
-        128: _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ),
-                  dq_ws=True),
+        128: retuned(_cfg((128, 64, 8, 3), (32, 64, 4, 3), (128, 64, 8, 3),
+                          tma=(_FWD, _DKDV, _DQ), fwd_ws=True, dq_ws=True),
+                     decode=(64, 64, 4, 3)),
         256: _cfg((128, 64, 8, 2),   (32, 64, 8, 2),   (128, 32, 8, 2), dkdv_passes=4,
                   fwd_chunks=2),
     },
