@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;
 # a refused start costs 15 s or more: check `status` first).
-# Session 41 got no device: nine requests (H100 and H200) were refused between 13:00 and
-# 14:25 UTC, each costing up to 90 s of its budget; nothing below ran. Session 42: the same
-# calls, in the same order (ask for nvidia-h100-x1 by name when H200s are refused).
+# Session 42, first (carry .fa4, ~6 min): the full benchmark as in session 41's third call
+# below (fixed_order d64/d128 landed in session 41: rows 109; docs/bench-h100.* predates it;
+# an H200: docs/bench-h200.*), then `python3 benchmarks/transformers_llama.py` (~1.5 min).
+# Second and third: the whole GPU suite in two halves (session 41's fourth item), without -x.
+# Session 41 ran (H100, after twelve refused requests from 13:00 to 15:02 UTC that cost
+# ~1,000 of its 1,800 device-s): its first call (ws_same_bits 44 passed; refresh: the 11
+# stale outputs same bits), its second (golden verify 30/30; launch-path tests 114 passed)
+# and the backward replay's A/B and tests of its third (row 110: kept); plus the rollout,
+# invariance, kvcache, CUDA-graph and family-tile GPU tests with -k fixed_order (138 passed).
 # Session 41, first (~6 min; on branch wip/fixed-order-ws, perf-notes row 109: fixed_order d64
 # runs the family row with its Gluon dK/dV, fixed_order d128's forward is the Gluon kernel at
 # (128, 64, 8, 3); fingerprints recorded on the CPU, the sm90 golden outputs of those entries
