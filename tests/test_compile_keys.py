@@ -126,9 +126,9 @@ def test_editing_a_backward_helper_changes_only_the_backward_keys(base_keys, tmp
 
 def test_editing_a_configuration_row_changes_only_its_entries(base_keys, tmp_path):
     """A table row's tiles are launch options and constexprs: doubling the warps of sm90's d64
-    forward (configs.rows.SM90; its fixed_order rows are their own) changes the forward keys of the
-    varlen entries that run that row (d64, and d40, which borrows it) and decode's where it
-    shares the forward's tiles; nothing else."""
+    forward (configs.rows.SM90) changes the forward keys of the entries that run that row (varlen
+    d64, and d40, which borrows it; fixed_order d64 and d40 too, which run the family row since
+    perf-notes row 109) and decode's where it shares the forward's tiles; nothing else."""
     tree = _copy(tmp_path)
     configs = tree / "portattn" / "configs" / "rows.py"
     row = "    64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3), "
@@ -138,8 +138,9 @@ def test_editing_a_configuration_row_changes_only_its_entries(base_keys, tmp_pat
     configs.write_text(src.replace(row, row.replace("(64, 64, 4, 3)", "(64, 64, 8, 3)")))
     changed = _changed(base_keys, _keys(tree))
     assert ("sm90", "varlen/d64/bf16", "fwd") in changed
+    assert ("sm90", "fixed_order/d64/bf16", "fwd") in changed
     for family, label, stage in changed:
-        assert family == "sm90" and label.startswith("varlen/"), label
+        assert family == "sm90" and label.startswith(("varlen/", "fixed_order/")), label
         assert stage in ("fwd", "decode"), (label, stage)
         assert "/d64/" in label or "/d40/" in label, label
 
