@@ -19,9 +19,11 @@ Timing. Each implementation's first call per mode runs outside the timings (Trit
 FlexAttention's compile); FlexAttention's first-call seconds are reported as its compile time,
 per workload and mode. Inductor's caches apply as found: a pack whose shapes were compiled
 before (on disk, or earlier in the run: skewed 16k d64 has the shapes of equal 2x8192 d64)
-reports little more than a cache lookup. Then two passes, the second in reverse order, each
-timing every implementation with ``triton.testing.do_bench(..., return_mode="median")``; the
-reports take the better of the two medians. While timing, ``torch.compiler`` is set to fail on
+reports little more than a cache lookup. Then ``HEAT_S`` seconds of untimed calls of every
+implementation (the GPU as busy before the first timing as before the others), then ``--passes``
+passes (two: the second in reverse order; more: ``pass_order``), each timing every
+implementation with ``triton.testing.do_bench(..., return_mode="median")``; the reports take
+the best of the medians. While timing, ``torch.compiler`` is set to fail on
 a recompile, so a compile can never hide inside a timing (it fails that implementation instead).
 
 L2. The H200 has 50 MiB of L2 and some inputs would fit (16k x 16 x 64 bf16 is 32 MiB).
@@ -82,6 +84,13 @@ from benchmarks.bench_report import (
 
 WARMUP_MS = 50  # do_bench's warm-up and repetition budgets: about 0.4 s per do_bench call
 REP_MS = 300
+PASSES = 2  # timed passes per (workload, mode); the reports keep each implementation's best
+# Seconds of untimed calls of every implementation, round robin, before a mode's first pass:
+# the first calls (compiles, FlexAttention's seconds on the CPU) leave the GPU idle, and the
+# pass's first implementation was then timed on a cooler, faster-clocked GPU than the others
+# (session 42, both cards' JSON: varlen, always first, 2-4% slower in its second pass on
+# average, up to 8%; FA4 det, never first, 1-4% faster in its second).
+HEAT_S = 1.0
 DOCS_STEM = "docs/bench-h200"  # --docs: docs/bench-h200.{json,md,png}, relative to the cwd
 SKEWED_CHOICES = (64, 128, 300, 512, 1000, 2048, 3000, 4096)
 # torch.cuda covers both: ROCm builds of torch answer through the same API.
@@ -545,6 +554,8 @@ def run_workload(
     inputs: tuple[torch.Tensor, ...],
     timer: Timer = gpu_timer,
     log: Callable[[str], None] = print,
+    passes: int = PASSES,
+    heat_s: float = HEAT_S,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Time every implementation on ``w`` in both modes. Returns the rows and FlexAttention's
     first-call (compile) seconds per mode. A failure gives a row with the error, never raises."""
@@ -577,9 +588,9 @@ def run_workload(
             if name == FLEX:
                 compile_s[mode] = first_s
                 log(f"{w.name:32s} {mode:8s} {name:22s} compile {first_s:6.1f} s")
-        names = list(steps)
-        for pass_ in (0, 1):  # the second pass in reverse order: no one is always first
-            for name in names if pass_ == 0 else names[::-1]:
+        heat(list(steps.values()), heat_s)
+        for pass_ in range(passes):
+            for position, name in enumerate(pass_order(list(steps), pass_, passes)):
                 result, error = attempt(timer, steps[name])
                 if error is not None:
                     failed(name, mode, error, pass_)
@@ -587,9 +598,34 @@ def run_workload(
                 ms, peak, resident = result
                 tflops = w.flops(mode) / ms / 1e9
                 fields = dict(ms=ms, tflops=tflops, peak_gib=peak, resident_gib=resident)
+                fields.update(position=position)
                 rows.append(_row(w, mode, name, pass_, **fields))
                 log(f"{w.name:32s} {mode:8s} {name:22s} {ms:8.3f} ms {tflops:7.1f} TF/s")
     return rows, compile_s
+
+
+def pass_order(names: list[str], pass_: int, passes: int) -> list[str]:
+    """The implementations' order in pass ``pass_`` of ``passes``: odd passes reverse the pass
+    before them, and each pair of passes starts ``len(names) / (passes / 2)`` places further
+    round, so over the passes every implementation is timed early and late alike (two passes:
+    the names, then reversed)."""
+    pairs = (passes + 1) // 2
+    turn = (pass_ // 2) * len(names) // pairs
+    order = names[turn:] + names[:turn]
+    return order[::-1] if pass_ % 2 else order
+
+
+def heat(steps: list[Step], seconds: float) -> None:
+    """Call ``steps`` round robin, untimed, for about ``seconds`` (none: nothing), then wait
+    for the GPU: the first timed call finds it as busy as every later one (:data:`HEAT_S`)."""
+    if seconds <= 0 or not steps:
+        return
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for step in steps:
+            attempt(step)
+        if torch.cuda.is_available():  # a round at a time: the queue never runs far ahead
+            torch.cuda.synchronize()
 
 
 def _git(*args: str) -> str | None:
@@ -642,13 +678,16 @@ def run(
     workloads: list[Workload],
     log: Callable[[str], None] = print,
     impls: list[str] | None = None,
+    passes: int = PASSES,
 ) -> dict[str, Any]:
     """Run the benchmark on the current CUDA device; returns the data the reports take."""
     data = metadata()
     data.update(workloads=[w.describe() for w in workloads], rows=[], flex_compile_s={})
+    data.update(passes=passes, heat_s=HEAT_S)
     for w in workloads:
         inputs = make_inputs(w)
-        rows, compile_s = run_workload(w, build_impls(w, inputs[3], impls), inputs, log=log)
+        built = build_impls(w, inputs[3], impls)
+        rows, compile_s = run_workload(w, built, inputs, log=log, passes=passes)
         data["rows"] += rows
         if compile_s:
             data["flex_compile_s"][w.name] = compile_s
@@ -692,6 +731,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "seed adds 6 workloads, about 3.5 minutes on an H100)",
     )
     p.add_argument("--list", action="store_true", help="print the selected workloads and exit")
+    p.add_argument(
+        "--passes",
+        type=int,
+        default=PASSES,
+        metavar="N",
+        help=f"timed passes per workload and mode, each implementation early in some and late "
+        f"in others (default {PASSES}: in order, then reversed); the reports keep the best",
+    )
     p.add_argument("--json", metavar="PATH", help="raw rows and metadata (plot: read from here)")
     p.add_argument("--markdown", metavar="PATH", help="write the markdown summary here")
     p.add_argument(
@@ -757,6 +804,9 @@ def command(args: argparse.Namespace) -> int:
             f"no workload matches {args.workloads}; the workloads are:\n  {names}", file=sys.stderr
         )
         return 2
+    if args.passes < 1:
+        print(f"--passes must be at least 1, got {args.passes}", file=sys.stderr)
+        return 2
     if args.list:
         for w in workloads:
             print(f"{w.name:32s} {len(w.lengths):3d} sequences, {sum(w.lengths)} tokens")
@@ -769,7 +819,7 @@ def command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    data = run(workloads, impls=args.impls)
+    data = run(workloads, impls=args.impls, passes=args.passes)
     text = report.markdown(data)
     print(text)
     report.write_reports(data, text, args.json, args.markdown)
@@ -792,8 +842,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.decode:
+        if args.passes != PASSES:
+            parser.error("--passes applies to the training benchmark, not to --decode")
         from benchmarks import bench_decode  # it imports this module: imported here, not above
 
         return bench_decode.main(args)

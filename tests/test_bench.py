@@ -255,10 +255,16 @@ def test_run_workload_alternates_and_records_failures(monkeypatch):
         return ms_of[name], 1.5, 1.0
 
     logs: list[str] = []
+    heated: list[list[str]] = []
+    monkeypatch.setattr(
+        bench, "heat", lambda steps, s: heated.append([step_names[id(x)] for x in steps])
+    )
     rows, compile_s = bench.run_workload(w, impls, (q, k, v, cu), timer, log=logs.append)
 
-    # per mode two passes, the second in reverse order
+    # per mode: every implementation heated, then two passes, the second in reverse order
+    assert heated == [[VARLEN, FLEX]] * 2
     assert order == [VARLEN, FLEX, FLEX, VARLEN] * 2
+    assert [r["position"] for r in rows if r["ms"] is not None][:4] == [0, 1, 0, 1]
     assert set(compile_s) == {"fwd", "fwd+bwd"} and all(s >= 0 for s in compile_s.values())
     timed = [r for r in rows if r["ms"] is not None]
     assert len(timed) == 8
@@ -277,6 +283,44 @@ def test_run_workload_alternates_and_records_failures(monkeypatch):
     assert messages["broken at setup"] == "RuntimeError: could not build"
     assert messages["broken at first call"] == "ValueError: unsupported head dim"
     assert any("FAILED" in line for line in logs)
+
+
+@pytest.mark.parametrize(
+    "passes, orders",
+    [
+        (1, ["abcd"]),
+        (2, ["abcd", "dcba"]),
+        (3, ["abcd", "dcba", "cdab"]),
+        (4, ["abcd", "dcba", "cdab", "badc"]),
+    ],
+)
+def test_pass_order_puts_each_implementation_early_and_late(passes, orders):
+    names = list("abcd")
+    got = ["".join(bench.pass_order(names, p, passes)) for p in range(passes)]
+    assert got == orders
+    if passes == 4:  # each name first once and last once over the four passes
+        assert sorted(o[0] for o in got) == names and sorted(o[-1] for o in got) == names
+
+
+def test_heat_calls_every_step_until_its_time_is_up():
+    calls: list[str] = []
+
+    def failing():
+        calls.append("f")
+        raise RuntimeError("out of memory")  # a failing step neither stops the heat nor raises
+
+    bench.heat([lambda: calls.append("a"), failing], 0.05)
+    assert calls[:2] == ["a", "f"] and len(calls) > 2 and len(calls) % 2 == 0
+    calls.clear()
+    bench.heat([lambda: calls.append("a")], 0.0)
+    assert calls == []
+
+
+def test_passes_must_be_positive(capsys):
+    assert bench.main(["--passes", "0", "--list"]) == 2
+    assert "--passes must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--decode", "--passes", "3", "--list"])
 
 
 def test_timer_failure_is_recorded():
