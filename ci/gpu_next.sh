@@ -1,4 +1,19 @@
 #!/usr/bin/env bash
+# Session 43, first (carry .fa4; ~8-9 min alone, limit 595 s; an H200 if one comes: -h200):
+#   source .fa4/install.sh; python3 benchmarks/bench.py --passes 4 --json $OUT/bench-h100.json \
+#     --markdown $OUT/bench-h100.md --png $OUT/bench-h100.png > $OUT/bench.log 2>&1; \
+#   tail -n 40 $OUT/bench.log; python3 ci/pass_positions.py $OUT/bench-h100.json | grep -E "varlen |FA4 det"
+# (perf-notes row 111: with two passes and no heat, varlen, always first, timed its forwards
+# 2-4% faster than in its second pass, and FA4 det, third after fixed_order, 2-4% slower than
+# in its second; the benchmark now heats every implementation for 1 s per workload and mode
+# and, with --passes 4, times each one early and late. Does the spread of issue 36 (<= 5%)
+# go, and do the ratios to FA4 det move?) Second (~5 min): `python3 ci/tune_sm90.py --round
+# d64-forward-host` (prepared in session 38, never run: the d64 Triton forward's tiles and
+# stages with the host descriptors; 64-key tiles keep the bits) and `python3
+# benchmarks/transformers_llama.py`. Session 42 ran (H100, after one refused request): the
+# full benchmark and transformers_llama (docs/bench-h100.*, row 111), the GPU suite in two
+# halves (674 + 857 passed, none failed), golden verify 30/30, the decode benchmark
+# (docs/bench-decode-h100.*: `python3 benchmarks/bench.py --decode`, not bench_decode.py).
 # The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;
 # a refused start costs 15 s or more: check `status` first).
 # Session 42, first (carry .fa4, ~6 min): the full benchmark as in session 41's third call
