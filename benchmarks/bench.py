@@ -85,11 +85,11 @@ from benchmarks.bench_report import (
 WARMUP_MS = 50  # do_bench's warm-up and repetition budgets: about 0.4 s per do_bench call
 REP_MS = 300
 PASSES = 2  # timed passes per (workload, mode); the reports keep each implementation's best
-# Seconds of untimed calls of every implementation, round robin, before a mode's first pass:
-# the first calls (compiles, FlexAttention's seconds on the CPU) leave the GPU idle, and the
-# pass's first implementation was then timed on a cooler, faster-clocked GPU than the others
-# (session 42, both cards' JSON: varlen, always first, 2-4% slower in its second pass on
-# average, up to 8%; FA4 det, never first, 1-4% faster in its second).
+# Seconds of untimed calls of every implementation, round robin, before a mode's first pass.
+# Without them the first pass's first implementation was timed faster than in its later pass
+# (perf-notes row 111, both cards' JSON: varlen, always first, its forwards 2-4% slower in its
+# second pass on average, up to 8%; FA4 det's, third, 3-4% faster in theirs): the first calls
+# before it (compiles, FlexAttention's seconds on the CPU) leave the GPU idle, the likely cause.
 HEAT_S = 1.0
 DOCS_STEM = "docs/bench-h200"  # --docs: docs/bench-h200.{json,md,png}, relative to the cwd
 SKEWED_CHOICES = (64, 128, 300, 512, 1000, 2048, 3000, 4096)
