@@ -679,8 +679,11 @@ def run(
     log: Callable[[str], None] = print,
     impls: list[str] | None = None,
     passes: int = PASSES,
+    after_workload: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the benchmark on the current CUDA device; returns the data the reports take."""
+    """Run the benchmark on the current CUDA device; returns the data the reports take.
+    ``after_workload(data)``: called with the rows so far after each workload (a run cut
+    short by a time limit keeps what it measured)."""
     data = metadata()
     data.update(workloads=[w.describe() for w in workloads], rows=[], flex_compile_s={})
     data.update(passes=passes, heat_s=HEAT_S)
@@ -693,6 +696,8 @@ def run(
             data["flex_compile_s"][w.name] = compile_s
         del inputs
         torch.cuda.empty_cache()  # the next workload's peaks start from a clean allocator
+        if after_workload is not None:
+            after_workload(data)
     return data
 
 
@@ -819,7 +824,12 @@ def command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    data = run(workloads, impls=args.impls, passes=args.passes)
+
+    def partial(data: dict[str, Any]) -> None:  # the JSON so far, rewritten after each workload
+        if args.json:
+            report.write_json(args.json, data)
+
+    data = run(workloads, impls=args.impls, passes=args.passes, after_workload=partial)
     text = report.markdown(data)
     print(text)
     report.write_reports(data, text, args.json, args.markdown)

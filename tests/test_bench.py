@@ -323,6 +323,23 @@ def test_passes_must_be_positive(capsys):
         bench.main(["--decode", "--passes", "3", "--list"])
 
 
+def test_run_hands_over_the_rows_after_each_workload(monkeypatch):
+    """A run cut short by a time limit keeps its JSON: ``after_workload`` sees each workload's
+    rows as soon as they are measured."""
+    workloads = [Workload(name, (4,), 1, 1, 4, causal=True) for name in ("first", "second")]
+    monkeypatch.setattr(bench, "make_inputs", lambda w: (None, None, None, None))
+    monkeypatch.setattr(bench, "build_impls", lambda w, cu, only: {})
+    monkeypatch.setattr(
+        bench, "run_workload", lambda w, impls, inputs, **kw: ([{"workload": w.name}], {})
+    )
+    seen: list[list[str]] = []
+    data = bench.run(workloads, after_workload=lambda d: seen.append(
+        [r["workload"] for r in d["rows"]]
+    ))  # fmt: skip
+    assert seen == [["first"], ["first", "second"]]
+    assert [r["workload"] for r in data["rows"]] == ["first", "second"]
+
+
 def test_timer_failure_is_recorded():
     w = Workload("tiny", (4,), 1, 1, 4, causal=True)
     q, k, v = (torch.randn(4, 1, 4) for _ in range(3))
