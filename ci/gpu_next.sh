@@ -7,7 +7,8 @@
 # 2-4% faster than in its second pass, and FA4 det, third after fixed_order, 2-4% slower than
 # in its second; the benchmark now heats every implementation for 1 s per workload and mode
 # and, with --passes 4, times each one early and late. Does the spread of issue 36 (<= 5%)
-# go, and do the ratios to FA4 det move?) Second (~5 min): `python3 ci/tune_sm90.py --round
+# go, and do the ratios to FA4 det move? Cut off by the limit, the JSON keeps the workloads
+# done: `python3 benchmarks/bench.py plot --json F --markdown M` renders them.) Second (~5 min): `python3 ci/tune_sm90.py --round
 # d64-forward-host` (prepared in session 38, never run: the d64 Triton forward's tiles and
 # stages with the host descriptors; 64-key tiles keep the bits) and `python3
 # benchmarks/transformers_llama.py`. With it (~20 s): `python3 ci/swap_ab_bits.py`
