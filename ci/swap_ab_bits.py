@@ -7,7 +7,9 @@ probe compares, bitwise, each element of ``tl.dot(a, bᵀ, acc)`` with the same 
 ``tl.dot(b, aᵀ, accᵀ)ᵀ`` on random operands (float32 accumulators that are not zero, as the
 key loop's), at the decode's shapes, for 4 and 8 warps and d64 / d128, bf16 and fp16, and says
 which instruction each kernel compiled to (wgmma expected on sm90: a 16-row product may compile
-to ``mma.sync``, which row 85 found to sum in another order).
+to ``mma.sync``, which row 85 found to sum in another order), and whether the row sums of the
+softmax numerators (``tl.sum`` of the swapped tile over its keys) keep the prefill layout's
+bits.
 
     python ci/swap_ab_bits.py          # on the GPU; prints one line per case and a verdict
 
@@ -43,6 +45,45 @@ def _product(a, b, acc, out, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
     tl.store(out + o_m[:, None] * N + o_n[None, :], b_acc)
 
 
+@triton.jit
+def _row_sums(q, k, out, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+              SWAPPED: tl.constexpr, TRANSPOSE_FIRST: tl.constexpr):  # fmt: skip
+    """The key loop's row sum of one tile, ``sum_j exp2(s_ij - max_j s_ij)`` for the M query
+    rows of q [M, K] against the N keys of k [N, K], float32 [M]: from ``s = q·kᵀ`` (the
+    prefill's layout, ``tl.sum`` over axis 1), or ``SWAPPED`` from ``sᵀ = k·qᵀ`` (``tl.sum``
+    over axis 0, or ``TRANSPOSE_FIRST`` over axis 1 of its ``tl.trans``)."""
+    o_m, o_n, o_k = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
+    b_q = tl.load(q + o_m[:, None] * K + o_k[None, :])
+    b_k = tl.load(k + o_n[:, None] * K + o_k[None, :])
+    if SWAPPED:
+        b_st = tl.dot(b_k, tl.trans(b_q))  # [N, M]
+        b_pt = tl.exp2(b_st - tl.max(b_st, 0)[None, :])
+        if TRANSPOSE_FIRST:
+            b_l = tl.sum(tl.trans(b_pt), 1)
+        else:
+            b_l = tl.sum(b_pt, 0)
+    else:
+        b_s = tl.dot(b_q, tl.trans(b_k))  # [M, N]
+        b_p = tl.exp2(b_s - tl.max(b_s, 1)[:, None])
+        b_l = tl.sum(b_p, 1)
+    tl.store(out + o_m, b_l)
+
+
+def row_sums(q, k, warps: int) -> dict[str, bool]:
+    """Whether the swapped tile's row sums (both spellings) equal the prefill layout's, for
+    the first 16 rows of q [64, K]."""
+    rows, keys, dim = 16, k.shape[0], k.shape[1]
+    ref = torch.empty(64, dtype=torch.float32, device=q.device)
+    _row_sums[(1,)](q, k, ref, 64, keys, dim, False, False, num_warps=warps)
+    q16 = q[:rows].contiguous()
+    same = {}
+    for name, first in (("axis 0", False), ("trans", True)):
+        got = torch.empty(rows, dtype=torch.float32, device=q.device)
+        _row_sums[(1,)](q16, k, got, rows, keys, dim, True, first, num_warps=warps)
+        same[name] = torch.equal(ref[:rows], got)
+    return same
+
+
 def product(a, b, acc, trans_b: bool, warps: int) -> tuple[torch.Tensor, str]:
     """``acc + a @ bᵀ`` (``trans_b``) or ``acc + a @ b``, and the product instruction used."""
     m, k = a.shape
@@ -73,7 +114,9 @@ def case(rows: int, keys: int, dim: int, dtype: torch.dtype, warps: int, device:
     v_t = v.t().contiguous()  # [dim, keys]
     p16 = p[:rows].contiguous()  # [rows, keys]: Pᵀ as b [N, K] with trans_b
     o_t, ot_kind = product(v_t, p16, acc_o[:rows].t().contiguous(), True, warps)  # [dim, rows]
+    sums = row_sums(q, k, warps)
     return dict(
+        sums=sums,
         scores=torch.equal(s[:rows], s_t.t()),
         output=torch.equal(o[:rows], o_t.t()),
         kinds=f"{s_kind}/{st_kind}, {o_kind}/{ot_kind}",
@@ -95,8 +138,10 @@ def main() -> int:
         print(f"rows {rows} keys {keys:3d} d{dim:3d} {str(dtype)[6:]:8s} warps {warps}: "
               f"scores {'same' if r['scores'] else 'DIFFER'} ({r['scores_max_diff']:.3g}), "
               f"output {'same' if r['output'] else 'DIFFER'} ({r['output_max_diff']:.3g}); "
-              f"{r['kinds']}")  # fmt: skip
-    print("verdict:", "swapped operands keep every bit" if same else "some bits differ")
+              f"row sums {r['sums']}; {r['kinds']}")  # fmt: skip
+    print("verdict:", "swapped products keep every bit" if same else "some products differ",
+          "(the row sums: see each line; where they differ the decode converts P to the "
+          "prefill's layout before summing)")  # fmt: skip
     return 0 if same else 1
 
 
