@@ -1,0 +1,215 @@
+"""A decode with swapped operands, against the shipped one: bits and K/V bandwidth (perf-notes
+row 112; run ``ci/swap_ab_bits.py`` first, it says whether the products can keep the bits).
+
+The shipped sm90 decode computes ``Q·Kᵀ`` and ``P·V`` on 64-row wgmma tiles whose rows are the
+GQA group's query heads (4 of 64 at GQA 32/8). This probe's kernel, one program per (sequence,
+kv head), puts the key tile on the product's M instead: ``Sᵀ = K·Qᵀ`` [BLOCK_N, 16] and ``Oᵀ =
+Vᵀ·Pᵀ + Oᵀ`` [D, 16], the group's heads on N (padded to 16), with the key loop's online softmax
+written out along the other axis (``online_softmax_step``'s expressions: max, then the scale;
+``exp2(s * scale - m)``; ``l * alpha + sum``). Plain decode only: one query row per sequence
+(bottom-right causal: every key visible), packed K/V [total_k, Hkv, D] read through host
+tensor descriptors (TMA), no window, softcap,
+sink or split-P; ``ROW_SUM`` picks how the numerators are summed (over axis 0, or over axis 1
+of their transpose). Not part of the package.
+
+For each workload it prints whether the swapped decode's output (and lse) equals
+``portattn.varlen_attention``'s bitwise, the largest difference, and both decodes' K/V TB/s
+(``do_bench`` medians, L2 flushed, better of two passes in alternating order).
+
+    python ci/swap_decode_probe.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+if not __package__:  # run as `python ci/swap_decode_probe.py`: the checkout's root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import triton
+import triton.language as tl
+
+import portattn
+
+LOG2E = 1.4426950408889634  # as kernels/plan.py's: the scale reaches the kernel as scale * LOG2E
+LN2 = tl.constexpr(0.6931471805599453)  # a global a kernel may read: a constexpr
+
+
+@triton.jit
+def _step(b_q, b_k, b_v, b_acc, b_m, b_l, m_n, scale_log2, MASKED: tl.constexpr,
+          ROW_SUM: tl.constexpr):  # fmt: skip
+    """One key tile, transposed: b_q [GP, D], b_k / b_v [BLOCK_N, D], b_acc [D, GP]."""
+    b_st = tl.dot(b_k, tl.trans(b_q))  # [BLOCK_N, GP]: the scores, keys on M
+    if MASKED:
+        b_st = tl.where(m_n[:, None], b_st, float("-inf"))
+    b_m_new = tl.maximum(b_m, tl.max(b_st, 0) * scale_log2)
+    b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    b_pt = tl.exp2(b_st * scale_log2 - b_m_use[None, :])
+    b_alpha = tl.exp2(b_m - b_m_use)
+    if ROW_SUM == 0:
+        b_l = b_l * b_alpha + tl.sum(b_pt, 0)
+    else:
+        b_l = b_l * b_alpha + tl.sum(tl.trans(b_pt), 1)
+    b_acc = b_acc * b_alpha[None, :]
+    b_acc = tl.dot(tl.trans(b_v), b_pt.to(b_v.dtype), b_acc)  # [D, GP]
+    return b_acc, b_m_new, b_l
+
+
+@triton.jit
+def swap_decode_kernel(
+    q, k_desc, v_desc, o, lse, cu_seqlens_k,
+    stride_qb, stride_qh, stride_ob, stride_oh, n_heads_q, scale_log2,
+    GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+    STAGES: tl.constexpr, ROW_SUM: tl.constexpr,
+):  # fmt: skip
+    """One program per (sequence, kv head). K and V through host descriptors of the packed
+    [total_k, Hkv * D] caches, [BLOCK_N, D] blocks (copied to shared memory by TMA, where
+    wgmma reads its A operand; as pointer loads they stayed in registers and spilled)."""
+    i_b = tl.program_id(0)
+    i_hk = tl.program_id(1)
+    bos = tl.load(cu_seqlens_k + i_b)
+    seqlen = tl.load(cu_seqlens_k + i_b + 1) - bos
+    o_g = tl.arange(0, GP)
+    m_g = o_g < GROUP
+    o_d = tl.arange(0, D)
+    i_h = i_hk * GROUP + o_g
+    p_q = q + i_b.to(tl.int64) * stride_qb + i_h[:, None] * stride_qh + o_d[None, :]
+    b_q = tl.load(p_q, mask=m_g[:, None], other=0.0)  # [GP, D]
+    b_m = tl.full([GP], float("-inf"), tl.float32)
+    b_l = tl.zeros([GP], tl.float32)
+    b_acc = tl.zeros([D, GP], tl.float32)
+    o_n0 = tl.arange(0, BLOCK_N)
+    n_full = (seqlen // BLOCK_N) * BLOCK_N
+    for start in tl.range(0, n_full, BLOCK_N, num_stages=STAGES):  # whole tiles, no mask
+        b_k = k_desc.load([bos + start, i_hk * D])  # [BLOCK_N, D]
+        b_v = v_desc.load([bos + start, i_hk * D])
+        b_acc, b_m, b_l = _step(b_q, b_k, b_v, b_acc, b_m, b_l, o_n0 < BLOCK_N, scale_log2,
+                                False, ROW_SUM)  # fmt: skip
+    if n_full < seqlen:  # the last, partial tile: the next sequence's keys (or TMA's zeros
+        m_n = n_full + o_n0 < seqlen  # past the cache) masked out of the scores
+        b_k = k_desc.load([bos + n_full, i_hk * D])
+        b_v = v_desc.load([bos + n_full, i_hk * D])
+        b_acc, b_m, b_l = _step(b_q, b_k, b_v, b_acc, b_m, b_l, m_n, scale_log2, True, ROW_SUM)
+    m_empty = b_l == 0.0
+    b_out = b_acc / tl.where(m_empty, 1.0, b_l)[None, :]  # [D, GP]
+    b_lse = tl.where(m_empty, float("-inf"), (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * LN2)
+    p_o = o + i_b.to(tl.int64) * stride_ob + i_h[None, :] * stride_oh + o_d[:, None]
+    tl.store(p_o, b_out.to(o.dtype.element_ty), mask=m_g[None, :])
+    tl.store(lse + i_b.to(tl.int64) * n_heads_q + i_h, b_lse, mask=m_g)
+
+
+def swap_decode(q, k, v, cu_seqlens_k, scale, block_n, warps, stages, row_sum):
+    """q [B, Hq, D] (one row per sequence), k/v packed [total_k, Hkv, D] contiguous -> out,
+    lse [B, Hq]."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    batch, n_heads_q, dim = q.shape
+    total, n_heads_k = k.shape[:2]
+    group = n_heads_q // n_heads_k
+    k_desc = TensorDescriptor.from_tensor(k.view(total, n_heads_k * dim), [block_n, dim])
+    v_desc = TensorDescriptor.from_tensor(v.view(total, n_heads_k * dim), [block_n, dim])
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, n_heads_q, dtype=torch.float32, device=q.device)
+    swap_decode_kernel[(batch, n_heads_k)](
+        q, k_desc, v_desc, out, lse, cu_seqlens_k,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), n_heads_q, scale * LOG2E,
+        GROUP=group, GP=max(16, triton.next_power_of_2(group)), D=dim, BLOCK_N=block_n,
+        STAGES=stages, ROW_SUM=row_sum, num_warps=warps,
+    )  # fmt: skip
+    return out, lse
+
+
+def workloads(quick: bool):
+    """(name, lengths, Hq, Hkv, D)."""
+    g = torch.Generator().manual_seed(0)
+
+    def lengths(b):
+        return torch.randint(512, 8193, (b,), generator=g).tolist()
+
+    rows = [("B1 32k gqa32/8 d128", [32768], 32, 8, 128),
+            ("B8 gqa32/8 d128", lengths(8), 32, 8, 128),
+            ("B64 gqa32/8 d128", lengths(64), 32, 8, 128)]  # fmt: skip
+    if not quick:
+        rows += [("B256 gqa32/8 d128", lengths(256), 32, 8, 128),
+                 ("B64 gqa8/1 d128", lengths(64), 8, 1, 128),
+                 ("B64 gqa32/8 d64", lengths(64), 32, 8, 64)]  # fmt: skip
+    return rows
+
+
+def probe(name, lens, hq, hkv, dim, dtype, device, variants, timer) -> None:
+    """One workload: the shipped decode's output and time, then each variant's."""
+    g = torch.Generator().manual_seed(len(lens))
+    total = sum(lens)
+    cu_k = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
+    cu_q = torch.arange(len(lens) + 1, dtype=torch.int32, device=device)
+    q = torch.randn(len(lens), hq, dim, generator=g).to(dtype).to(device)
+    k = torch.randn(total, hkv, dim, generator=g).to(dtype).to(device)
+    v = torch.randn(total, hkv, dim, generator=g).to(dtype).to(device)
+    scale = dim**-0.5
+    block_n = 128 if dim == 128 else 64  # the table's key tile (the prefill's)
+    kv_bytes = 2 * total * hkv * dim * 2
+
+    def shipped():
+        return portattn.varlen_attention(q, k, v, cu_q, cu_k, 1, max(lens), causal=True,
+                                         softmax_scale=scale, return_lse=True)  # fmt: skip
+
+    ref_out, ref_lse = shipped()
+    for var in variants:
+
+        def swapped(var=var):  # fmt: skip
+            return swap_decode(q, k, v, cu_k, scale, block_n, var["warps"], var["stages"],
+                               var["row_sum"])  # fmt: skip
+
+        out, lse = swapped()
+        same_out = torch.equal(out, ref_out)
+        same_lse = torch.equal(lse, ref_lse)
+        diff = (out.float() - ref_out.float()).abs().max().item()
+        tbps = ["—", "—"]
+        if timer is not None:
+            times: list[list[float]] = [[], []]
+            for order in ((0, 1), (1, 0)):
+                for i in order:
+                    times[i].append(timer(shipped if i == 0 else swapped))
+            tbps = [f"{kv_bytes / min(t) / 1e9:.2f}" for t in times]
+        summed = "sum of Pᵀ over keys" if var["row_sum"] == 0 else "sum of trans(Pᵀ)"
+        label = f"{var['warps']} warps {var['stages']} stages, {summed}"
+        print(f"| {name} | {label} | {'same' if same_out else 'DIFFER'} | "
+              f"{'same' if same_lse else 'DIFFER'} | {diff:.3g} | {tbps[0]} | {tbps[1]} |",
+              flush=True)  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="B1 x 32k, B8 and B64 only")
+    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
+                        help="fp16 for a check of the kernel's values under the interpreter, "
+                        "whose bf16 products are wrong")  # fmt: skip
+    args = parser.parse_args()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    gpu = torch.cuda.is_available()
+    timer = None
+    variants = [dict(warps=w, stages=s, row_sum=r)
+                for w, s, r in itertools.product((4, 8), (2, 3), (0, 1))]  # fmt: skip
+    if gpu:
+        import triton.testing
+
+        def timer(fn):
+            return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
+    else:
+        variants = variants[:1]  # the interpreter only checks that it runs
+
+    print("| workload | variant | out bits | lse bits | max diff | shipped TB/s | swapped TB/s |")
+    print("| --- | --- | --- | --- | ---: | ---: | ---: |")
+    for name, lens, hq, hkv, dim in workloads(args.quick or not gpu):
+        if not gpu:
+            lens = [min(n, 300) for n in lens[:2]]  # the interpreter: a small sanity run
+        probe(name, lens, hq, hkv, dim, dtype, "cuda" if gpu else "cpu", variants, timer)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
