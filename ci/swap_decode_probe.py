@@ -8,11 +8,12 @@ Vᵀ·Pᵀ + Oᵀ`` [D, 16], the group's heads on N (padded to 16), with the key
 written out along the other axis (``online_softmax_step``'s expressions: max, then the scale;
 ``exp2(s * scale - m)``; ``l * alpha + sum``). Plain decode only: one query row per sequence
 (bottom-right causal: every key visible), packed K/V [total_k, Hkv, D] read through host
-tensor descriptors (TMA), no window, softcap,
-sink or split-P; ``ROW_SUM`` picks how the numerators are summed (over axis 0, or over axis 1
-of their transpose). Not part of the package.
+tensor descriptors (TMA), no window, softcap or sink; fixed_order's split-P as
+``primitives.mma_rounded`` does it (hi, then lo). ``ROW_SUM`` picks how the numerators are
+summed (over axis 0, or over axis 1 of their transpose). Not part of the package.
 
-For each workload it prints whether the swapped decode's output (and lse) equals
+Both kernels, each at the sm90 table's key tile of its forward (varlen d128: 128 keys; the
+others 64), for each workload: whether the swapped decode's out (and lse) equals
 ``portattn.varlen_attention``'s bitwise, the largest difference, and both decodes' K/V TB/s
 (``do_bench`` medians, L2 flushed, better of two passes in alternating order).
 
@@ -41,8 +42,9 @@ LN2 = tl.constexpr(0.6931471805599453)  # a global a kernel may read: a constexp
 
 @triton.jit
 def _step(b_q, b_k, b_v, b_acc, b_m, b_l, m_n, scale_log2, MASKED: tl.constexpr,
-          ROW_SUM: tl.constexpr):  # fmt: skip
-    """One key tile, transposed: b_q [GP, D], b_k / b_v [BLOCK_N, D], b_acc [D, GP]."""
+          ROW_SUM: tl.constexpr, SPLIT_P: tl.constexpr):  # fmt: skip
+    """One key tile, transposed: b_q [GP, D], b_k / b_v [BLOCK_N, D], b_acc [D, GP]; ``SPLIT_P``
+    (fixed_order): P as hi + lo, both products, hi first (``primitives.mma_rounded``)."""
     b_st = tl.dot(b_k, tl.trans(b_q))  # [BLOCK_N, GP]: the scores, keys on M
     if MASKED:
         b_st = tl.where(m_n[:, None], b_st, float("-inf"))
@@ -55,7 +57,11 @@ def _step(b_q, b_k, b_v, b_acc, b_m, b_l, m_n, scale_log2, MASKED: tl.constexpr,
     else:
         b_l = b_l * b_alpha + tl.sum(tl.trans(b_pt), 1)
     b_acc = b_acc * b_alpha[None, :]
-    b_acc = tl.dot(tl.trans(b_v), b_pt.to(b_v.dtype), b_acc)  # [D, GP]
+    b_hi = b_pt.to(b_v.dtype)
+    b_acc = tl.dot(tl.trans(b_v), b_hi, b_acc)  # [D, GP]
+    if SPLIT_P:
+        b_lo = (b_pt - b_hi.to(tl.float32)).to(b_v.dtype)
+        b_acc = tl.dot(tl.trans(b_v), b_lo, b_acc)
     return b_acc, b_m_new, b_l
 
 
@@ -64,7 +70,7 @@ def swap_decode_kernel(
     q, k_desc, v_desc, o, lse, cu_seqlens_k,
     stride_qb, stride_qh, stride_ob, stride_oh, n_heads_q, scale_log2,
     GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-    STAGES: tl.constexpr, ROW_SUM: tl.constexpr,
+    STAGES: tl.constexpr, ROW_SUM: tl.constexpr, SPLIT_P: tl.constexpr,
 ):  # fmt: skip
     """One program per (sequence, kv head). K and V through host descriptors of the packed
     [total_k, Hkv * D] caches, [BLOCK_N, D] blocks (copied to shared memory by TMA, where
@@ -88,12 +94,13 @@ def swap_decode_kernel(
         b_k = k_desc.load([bos + start, i_hk * D])  # [BLOCK_N, D]
         b_v = v_desc.load([bos + start, i_hk * D])
         b_acc, b_m, b_l = _step(b_q, b_k, b_v, b_acc, b_m, b_l, o_n0 < BLOCK_N, scale_log2,
-                                False, ROW_SUM)  # fmt: skip
+                                False, ROW_SUM, SPLIT_P)  # fmt: skip
     if n_full < seqlen:  # the last, partial tile: the next sequence's keys (or TMA's zeros
         m_n = n_full + o_n0 < seqlen  # past the cache) masked out of the scores
         b_k = k_desc.load([bos + n_full, i_hk * D])
         b_v = v_desc.load([bos + n_full, i_hk * D])
-        b_acc, b_m, b_l = _step(b_q, b_k, b_v, b_acc, b_m, b_l, m_n, scale_log2, True, ROW_SUM)
+        b_acc, b_m, b_l = _step(b_q, b_k, b_v, b_acc, b_m, b_l, m_n, scale_log2, True, ROW_SUM,
+                                SPLIT_P)  # fmt: skip
     m_empty = b_l == 0.0
     b_out = b_acc / tl.where(m_empty, 1.0, b_l)[None, :]  # [D, GP]
     b_lse = tl.where(m_empty, float("-inf"), (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * LN2)
@@ -102,7 +109,7 @@ def swap_decode_kernel(
     tl.store(lse + i_b.to(tl.int64) * n_heads_q + i_h, b_lse, mask=m_g)
 
 
-def swap_decode(q, k, v, cu_seqlens_k, scale, block_n, warps, stages, row_sum):
+def swap_decode(q, k, v, cu_seqlens_k, scale, block_n, warps, stages, row_sum, split_p):
     """q [B, Hq, D] (one row per sequence), k/v packed [total_k, Hkv, D] contiguous -> out,
     lse [B, Hq]."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -118,7 +125,7 @@ def swap_decode(q, k, v, cu_seqlens_k, scale, block_n, warps, stages, row_sum):
         q, k_desc, v_desc, out, lse, cu_seqlens_k,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), n_heads_q, scale * LOG2E,
         GROUP=group, GP=max(16, triton.next_power_of_2(group)), D=dim, BLOCK_N=block_n,
-        STAGES=stages, ROW_SUM=row_sum, num_warps=warps,
+        STAGES=stages, ROW_SUM=row_sum, SPLIT_P=split_p, num_warps=warps,
     )  # fmt: skip
     return out, lse
 
@@ -141,7 +148,8 @@ def workloads(quick: bool):
 
 
 def probe(name, lens, hq, hkv, dim, dtype, device, variants, timer) -> None:
-    """One workload: the shipped decode's output and time, then each variant's."""
+    """One workload: for each kernel the shipped decode's output and time, then each
+    variant's."""
     g = torch.Generator().manual_seed(len(lens))
     total = sum(lens)
     cu_k = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
@@ -150,36 +158,39 @@ def probe(name, lens, hq, hkv, dim, dtype, device, variants, timer) -> None:
     k = torch.randn(total, hkv, dim, generator=g).to(dtype).to(device)
     v = torch.randn(total, hkv, dim, generator=g).to(dtype).to(device)
     scale = dim**-0.5
-    block_n = 128 if dim == 128 else 64  # the table's key tile (the prefill's)
     kv_bytes = 2 * total * hkv * dim * 2
+    for kernel in ("varlen", "fixed_order"):
+        # the sm90 table's key tile for the kernel's forward (the decode's bits are the prefill's)
+        block_n = 128 if (dim, kernel) == (128, "varlen") else 64
 
-    def shipped():
-        return portattn.varlen_attention(q, k, v, cu_q, cu_k, 1, max(lens), causal=True,
-                                         softmax_scale=scale, return_lse=True)  # fmt: skip
+        def shipped(kernel=kernel):
+            return portattn.varlen_attention(q, k, v, cu_q, cu_k, 1, max(lens), causal=True,
+                                             softmax_scale=scale, return_lse=True,
+                                             kernel=kernel)  # fmt: skip
 
-    ref_out, ref_lse = shipped()
-    for var in variants:
+        ref_out, ref_lse = shipped()
+        for var in variants:
 
-        def swapped(var=var):  # fmt: skip
-            return swap_decode(q, k, v, cu_k, scale, block_n, var["warps"], var["stages"],
-                               var["row_sum"])  # fmt: skip
+            def swapped(var=var, block_n=block_n, split_p=kernel == "fixed_order"):  # fmt: skip
+                return swap_decode(q, k, v, cu_k, scale, block_n, var["warps"], var["stages"],
+                                   var["row_sum"], split_p)  # fmt: skip
 
-        out, lse = swapped()
-        same_out = torch.equal(out, ref_out)
-        same_lse = torch.equal(lse, ref_lse)
-        diff = (out.float() - ref_out.float()).abs().max().item()
-        tbps = ["—", "—"]
-        if timer is not None:
-            times: list[list[float]] = [[], []]
-            for order in ((0, 1), (1, 0)):
-                for i in order:
-                    times[i].append(timer(shipped if i == 0 else swapped))
-            tbps = [f"{kv_bytes / min(t) / 1e9:.2f}" for t in times]
-        summed = "sum of Pᵀ over keys" if var["row_sum"] == 0 else "sum of trans(Pᵀ)"
-        label = f"{var['warps']} warps {var['stages']} stages, {summed}"
-        print(f"| {name} | {label} | {'same' if same_out else 'DIFFER'} | "
-              f"{'same' if same_lse else 'DIFFER'} | {diff:.3g} | {tbps[0]} | {tbps[1]} |",
-              flush=True)  # fmt: skip
+            out, lse = swapped()
+            same_out = torch.equal(out, ref_out)
+            same_lse = torch.equal(lse, ref_lse)
+            diff = (out.float() - ref_out.float()).abs().max().item()
+            tbps = ["—", "—"]
+            if timer is not None:
+                times: list[list[float]] = [[], []]
+                for order in ((0, 1), (1, 0)):
+                    for i in order:
+                        times[i].append(timer(shipped if i == 0 else swapped))
+                tbps = [f"{kv_bytes / min(t) / 1e9:.2f}" for t in times]
+            summed = "sum of Pᵀ over keys" if var["row_sum"] == 0 else "sum of trans(Pᵀ)"
+            label = f"{kernel}, {var['warps']} warps {var['stages']} stages, {summed}"
+            print(f"| {name} | {label} | {'same' if same_out else 'DIFFER'} | "
+                  f"{'same' if same_lse else 'DIFFER'} | {diff:.3g} | {tbps[0]} | {tbps[1]} |",
+                  flush=True)  # fmt: skip
 
 
 def main() -> int:
