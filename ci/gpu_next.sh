@@ -14,7 +14,7 @@
 # benchmarks/transformers_llama.py`. With it (~20 s): `python3 ci/swap_ab_bits.py`
 # (perf-notes row 112: do products with swapped operands keep every float32 bit on sm90? If
 # so, a decode with keys on wgmma's M and the GQA group's rows on N is worth building; if not,
-# drop the idea), then `python3 ci/swap_decode_probe.py` (~2 min: such a decode, plain cases,
+# drop the idea), then `python3 ci/swap_decode_probe.py` (~3-4 min: such a decode, plain cases,
 # K/V through host descriptors, against varlen_attention's decode, both kernels: bits and TB/s
 # at B1 x 32k, B8, B64, B256, GQA 8/1, d64; CPU-compiled for sm90: 48-77 registers, no spill,
 # wgmma, TMA). Session 42 ran (H100, after one refused request): the full benchmark and
