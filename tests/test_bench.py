@@ -348,7 +348,7 @@ def test_timer_failure_is_recorded():
         raise torch.cuda.OutOfMemoryError("out of memory")
 
     impls = {VARLEN: Impl(lambda q, k, v: q * k * v, lambda x: x)}
-    rows, _ = bench.run_workload(w, impls, (q, k, v, None), timer, log=lambda s: None)
+    rows, _ = bench.run_workload(w, impls, (q, k, v, None), timer, log=lambda s: None, heat_s=0.0)
     assert len(rows) == 4 and all(r["ms"] is None for r in rows)
     assert all("OutOfMemoryError: out of memory" in r["error"] for r in rows)
     assert sorted(r["pass"] for r in rows) == [0, 0, 1, 1]
