@@ -17,7 +17,7 @@
 # drop the idea), then `python3 ci/swap_decode_probe.py` (~3-4 min: such a decode, plain cases,
 # K/V through host descriptors, against varlen_attention's decode, both kernels: bits and TB/s
 # at B1 x 32k, B8, B64, B256, GQA 8/1, d64; CPU-compiled for sm90: 48-77 registers, no spill,
-# wgmma, TMA). Session 42 ran (H100, after one refused request): the full benchmark and
+# wgmma, TMA; `--compile` prints that on any CPU). Session 42 ran (H100, after one refused request): the full benchmark and
 # transformers_llama (docs/bench-h100.*, row 111), the GPU suite in two halves (674 + 857 passed, none failed), golden verify 30/30, the decode benchmark
 # (docs/bench-decode-h100.*: `python3 benchmarks/bench.py --decode`, not bench_decode.py).
 # The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;

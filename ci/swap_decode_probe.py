@@ -18,6 +18,7 @@ others 64), for each workload: whether the swapped decode's out (and lse) equals
 (``do_bench`` medians, L2 flushed, better of two passes in alternating order).
 
     python ci/swap_decode_probe.py [--quick]
+    python ci/swap_decode_probe.py --compile    # on a CPU: the sm90 compile's resources
 """
 
 from __future__ import annotations
@@ -193,13 +194,60 @@ def probe(name, lens, hq, hkv, dim, dtype, device, variants, timer) -> None:
                   flush=True)  # fmt: skip
 
 
+def compile_sm90() -> None:
+    """Compile the kernel for sm90 on this machine (no GPU: Triton's compiler with a
+    ``GPUTarget``, portattn's pinned knobs) at each variant, and print what ptxas reports and
+    which instructions the PTX holds: registers, spill stores, shared memory, wgmma, TMA."""
+    import contextlib
+    import io
+    import re
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from portattn.tools.compilecheck import pinned_knobs
+
+    target = GPUTarget("cuda", 90, 32)
+    scalars = ("stride_qb", "stride_qh", "stride_ob", "stride_oh", "n_heads_q")
+    for dim, block_n, split_p in ((128, 128, 0), (128, 64, 1), (64, 64, 1)):
+        desc = f"tensordesc<bf16[{block_n}, {dim}]>"
+        signature = dict(q="*bf16", k_desc=desc, v_desc=desc, o="*bf16", lse="*fp32",
+                         cu_seqlens_k="*i32", **dict.fromkeys(scalars, "i32"),
+                         scale_log2="fp32")  # fmt: skip
+        for warps, stages in itertools.product((4, 8), (2, 3)):
+            constants = dict(GROUP=4, GP=16, D=dim, BLOCK_N=block_n, STAGES=stages, ROW_SUM=0,
+                             SPLIT_P=split_p)  # fmt: skip
+            signature.update(dict.fromkeys(constants, "constexpr"))
+            src = ASTSource(fn=swap_decode_kernel, signature=signature, constexprs=constants)
+            log = io.StringIO()
+            with (tempfile.TemporaryDirectory() as cache, pinned_knobs(cache),
+                  contextlib.redirect_stdout(log)):  # fmt: skip
+                kernel = triton.compile(src, target=target, options=dict(num_warps=warps))
+            report, ptx = log.getvalue(), kernel.asm["ptx"]
+            regs = re.search(r"Used (\d+) registers", report)
+            spills = re.search(r"(\d+) bytes spill stores", report)
+            print(f"d{dim} {block_n} keys split-P {split_p}, {warps} warps {stages} stages: "
+                  f"registers {regs and regs.group(1)}, "
+                  f"spill stores {spills and spills.group(1)} B, "
+                  f"shared {kernel.metadata.shared} B, wgmma {ptx.count('wgmma.mma_async')}, "
+                  f"mma.sync {ptx.count('mma.sync')}, "
+                  f"TMA {ptx.count('cp.async.bulk.tensor')}", flush=True)  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="B1 x 32k, B8 and B64 only")
+    parser.add_argument(
+        "--compile", action="store_true", help="compile for sm90 here (CPU): its resources"
+    )
     parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
                         help="fp16 for a check of the kernel's values under the interpreter, "
                         "whose bf16 products are wrong")  # fmt: skip
     args = parser.parse_args()
+    if args.compile:
+        compile_sm90()
+        return 0
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     gpu = torch.cuda.is_available()
     timer = None
