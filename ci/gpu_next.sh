@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
 # Session 43, first (carry .fa4; ~8-9 min alone, limit 595 s; an H200 if one comes: -h200):
-#   source .fa4/install.sh; python3 benchmarks/bench.py --passes 4 --json $OUT/bench-h100.json \
-#     --markdown $OUT/bench-h100.md --png $OUT/bench-h100.png > $OUT/bench.log 2>&1; \
-#   tail -n 40 $OUT/bench.log; python3 ci/pass_positions.py $OUT/bench-h100.json | grep -E "varlen |FA4 det"
+#   source .fa4/install.sh; python3 benchmarks/bench.py --passes 4 \
+#     --json $OUT/bench-h100.json --markdown $OUT/bench-h100.md --png $OUT/bench-h100.png \
+#     > $OUT/bench.log 2>&1; tail -n 40 $OUT/bench.log; \
+#   python3 ci/pass_positions.py $OUT/bench-h100.json | grep -E "varlen |FA4 det"
 # (perf-notes row 111: with two passes and no heat, varlen, always first, timed its forwards
 # 2-4% faster than in its second pass, and FA4 det, third after fixed_order, 2-4% slower than
 # in its second; the benchmark now heats every implementation for 1 s per workload and mode
 # and, with --passes 4, times each one early and late. Does the spread of issue 36 (<= 5%)
 # go, and do the ratios to FA4 det move? Cut off by the limit, the JSON keeps the workloads
-# done: `python3 benchmarks/bench.py plot --json F --markdown M` renders them.) Second (~5 min): `python3 ci/tune_sm90.py --round
-# d64-forward-host` (prepared in session 38, never run: the d64 Triton forward's tiles and
-# stages with the host descriptors; 64-key tiles keep the bits) and `python3
-# benchmarks/transformers_llama.py`. With it (~20 s): `python3 ci/swap_ab_bits.py`
-# (perf-notes row 112: do products with swapped operands keep every float32 bit on sm90? If
-# so, a decode with keys on wgmma's M and the GQA group's rows on N is worth building; if not,
-# drop the idea), then `python3 ci/swap_decode_probe.py` (~3-4 min: such a decode, plain cases,
-# K/V through host descriptors, against varlen_attention's decode, both kernels: bits and TB/s
-# at B1 x 32k, B8, B64, B256, GQA 8/1, d64; CPU-compiled for sm90: 48-77 registers, no spill,
-# wgmma, TMA; `--compile` prints that on any CPU). Session 42 ran (H100, after one refused request): the full benchmark and
-# transformers_llama (docs/bench-h100.*, row 111), the GPU suite in two halves (674 + 857 passed, none failed), golden verify 30/30, the decode benchmark
-# (docs/bench-decode-h100.*: `python3 benchmarks/bench.py --decode`, not bench_decode.py).
+# done: `python3 benchmarks/bench.py plot --json F --markdown M` renders them.)
+# Second (~5 min): `python3 ci/swap_ab_bits.py` (~20 s; perf-notes row 112: do products with
+# swapped operands keep every float32 bit on sm90? And the row sums?), then `python3
+# ci/swap_decode_probe.py` (~3-4 min: a plain-case decode with keys on wgmma's M and the GQA
+# group's rows on N, K/V through host descriptors, both kernels, against varlen_attention's
+# decode: bits and TB/s at B1 x 32k, B8, B64, B256, GQA 8/1, d64; CPU-compiled for sm90: 48-77
+# registers, no spill, wgmma, TMA; `--compile` prints that on any CPU). Same bits and faster:
+# build it into the decode (the row sums in the prefill's layout if they differ); else drop it.
+# Third (~5 min): `python3 ci/tune_sm90.py --round d64-forward-host` (prepared in session 38,
+# never run: the d64 Triton forward's tiles and stages with the host descriptors; 64-key tiles
+# keep the bits) and `python3 benchmarks/transformers_llama.py`.
+# Session 42 ran (H100, after one refused request): the full benchmark and transformers_llama
+# (docs/bench-h100.*, row 111), the GPU suite in two halves (674 + 857 passed, none failed),
+# golden verify 30/30, the decode benchmark (docs/bench-decode-h100.*: `python3
+# benchmarks/bench.py --decode`).
 # The next session's GPU calls (30 device-minutes a session; a cold start costs 1.5-3 of them;
 # a refused start costs 15 s or more: check `status` first).
 # Session 42, first (carry .fa4, ~6 min): the full benchmark as in session 41's third call
