@@ -146,12 +146,6 @@ def pass_spread(rows: list[Row], key: Key, impl: str = VARLEN) -> float | None:
     return max(times) / min(times) - 1 if len(times) > 1 and min(times) > 0 else None
 
 
-def _passes_text(data: dict[str, Any]) -> str:
-    """How many timed passes a run had, in words (runs before ``passes`` was recorded: two)."""
-    passes = data.get("passes", 2)
-    return {1: "one", 2: "two", 3: "three", 4: "four"}.get(passes, str(passes))
-
-
 def _heat_text(data: dict[str, Any]) -> str:
     heat_s = data.get("heat_s")
     return f", after {heat_s:g} s of untimed calls of all of them" if heat_s else ""
@@ -200,7 +194,7 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "TFLOP/s of useful FLOPs (forward `4·Sq·Sk·D` per query head and sequence, halved for "
         "causal; forward+backward 3.5× forward); each figure is the best of "
-        f"{_passes_text(data)} medians of `triton.testing.do_bench` (implementations timed in "
+        f"{data.get('passes', 2)} medians of `triton.testing.do_bench` (implementations timed in "
         f"alternating order{_heat_text(data)}). Ratios are of "
         "times: peer time / varlen time (> 1: portattn varlen is faster), and fixed_order time "
         f"/ varlen time; the spread is varlen's slowest median over its fastest, minus 1. "

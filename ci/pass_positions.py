@@ -8,11 +8,15 @@ Usage: python ci/pass_positions.py docs/bench-h100.json [more.json ...]
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+if not __package__:  # run as `python ci/pass_positions.py`: the checkout's root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_report import load_json, summarize
 
 
 def _positions(rows: list[dict]) -> list[dict]:
@@ -33,15 +37,11 @@ def _positions(rows: list[dict]) -> list[dict]:
 def table(rows: list[dict], by: str) -> list[str]:
     """Lines ``impl mode by=value: mean (max) of median / best`` for ``by`` "pass" or
     "position"."""
-    timed = _positions(rows)
-    best: dict[tuple, float] = {}
-    for r in timed:
-        key = (r["workload"], r["mode"], r["impl"])
-        best[key] = min(best.get(key, r["ms"]), r["ms"])
+    best = summarize(rows)  # (workload, mode) -> impl -> its best row, as the reports take it
     ratios: dict[tuple, list[float]] = defaultdict(list)
-    for r in timed:
+    for r in _positions(rows):
         ratios[(r["impl"], r["mode"], r[by])].append(
-            r["ms"] / best[(r["workload"], r["mode"], r["impl"])]
+            r["ms"] / best[(r["workload"], r["mode"])][r["impl"]]["ms"]
         )
     return [
         f"{impl:22s} {mode:8s} {by} {value}: {statistics.mean(v):.3f} (max {max(v):.3f}, "
@@ -55,7 +55,7 @@ def main(paths: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     for path in paths:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = load_json(path)  # rows of older runs read as well
         rows = data.get("rows", [])
         print(f"# {path}: {data.get('device')}, commit {str(data.get('git_commit'))[:7]}, "
               f"{data.get('passes', 2)} passes, heat {data.get('heat_s', 0)} s")  # fmt: skip

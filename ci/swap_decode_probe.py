@@ -4,13 +4,13 @@ row 112; run ``ci/swap_ab_bits.py`` first, it says whether the products can keep
 The shipped sm90 decode computes ``Q·Kᵀ`` and ``P·V`` on 64-row wgmma tiles whose rows are the
 GQA group's query heads (4 of 64 at GQA 32/8). This probe's kernel, one program per (sequence,
 kv head), puts the key tile on the product's M instead: ``Sᵀ = K·Qᵀ`` [BLOCK_N, 16] and ``Oᵀ =
-Vᵀ·Pᵀ + Oᵀ`` [D, 16], the group's heads on N (padded to 16), with the key loop's online softmax
-written out along the other axis (``online_softmax_step``'s expressions: max, then the scale;
-``exp2(s * scale - m)``; ``l * alpha + sum``). Plain decode only: one query row per sequence
-(bottom-right causal: every key visible), packed K/V [total_k, Hkv, D] read through host
-tensor descriptors (TMA), no window, softcap or sink; fixed_order's split-P as
-``primitives.mma_rounded`` does it (hi, then lo). ``ROW_SUM`` picks how the numerators are
-summed (over axis 0, or over axis 1 of their transpose). Not part of the package.
+Vᵀ·Pᵀ + Oᵀ`` [D, 16], the group's heads on N (padded to 16), through the key loop's own steps
+(``primitives.mask_scores``, ``online_softmax_step`` on the transposed scores, ``split_p_lo``,
+``row_state.normalize_rows``; ``ROW_SUM`` 0: the softmax's reductions over the keys' axis
+instead, no transpose). Plain decode only: one query row per sequence (bottom-right causal:
+every key visible), packed K/V [total_k, Hkv, D] read through host tensor descriptors (TMA),
+no window, softcap or sink; fixed_order's split-P in ``primitives.mma_rounded``'s order (hi,
+then lo). Not part of the package.
 
 Both kernels, each at the sm90 table's key tile of its forward (varlen d128: 128 keys; the
 others 64), for each workload: whether the swapped decode's out (and lse) equals
@@ -36,34 +36,37 @@ import triton
 import triton.language as tl
 
 import portattn
-
-LOG2E = 1.4426950408889634  # as kernels/plan.py's: the scale reaches the kernel as scale * LOG2E
-LN2 = tl.constexpr(0.6931471805599453)  # a global a kernel may read: a constexpr
+from portattn.kernels.plan import LOG2E
+from portattn.kernels.primitives import mask_scores, online_softmax_step, split_p_lo
+from portattn.kernels.row_state import normalize_rows
 
 
 @triton.jit
 def _step(b_q, b_k, b_v, b_acc, b_m, b_l, m_n, scale_log2, MASKED: tl.constexpr,
           ROW_SUM: tl.constexpr, SPLIT_P: tl.constexpr):  # fmt: skip
     """One key tile, transposed: b_q [GP, D], b_k / b_v [BLOCK_N, D], b_acc [D, GP]; ``SPLIT_P``
-    (fixed_order): P as hi + lo, both products, hi first (``primitives.mma_rounded``)."""
+    (fixed_order): P as hi + lo, both products, hi first (``primitives.mma_rounded``'s order).
+    ``ROW_SUM`` 1: the key loop's own ``online_softmax_step`` on the transposed scores; 0: the
+    same expressions with every reduction over the keys' axis 0 (no transpose)."""
     b_st = tl.dot(b_k, tl.trans(b_q))  # [BLOCK_N, GP]: the scores, keys on M
     if MASKED:
-        b_st = tl.where(m_n[:, None], b_st, float("-inf"))
-    b_m_new = tl.maximum(b_m, tl.max(b_st, 0) * scale_log2)
-    b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-    b_pt = tl.exp2(b_st * scale_log2 - b_m_use[None, :])
-    b_alpha = tl.exp2(b_m - b_m_use)
-    if ROW_SUM == 0:
-        b_l = b_l * b_alpha + tl.sum(b_pt, 0)
+        b_st = mask_scores(b_st, m_n[:, None])
+    if ROW_SUM == 1:
+        b_p, b_alpha, b_m, b_l = online_softmax_step(tl.trans(b_st), b_m, b_l, scale_log2)
+        b_pt = tl.trans(b_p)
     else:
-        b_l = b_l * b_alpha + tl.sum(tl.trans(b_pt), 1)
+        b_m_new = tl.maximum(b_m, tl.max(b_st, 0) * scale_log2)
+        b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        b_pt = tl.exp2(b_st * scale_log2 - b_m_use[None, :])
+        b_alpha = tl.exp2(b_m - b_m_use)
+        b_l = b_l * b_alpha + tl.sum(b_pt, 0)
+        b_m = b_m_new
     b_acc = b_acc * b_alpha[None, :]
     b_hi = b_pt.to(b_v.dtype)
     b_acc = tl.dot(tl.trans(b_v), b_hi, b_acc)  # [D, GP]
     if SPLIT_P:
-        b_lo = (b_pt - b_hi.to(tl.float32)).to(b_v.dtype)
-        b_acc = tl.dot(tl.trans(b_v), b_lo, b_acc)
-    return b_acc, b_m_new, b_l
+        b_acc = tl.dot(tl.trans(b_v), split_p_lo(b_pt, b_hi), b_acc)
+    return b_acc, b_m, b_l
 
 
 @triton.jit
@@ -102,11 +105,9 @@ def swap_decode_kernel(
         b_v = v_desc.load([bos + n_full, i_hk * D])
         b_acc, b_m, b_l = _step(b_q, b_k, b_v, b_acc, b_m, b_l, m_n, scale_log2, True, ROW_SUM,
                                 SPLIT_P)  # fmt: skip
-    m_empty = b_l == 0.0
-    b_out = b_acc / tl.where(m_empty, 1.0, b_l)[None, :]  # [D, GP]
-    b_lse = tl.where(m_empty, float("-inf"), (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * LN2)
-    p_o = o + i_b.to(tl.int64) * stride_ob + i_h[None, :] * stride_oh + o_d[:, None]
-    tl.store(p_o, b_out.to(o.dtype.element_ty), mask=m_g[None, :])
+    b_out, b_lse = normalize_rows(tl.trans(b_acc), b_m, b_l)  # [GP, D], [GP]: the key loop's
+    p_o = o + i_b.to(tl.int64) * stride_ob + i_h[:, None] * stride_oh + o_d[None, :]
+    tl.store(p_o, b_out.to(o.dtype.element_ty), mask=m_g[:, None])
     tl.store(lse + i_b.to(tl.int64) * n_heads_q + i_h, b_lse, mask=m_g)
 
 
