@@ -19,6 +19,10 @@ others 64), for each workload: whether the swapped decode's out (and lse) equals
 
     python ci/swap_decode_probe.py [--quick]
     python ci/swap_decode_probe.py --compile    # on a CPU: the sm90 compile's resources
+
+Run on an H100 in session 43 (perf-notes row 114): the row sums differ (lse on every row), the
+partial-tile step is wrong at 4 warps and with split-P, and the d64 workload stopped on an
+illegal address; the swap was dropped as a product path. Kept as the record of that run.
 """
 
 from __future__ import annotations

@@ -1,0 +1,134 @@
+"""Which key chunk ``C`` could an sm90 entry ship (design §3.1, issue 37 item 1)? Its cost to the
+training forward as it would run (the shipped Gluon forward, its running accumulator parked
+between merges: ``forward_ws._chunked_keys``; d64 the Triton forward, chunks in registers)
+against what it buys the decode (the split decode, ``decode.split_slots``' own rule).
+
+Session 33 measured C 1024..4096 on 4 x 4096 and 1 x 16384 only (perf-notes row 96: C 4096
+costs one 16k-key sequence +7%, a pack of sequences no longer than C nothing: it runs the
+unchunked code). Here larger C too, on longer sequences, with the decode it gives:
+
+1. Bits: one 32k-key sequence's last prefill row (the Gluon forward with C) against its paged
+   decode row (the split), both kernels, for each C.
+2. Training forward (causal, bf16, h16, forward only, ms; two alternating passes, the better
+   kept): no C against each C, packs 4 x 4096, 2 x 8192, 1 x 16384, 1 x 32768 at d128 (varlen,
+   fixed_order) and 1 x 16384 at d64 (varlen).
+3. Decode (``flash_attn_with_kvcache``, paged 64, bf16 GQA 32/8 d128, K/V TB/s of the CUDA-graph
+   replay and of the eager call): shipped against each C at B1 x 32k, B8 x 32k, B1, B8, B64.
+
+Usage (GPU): python ci/chunk_size_ab.py [--chunks 4096,8192,16384] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if not __package__:  # run as `python ci/chunk_size_ab.py`: the checkout's root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+import portattn
+from benchmarks import bench
+from benchmarks import bench_decode as bd
+from ci.split_decode_ab import WORKLOADS, decode_call, patch_entries, tbps
+
+PACKS_D128 = (("4x4096", [4096] * 4), ("2x8192", [8192] * 2), ("1x16384", [16384]),
+              ("1x32768", [32768]))  # fmt: skip
+PACKS_D64 = (("1x16384", [16384]),)
+
+
+def with_chunk(chunk: int | None) -> None:
+    """The device's entries as they ship (``chunk`` None) or with key chunk ``chunk`` and the
+    forward each entry ships (``fwd_ws`` kept: the Gluon forward parks its accumulator)."""
+    patch_entries(chunk, ws=True)
+
+
+def prefill_equals_decode(chunk: int, kernel: str) -> str:
+    """One 32k-key sequence, GQA 32/8 d128: its last prefill row against its paged decode row."""
+    with_chunk(chunk)
+    n, gen = 32768, torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(n, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        full, lse = portattn.varlen_attention(q, k, v, cu, cu, n, n, causal=True, kernel=kernel,
+                                              return_lse=True)  # fmt: skip
+        table = torch.arange(n // 64, dtype=torch.int32, device="cuda")[None]
+        out, lse_d = portattn.flash_attn_with_kvcache(
+            q[-1:][None], k.view(-1, 64, 8, 128), v.view(-1, 64, 8, 128),
+            cache_seqlens=torch.tensor([n], dtype=torch.int32, device="cuda"),
+            block_table=table, causal=True, return_softmax_lse=True, kernel=kernel,
+        )  # fmt: skip
+    same = torch.equal(out[0, 0], full[-1]) and torch.equal(lse_d[0, :, 0], lse[-1])
+    bits = "equal" if same else "DIFFER"
+    return f"| 32k prefill row == decode row | C{chunk} {kernel} | {bits} |"
+
+
+def forward_rows(chunks: list[int], quick: bool) -> list[str]:
+    lines = ["| training forward (causal, bf16 h16) | C | ms | vs no C |",
+             "| --- | --- | ---: | ---: |"]  # fmt: skip
+    runs = [(128, name, lens, kernel) for name, lens in PACKS_D128
+            for kernel in ("varlen", "fixed_order")]  # fmt: skip
+    runs += [(64, name, lens, "varlen") for name, lens in PACKS_D64]
+    if quick:
+        runs = [r for r in runs if r[1] == "1x16384"]
+    for dim, name, lens, kernel in runs:
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        q, k, v = (torch.randn(sum(lens), 16, dim, device="cuda", dtype=torch.bfloat16,
+                               generator=gen).requires_grad_() for _ in range(3))  # fmt: skip
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
+                          device="cuda")  # fmt: skip
+        best: dict[int, float] = {}
+        for chunk in ([0, *chunks]) * 2:  # alternating passes, the better kept
+            with_chunk(chunk or None)
+
+            def step(q=q, k=k, v=v, cu=cu, n=max(lens), kernel=kernel):
+                return portattn.varlen_attention(q, k, v, cu, cu, n, n, causal=True,
+                                                 kernel=kernel)  # fmt: skip
+
+            ms = bench.gpu_timer(step)[0]
+            best[chunk] = min(best.get(chunk, ms), ms)
+        for chunk in [0, *chunks]:
+            lines.append(f"| {name} d{dim} {kernel} | {chunk or 'none'} | {best[chunk]:.3f} | "
+                         f"{best[chunk] / best[0]:.3f} |")  # fmt: skip
+        print("\n".join(lines[-len(chunks) - 1 :]), flush=True)
+    return lines
+
+
+def decode_rows(chunks: list[int], names: list[str]) -> list[str]:
+    lines = ["| decode (paged 64, bf16 gqa32/8 d128) | C | graph TB/s | eager TB/s |",
+             "| --- | --- | ---: | ---: |"]  # fmt: skip
+    for name in names:
+        w = bd.DecodeWorkload(name, WORKLOADS[name], 1, 32, 8, 128)
+        inp = bd.make_inputs(w)
+        for chunk in [0, *chunks]:
+            with_chunk(chunk or None)
+            graph, eager = tbps(w, decode_call(inp, "varlen"))
+            lines.append(f"| {name} | {chunk or 'none'} | {graph:.2f} | {eager:.2f} |")
+        print("\n".join(lines[-len(chunks) - 1 :]), flush=True)
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", default="4096,8192,16384", help="comma-separated sizes")
+    parser.add_argument("--quick", action="store_true", help="1 x 16384 and B1 x 32k, B8 only")
+    args = parser.parse_args()
+    chunks = [int(c) for c in args.chunks.split(",")]
+    lines = [
+        prefill_equals_decode(c, kernel) for c in chunks for kernel in ("varlen", "fixed_order")
+    ]
+    print("\n".join(lines), flush=True)
+    names = ["B1 32k", "B8"] if args.quick else list(WORKLOADS)
+    lines += decode_rows(chunks, names)
+    lines += forward_rows(chunks, args.quick)
+    with_chunk(None)
+    print("\n## summary\n" + "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
