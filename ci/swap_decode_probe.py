@@ -22,7 +22,8 @@ others 64), for each workload: whether the swapped decode's out (and lse) equals
 
 Run on an H100 in session 43 (perf-notes row 114): the row sums differ (lse on every row), the
 partial-tile step is wrong at 4 warps and with split-P, and the d64 workload stopped on an
-illegal address; the swap was dropped as a product path. Kept as the record of that run.
+illegal address. Not a product path in Triton (row 114 says what a Gluon decode would need);
+kept as the record of that run.
 """
 
 from __future__ import annotations
