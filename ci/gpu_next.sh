@@ -1,25 +1,24 @@
 #!/usr/bin/env bash
-# Session 43, first (carry .fa4; ~8-9 min alone, limit 595 s; an H200 if one comes: -h200):
-#   source .fa4/install.sh; python3 benchmarks/bench.py --passes 4 \
-#     --json $OUT/bench-h100.json --markdown $OUT/bench-h100.md --png $OUT/bench-h100.png \
-#     > $OUT/bench.log 2>&1; tail -n 40 $OUT/bench.log; \
-#   python3 ci/pass_positions.py $OUT/bench-h100.json | grep -E "varlen |FA4 det"
-# (perf-notes row 111: with two passes and no heat, varlen, always first, timed its forwards
-# 2-4% faster than in its second pass, and FA4 det, third after fixed_order, 2-4% slower than
-# in its second; the benchmark now heats every implementation for 1 s per workload and mode
-# and, with --passes 4, times each one early and late. Does the spread of issue 36 (<= 5%)
-# go, and do the ratios to FA4 det move? Cut off by the limit, the JSON keeps the workloads
-# done: `python3 benchmarks/bench.py plot --json F --markdown M` renders them.)
-# Second (~5 min): `python3 ci/swap_ab_bits.py` (~20 s; perf-notes row 112: do products with
-# swapped operands keep every float32 bit on sm90? And the row sums?), then `python3
-# ci/swap_decode_probe.py` (~3-4 min: a plain-case decode with keys on wgmma's M and the GQA
-# group's rows on N, K/V through host descriptors, both kernels, against varlen_attention's
-# decode: bits and TB/s at B1 x 32k, B8, B64, B256, GQA 8/1, d64; CPU-compiled for sm90: 48-77
-# registers, no spill, wgmma, TMA; `--compile` prints that on any CPU). Same bits and faster:
-# build it into the decode (the row sums in the prefill's layout if they differ); else drop it.
-# Third (~5 min): `python3 ci/tune_sm90.py --round d64-forward-host` (prepared in session 38,
-# never run: the d64 Triton forward's tiles and stages with the host descriptors; 64-key tiles
-# keep the bits) and `python3 benchmarks/transformers_llama.py`.
+# Session 44, first (~6-8 min, carry nothing; session 43's device time went on refused starts
+# before it could run): `python3 ci/chunk_size_ab.py > $OUT/chunk.log 2>&1; grep -E "^\|"
+# $OUT/chunk.log` (limit 560 s; it prints the decode rows, then the forward's, then the bits,
+# so a cut run keeps the first; `--quick` is varlen on 1x16384 / 1x32768 and B1 / B8 x 32k).
+# Issue 37's key split is built (design §3.1) but off in every entry: C 2048 / 4096 cost the
+# training forward +9.5% / +7.2% on one 16k-key sequence (perf-notes row 96) and nothing on
+# packs whose sequences are no longer than C (they run the unchunked code). This measures C
+# 4096 / 8192 / 16384 on the forward as it would ship (the Gluon forward parking its
+# accumulator; d64 Triton) on 4x4096, 2x8192, 1x16384, 1x32768, against the split decode they
+# give at B1 x 32k, B8 x 32k, B1, B8, B64, and checks a 32k prefill row == its decode row at
+# each C, both kernels. It decides whether an entry can ship a C (the forward's cost on long
+# sequences against issue 37's 2%), and which.
+# Second, on an H200 if one comes (carry .fa4, ~10 min alone, limit 595): the full benchmark
+# with the heat and four passes (docs/bench-h200.* is still the two-pass run of 30c2186):
+#   source .fa4/install.sh; python3 benchmarks/bench.py --passes 4 --json $OUT/bench-h200.json \
+#     --markdown $OUT/bench-h200.md --png $OUT/bench-h200.png > $OUT/bench.log 2>&1
+# Session 43 ran (H100; then refused starts cost 645 of its device-s): the full benchmark
+# with --passes 4 (docs/bench-h100.*, perf-notes row 113: every varlen row's spread <= 3.6%, no
+# pass favoured), the swap probes (row 114: products keep bits, row sums do not), `tune_sm90.py
+# --round d64-forward-host` (no tile beats the table) and transformers_llama.
 # Session 42 ran (H100, after one refused request): the full benchmark and transformers_llama
 # (docs/bench-h100.*, row 111), the GPU suite in two halves (674 + 857 passed, none failed),
 # golden verify 30/30, the decode benchmark (docs/bench-decode-h100.*: `python3
