@@ -7,8 +7,8 @@ Session 33 measured C 1024..4096 on 4 x 4096 and 1 x 16384 only (perf-notes row 
 costs one 16k-key sequence +7%, a pack of sequences no longer than C nothing: it runs the
 unchunked code). Here larger C too, on longer sequences, with the decode it gives:
 
-1. Bits: one 32k-key sequence's last prefill row (the Gluon forward with C) against its paged
-   decode row (the split), both kernels, for each C.
+1. Bits (``split_decode_ab.prefill_equals_decode``): one 32k-key sequence's last prefill row
+   (the Gluon forward with C) against its paged decode row (the split), both kernels, each C.
 2. Training forward (causal, bf16, h16, forward only, ms; two alternating passes, the better
    kept): no C against each C, packs 4 x 4096, 2 x 8192, 1 x 16384, 1 x 32768 at d128 (varlen,
    fixed_order) and 1 x 16384 at d64 (varlen).
@@ -33,7 +33,7 @@ import torch
 import portattn
 from benchmarks import bench
 from benchmarks import bench_decode as bd
-from ci.split_decode_ab import WORKLOADS, decode_call, patch_entries, tbps
+from ci.split_decode_ab import WORKLOADS, decode_call, patch_entries, prefill_equals_decode, tbps
 
 PACKS_D128 = (("4x4096", [4096] * 4), ("2x8192", [8192] * 2), ("1x16384", [16384]),
               ("1x32768", [32768]))  # fmt: skip
@@ -44,28 +44,6 @@ def with_chunk(chunk: int | None) -> None:
     """The device's entries as they ship (``chunk`` None) or with key chunk ``chunk`` and the
     forward each entry ships (``fwd_ws`` kept: the Gluon forward parks its accumulator)."""
     patch_entries(chunk, ws=True)
-
-
-def prefill_equals_decode(chunk: int, kernel: str) -> str:
-    """One 32k-key sequence, GQA 32/8 d128: its last prefill row against its paged decode row."""
-    with_chunk(chunk)
-    n, gen = 32768, torch.Generator(device="cuda").manual_seed(5)
-    q = torch.randn(n, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-    cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
-    with torch.no_grad():
-        full, lse = portattn.varlen_attention(q, k, v, cu, cu, n, n, causal=True, kernel=kernel,
-                                              return_lse=True)  # fmt: skip
-        table = torch.arange(n // 64, dtype=torch.int32, device="cuda")[None]
-        out, lse_d = portattn.flash_attn_with_kvcache(
-            q[-1:][None], k.view(-1, 64, 8, 128), v.view(-1, 64, 8, 128),
-            cache_seqlens=torch.tensor([n], dtype=torch.int32, device="cuda"),
-            block_table=table, causal=True, return_softmax_lse=True, kernel=kernel,
-        )  # fmt: skip
-    same = torch.equal(out[0, 0], full[-1]) and torch.equal(lse_d[0, :, 0], lse[-1])
-    bits = "equal" if same else "DIFFER"
-    return f"| 32k prefill row == decode row | C{chunk} {kernel} | {bits} |"
 
 
 def forward_rows(chunks: list[int], quick: bool) -> list[str]:
@@ -126,10 +104,10 @@ def main() -> int:
     lines = decode_rows(chunks, names)
     lines += forward_rows(chunks, args.quick)
     for c in chunks:  # last: each C compiles a 32k prefill of its own
-        lines.append(prefill_equals_decode(c, kernels[0]))
+        lines.append(prefill_equals_decode(c, kernels[0], ws=True))
         print(lines[-1], flush=True)
     if not args.quick:
-        lines += [prefill_equals_decode(c, "fixed_order") for c in chunks]
+        lines += [prefill_equals_decode(c, "fixed_order", ws=True) for c in chunks]
     with_chunk(None)
     print("\n## summary\n" + "\n".join(lines))
     return 0

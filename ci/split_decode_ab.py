@@ -117,9 +117,11 @@ def decode_rows(chunks: list[int], names: list[str]) -> list[str]:
     return lines
 
 
-def prefill_equals_decode(chunk: int, kernel: str) -> str:
-    """One 32k-key sequence: its last prefill row against its paged decode row, at ``chunk``."""
-    patch_entries(chunk)
+def prefill_equals_decode(chunk: int, kernel: str, ws: bool = False) -> str:
+    """One 32k-key sequence: its last prefill row against its paged decode row, at ``chunk``
+    (``ws``: each entry's forward as it ships, the Gluon one parking its accumulator; else the
+    Triton forward, its chunks in registers)."""
+    patch_entries(chunk, ws)
     decode.SPLIT_BELOW_PROGRAMS = 1 << 30
     n, gen = 32768, torch.Generator(device="cuda").manual_seed(5)
     q = torch.randn(n, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
