@@ -1,6 +1,7 @@
 """Registers and spills of the forward and decode kernels with a key chunk (design §3.1), on a
 CPU: sm90 entries compiled as they ship, with ``fwd_ws`` off, and with ``key_chunk`` C (the
-chunks merged in registers, or parked with ``ci/patches/park_running_acc.diff`` applied),
+Triton forward's chunks merged in registers; where the entry ships the Gluon forward, also that
+one with C, its accumulator parked between merges),
 whose compile check adds the chunk merge's launches (``compile_launches.CHUNK_STAGES``: the
 forward and the unsplit decode of two chunks of keys, the split decode's two launches).
 
@@ -33,6 +34,8 @@ def main() -> int:
             chunked = dataclasses.replace(base, fwd_ws=False, key_chunk=chunk)
             variants = (("shipped", base), ("ws off", dataclasses.replace(base, fwd_ws=False)),
                         (f"C{chunk}", chunked))  # fmt: skip
+            if base.fwd_ws:  # the Gluon forward with C as it would ship: its acc parked
+                variants += ((f"C{chunk} ws", dataclasses.replace(base, key_chunk=chunk)),)
             for label, cfg in variants:
                 for r in check_entry(entry, cfg=cfg, stages=STAGES):
                     print(f"{kernel} d{d} {label} {r.stage}: regs {r.regs} spills {r.spills}",
