@@ -1,7 +1,7 @@
 """Which key chunk ``C`` could an sm90 entry ship (design §3.1, issue 37 item 1)? Its cost to the
 training forward as it would run (the shipped Gluon forward, its running accumulator parked
 between merges: ``forward_ws._chunked_keys``; d64 the Triton forward, chunks in registers)
-against what it buys the decode (the split decode, ``decode.split_slots``' own rule).
+against what it buys the decode (the split decode).
 
 Session 33 measured C 1024..4096 on 4 x 4096 and 1 x 16384 only (perf-notes row 96: C 4096
 costs one 16k-key sequence +7%, a pack of sequences no longer than C nothing: it runs the
@@ -12,8 +12,11 @@ unchunked code). Here larger C too, on longer sequences, with the decode it give
 2. Training forward (causal, bf16, h16, forward only, ms; two alternating passes, the better
    kept): no C against each C, packs 4 x 4096, 2 x 8192, 1 x 16384, 1 x 32768 at d128 (varlen,
    fixed_order) and 1 x 16384 at d64 (varlen).
-3. Decode (``flash_attn_with_kvcache``, paged 64, bf16 GQA 32/8 d128, K/V TB/s of the CUDA-graph
-   replay and of the eager call): shipped against each C at B1 x 32k, B8 x 32k, B1, B8, B64.
+3. Decode (``split_decode_ab.decode_rows``: ``flash_attn_with_kvcache``, paged 64, bf16 GQA
+   32/8 d128, K/V TB/s of the CUDA-graph replay and of the eager call): shipped, each C split
+   and unsplit (their bits equal), FA4 det paged where installed, at B1 x 32k, B8 x 32k, B1,
+   B8, B64. An entry with C would split every decode past C (perf-notes row 115: the
+   unsplit chunked decode spills at d128).
 
 Usage (GPU): python ci/chunk_size_ab.py [--chunks 4096,8192,16384] [--quick]
 (the decode rows first, then the forward's, then the bits: a run cut short keeps the first)
@@ -28,12 +31,15 @@ from pathlib import Path
 if not __package__:  # run as `python ci/chunk_size_ab.py`: the checkout's root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch
-
 import portattn
 from benchmarks import bench
-from benchmarks import bench_decode as bd
-from ci.split_decode_ab import WORKLOADS, decode_call, patch_entries, prefill_equals_decode, tbps
+from ci.split_decode_ab import (
+    WORKLOADS,
+    decode_rows,
+    patch_entries,
+    prefill_equals_decode,
+    training_pack,
+)
 
 PACKS_D128 = (("4x4096", [4096] * 4), ("2x8192", [8192] * 2), ("1x16384", [16384]),
               ("1x32768", [32768]))  # fmt: skip
@@ -55,11 +61,7 @@ def forward_rows(chunks: list[int], quick: bool) -> list[str]:
     if quick:
         runs = [r for r in runs if r[1] in ("1x16384", "1x32768") and r[3] == "varlen"]
     for dim, name, lens, kernel in runs:
-        gen = torch.Generator(device="cuda").manual_seed(1)
-        q, k, v = (torch.randn(sum(lens), 16, dim, device="cuda", dtype=torch.bfloat16,
-                               generator=gen).requires_grad_() for _ in range(3))  # fmt: skip
-        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
-                          device="cuda")  # fmt: skip
+        q, k, v, cu = training_pack(lens, dim)
         best: dict[int, float] = {}
         for chunk in ([0, *chunks]) * 2:  # alternating passes, the better kept
             with_chunk(chunk or None)
@@ -73,20 +75,6 @@ def forward_rows(chunks: list[int], quick: bool) -> list[str]:
         for chunk in [0, *chunks]:
             lines.append(f"| {name} d{dim} {kernel} | {chunk or 'none'} | {best[chunk]:.3f} | "
                          f"{best[chunk] / best[0]:.3f} |")  # fmt: skip
-        print("\n".join(lines[-len(chunks) - 1 :]), flush=True)
-    return lines
-
-
-def decode_rows(chunks: list[int], names: list[str]) -> list[str]:
-    lines = ["| decode (paged 64, bf16 gqa32/8 d128) | C | graph TB/s | eager TB/s |",
-             "| --- | --- | ---: | ---: |"]  # fmt: skip
-    for name in names:
-        w = bd.DecodeWorkload(name, WORKLOADS[name], 1, 32, 8, 128)
-        inp = bd.make_inputs(w)
-        for chunk in [0, *chunks]:
-            with_chunk(chunk or None)
-            graph, eager = tbps(w, decode_call(inp, "varlen"))
-            lines.append(f"| {name} | {chunk or 'none'} | {graph:.2f} | {eager:.2f} |")
         print("\n".join(lines[-len(chunks) - 1 :]), flush=True)
     return lines
 

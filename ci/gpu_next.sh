@@ -7,9 +7,9 @@
 # training forward +9.5% / +7.2% on one 16k-key sequence (perf-notes row 96) and nothing on
 # packs whose sequences are no longer than C (they run the unchunked code). This measures C
 # 4096 / 8192 / 16384 on the forward as it would ship (the Gluon forward parking its
-# accumulator; d64 Triton) on 4x4096, 2x8192, 1x16384, 1x32768, against the split decode they
-# give at B1 x 32k, B8 x 32k, B1, B8, B64, and checks a 32k prefill row == its decode row at
-# each C, both kernels. It decides whether an entry can ship a C (the forward's cost on long
+# accumulator; d64 Triton) on 4x4096, 2x8192, 1x16384, 1x32768, against the decode they give
+# (split_decode_ab's rows: each C split and unsplit, their bits equal) at B1 x 32k, B8 x 32k,
+# B1, B8, B64, and checks a 32k prefill row == its decode row at each C, both kernels. It decides whether an entry can ship a C (the forward's cost on long
 # sequences against issue 37's 2%), and which.
 # Second, on an H200 if one comes (carry .fa4, ~10 min alone, limit 595): the full benchmark
 # with the heat and four passes (docs/bench-h200.* is still the two-pass run of 30c2186):

@@ -145,10 +145,11 @@ def prefill_equals_decode(chunk: int, kernel: str, ws: bool = False) -> str:
 TRAINING_PACKS = (("4x4096", [4096] * 4), ("1x16384", [16384]))
 
 
-def training_pack(lens: list[int]) -> tuple[torch.Tensor, ...]:
-    """q, k, v (bf16 h16 d128, requiring grad) and cu_seqlens of a pack of ``lens``."""
+def training_pack(lens: list[int], dim: int = 128) -> tuple[torch.Tensor, ...]:
+    """q, k, v (bf16 h16, head dim ``dim``, requiring grad) and cu_seqlens of a pack of
+    ``lens``."""
     gen = torch.Generator(device="cuda").manual_seed(1)
-    q, k, v = (torch.randn(sum(lens), 16, 128, device="cuda", dtype=torch.bfloat16,
+    q, k, v = (torch.randn(sum(lens), 16, dim, device="cuda", dtype=torch.bfloat16,
                            generator=gen).requires_grad_() for _ in range(3))  # fmt: skip
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
                       device="cuda")  # fmt: skip
