@@ -42,10 +42,13 @@ WORKLOADS = {
 }
 
 
-def patch_entries(chunk: int | None, ws: bool = False, block_n: int | None = None) -> None:
+def patch_entries(
+    chunk: int | None, ws: bool = False, block_n: int | None = None, decode_stages: int = 0
+) -> None:
     """The device family's entries with ``key_chunk`` = ``chunk`` and fwd_ws off (``ws``: as
-    shipped; ``block_n``: the forward's key tile, with two pipeline stages where it changes),
-    or as they ship (None); every planned problem forgotten."""
+    shipped; ``block_n``: the forward's key tile, with two pipeline stages where it changes;
+    ``decode_stages``: the decode's pipeline stages, the split's launch options of perf-notes
+    row 94, where not 0), or as they ship (None); every planned problem forgotten."""
     table = configs.config_table()
     family = config_family(torch.device("cuda"))
     if not hasattr(patch_entries, "shipped"):
@@ -57,7 +60,11 @@ def patch_entries(chunk: int | None, ws: bool = False, block_n: int | None = Non
         fwd = cfg.fwd
         if block_n is not None and block_n != fwd.block_n:
             fwd = dataclasses.replace(fwd, block_n=block_n, num_stages=2)
-        table[key] = dataclasses.replace(cfg, fwd=fwd, fwd_ws=cfg.fwd_ws and ws, key_chunk=chunk)
+        new = dataclasses.replace(cfg, fwd=fwd, fwd_ws=cfg.fwd_ws and ws, key_chunk=chunk)
+        if decode_stages:
+            tiles = dataclasses.replace(new.decode_tiles(), num_stages=decode_stages)
+            new = dataclasses.replace(new, decode=tiles)
+        table[key] = new
     plan.forget_problems()
 
 
@@ -92,12 +99,14 @@ def decode_rows(chunks: list[int], names: list[str]) -> list[str]:
     for name in names:
         w = bd.DecodeWorkload(name, WORKLOADS[name], 1, 32, 8, 128)
         inp = bd.make_inputs(w)
-        variants: list[tuple[str, int | None, int]] = [("shipped", None, 0)]
-        for c in chunks:  # split, and the same entries unsplit (the chunks in registers)
-            variants += [(f"C{c} split", c, 1 << 30), (f"C{c} unsplit", c, 0)]
+        variants: list[tuple[str, int | None, int, int]] = [("shipped", None, 0, 0)]
+        for c in chunks:  # split, and the same entries unsplit (the chunks in registers);
+            # the split at one stage: spill-free at d128 (row 94), what an entry would ship
+            variants += [(f"C{c} split", c, 1 << 30, 0), (f"C{c} unsplit", c, 0, 0),
+                         (f"C{c} split 1 stage", c, 1 << 30, 1)]  # fmt: skip
         results, outputs = {}, {}
-        for label, chunk, below in variants:
-            patch_entries(chunk)
+        for label, chunk, below, stages in variants:
+            patch_entries(chunk, decode_stages=stages)
             decode.SPLIT_BELOW_PROGRAMS = below
             fn = decode_call(inp, "varlen")
             with torch.no_grad():
@@ -107,6 +116,9 @@ def decode_rows(chunks: list[int], names: list[str]) -> list[str]:
             split, whole = outputs[f"C{c} split"], outputs[f"C{c} unsplit"]
             same = all(torch.equal(a, b) for a, b in zip(split, whole, strict=True))
             results[f"C{c} split"] += ("= unsplit" if same else "DIFFER",)
+            one = outputs[f"C{c} split 1 stage"]
+            same = all(torch.equal(a, b) for a, b in zip(one, whole, strict=True))
+            results[f"C{c} split 1 stage"] += ("= unsplit" if same else "DIFFER",)
         fa4 = fa4_call(w, inp)
         if fa4 is not None:
             patch_entries(None)
