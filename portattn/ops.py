@@ -29,7 +29,10 @@ Called directly, the ops trust their arguments.
 
 from __future__ import annotations
 
+import ast
+import collections
 import dataclasses
+import json
 from typing import NamedTuple
 
 import torch
@@ -64,21 +67,74 @@ def _empty_o32(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 # Explicit schemas (rather than inferred from the annotations) keep the ops' signatures stable
 # and independent of how a given torch version reads annotations. Their option arguments are
-# the fields of AttentionOptions, by name; FwdArgs / BwdArgs mirror them (tests/test_ops.py).
-_FWD_SCHEMA = (
-    "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
-    "SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float softmax_scale, str kernel, "
-    "bool store_o32, bool check_values=False, Tensor? block_table=None, int window_left=-1, "
-    "int window_right=-1, float softcap=0.0, Tensor? sinks=None) -> (Tensor, Tensor, Tensor)"
-)
-_BWD_SCHEMA = (
-    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o_for_delta, Tensor lse, Tensor? dlse, "
-    "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
-    "bool causal, float softmax_scale, str kernel, int window_left=-1, int window_right=-1, "
-    "float softcap=0.0) -> (Tensor, Tensor, Tensor)"
-)
+# the fields of AttentionOptions, by name, made here from the record's fields (a new field
+# needs nothing in this module): the leading ones (``LEADING_OPTIONS``) positional and
+# required, the others after the op's own arguments with the record's defaults; the backward
+# takes the fields that are not tensors (a tensor option, the sinks, is a forward input whose
+# gradient the autograd formula computes). FwdArgs / BwdArgs are made from the same lists, so
+# they mirror the schemas (tests/test_ops.py checks them against the registered ones).
+LEADING_OPTIONS = ("causal", "softmax_scale", "kernel")
+# The record's field annotations (strings: ``from __future__ import annotations``) as schema types.
+_SCHEMA_TYPES = {"bool": "bool", "int": "int", "float": "float", "str": "str",
+                 "torch.Tensor | None": "Tensor?"}  # fmt: skip
+_OPTIONS = dataclasses.fields(AttentionOptions)
 # The options record's fields: the ops' arguments of the same names.
-OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionOptions))
+OPTION_FIELDS = tuple(f.name for f in _OPTIONS)
+
+# An op's own arguments, as schema text; each becomes (schema type, name, default or _REQUIRED)
+_REQUIRED = object()
+_FWD_HEAD = (
+    "Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+    "SymInt max_seqlen_q, SymInt max_seqlen_k"
+)
+_FWD_OWN = "bool store_o32, bool check_values=False, Tensor? block_table=None"
+_BWD_HEAD = (
+    "Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o_for_delta, Tensor lse, Tensor? dlse, "
+    "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k"
+)
+
+
+def _parsed(text: str) -> list[tuple[str, str, object]]:
+    """``"Tensor q, bool check_values=False"`` -> [("Tensor", "q", _REQUIRED), ("bool",
+    "check_values", False)]."""
+    arguments = []
+    for argument in filter(None, text.split(", ")):
+        kind, name_default = argument.split(" ")
+        name, _, default = name_default.partition("=")
+        arguments.append((kind, name, ast.literal_eval(default) if default else _REQUIRED))
+    return arguments
+
+
+def _op_arguments(head: str, own: str, tensors: bool) -> tuple[tuple[str, str, object], ...]:
+    """An op's arguments: ``head`` (required), the leading options, ``own``, then the other
+    options (``tensors``: with the tensor ones) with their defaults."""
+    options = [(_SCHEMA_TYPES[str(f.type)], f.name, f.default) for f in _OPTIONS]
+    leading = [(t, n, _REQUIRED) for t, n, _ in options if n in LEADING_OPTIONS]
+    rest = [o for o in options if o[1] not in LEADING_OPTIONS and (tensors or o[0] != "Tensor?")]
+    return (*_parsed(head), *leading, *_parsed(own), *rest)
+
+
+def _schema(arguments: tuple) -> str:
+    def spell(kind: str, name: str, default: object) -> str:
+        if default is _REQUIRED:
+            return f"{kind} {name}"
+        return f"{kind} {name}={json.dumps(default) if isinstance(default, str) else default}"
+
+    inner = ", ".join(spell(*a) for a in arguments)
+    return f"({inner}) -> (Tensor, Tensor, Tensor)"
+
+
+def _bound_args(name: str, arguments: tuple) -> type:
+    """A named tuple of ``arguments``' names, order and defaults."""
+    names = [n for _, n, _ in arguments]
+    defaults = [d for _, _, d in arguments if d is not _REQUIRED]
+    return collections.namedtuple(name, names, defaults=defaults)
+
+
+_FWD_ARGUMENTS = _op_arguments(_FWD_HEAD, _FWD_OWN, tensors=True)
+_BWD_ARGUMENTS = _op_arguments(_BWD_HEAD, "", tensors=False)
+_FWD_SCHEMA = _schema(_FWD_ARGUMENTS)
+_BWD_SCHEMA = _schema(_BWD_ARGUMENTS)
 
 
 def _options(args: NamedTuple) -> AttentionOptions:
@@ -99,28 +155,14 @@ def _option_args(options: AttentionOptions, fields: tuple[str, ...]) -> dict:
 _OPTION_ARGS: dict[tuple[str, ...], tuple[str, ...]] = {}  # an op's fields -> its option fields
 
 
-class FwdArgs(NamedTuple):
-    """``varlen_fwd``'s arguments: its schema's names, order and defaults. Its Python
-    functions (the op, its fake, its autograd formula) read their arguments through it, by
-    name; ``FwdArgs.bind(...)`` spelled out (``*args``) is a call of the op."""
+class FwdArgs(_bound_args("FwdArgs", _FWD_ARGUMENTS)):
+    """``varlen_fwd``'s arguments: its schema's names, order and defaults (q, k, v,
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, the leading options, store_o32,
+    check_values=False, block_table=None, the other options). Its Python functions (the op,
+    its fake, its autograd formula) read their arguments through it, by name;
+    ``FwdArgs.bind(...)`` spelled out (``*args``) is a call of the op."""
 
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    cu_seqlens_q: torch.Tensor
-    cu_seqlens_k: torch.Tensor
-    max_seqlen_q: int
-    max_seqlen_k: int
-    causal: bool
-    softmax_scale: float
-    kernel: str
-    store_o32: bool
-    check_values: bool = False
-    block_table: torch.Tensor | None = None
-    window_left: int = -1
-    window_right: int = -1
-    softcap: float = 0.0
-    sinks: torch.Tensor | None = None
+    __slots__ = ()
 
     @classmethod
     def bind(
@@ -141,26 +183,12 @@ class FwdArgs(NamedTuple):
         )
 
 
-class BwdArgs(NamedTuple):
-    """``varlen_bwd``'s arguments: its schema's names, order and defaults (as ``FwdArgs``)."""
+class BwdArgs(_bound_args("BwdArgs", _BWD_ARGUMENTS)):
+    """``varlen_bwd``'s arguments: its schema's names, order and defaults (dout, q, k, v,
+    o_for_delta, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, the
+    leading options, the other options that are not tensors)."""
 
-    dout: torch.Tensor
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    o_for_delta: torch.Tensor
-    lse: torch.Tensor
-    dlse: torch.Tensor | None
-    cu_seqlens_q: torch.Tensor
-    cu_seqlens_k: torch.Tensor
-    max_seqlen_q: int
-    max_seqlen_k: int
-    causal: bool
-    softmax_scale: float
-    kernel: str
-    window_left: int = -1
-    window_right: int = -1
-    softcap: float = 0.0
+    __slots__ = ()
 
 
 @torch.library.custom_op("portattn::varlen_fwd", mutates_args=(), schema=_FWD_SCHEMA)
@@ -177,11 +205,9 @@ def varlen_fwd(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     launch itself, not for the op's dispatch and the launcher's set-up. block_table: int32
     [B, pages_per_seq], or None; with it k and v are paged caches [num_pages, page_size, Hkv,
     D] and cu_seqlens_k counts each sequence's keys (forward only: no backward).
-    window_left, window_right: a sliding window as ``validation_params.check_window`` normalizes it
-    (-1: unbounded; with causal, window_right is -1). softcap: 0.0 (off) or the cap ``c`` of
-    the scores ``c * tanh(softmax_scale * q.k / c)``. sinks: float32 [Hq] (contiguous) or
-    None: each head's attention sink, a logit in every row's softmax denominator with no value
-    (the lse includes it; its gradient is computed by this op's autograd formula).
+    causal, softmax_scale, kernel and the arguments after block_table: the fields of
+    :class:`portattn.options.AttentionOptions`, as its docstring says (a tensor field, the
+    sinks, is an input whose gradient this op's autograd formula computes).
 
     Returns (out [total_q, Hq, D] in q's dtype, lse float32 [total_q, Hq],
     out32 float32 [total_q, Hq, D] when store_o32, else an empty [0, Hq, D]); all contiguous.

@@ -70,6 +70,18 @@ class AttentionOptions:
     def has_sinks(self) -> bool:
         return self.sinks is not None
 
+    def kernel_flags(self) -> dict[str, float | int]:
+        """The optional features' compile-time parameters of every Triton kernel that computes
+        scores (their off values compile to the code of kernels without them); the sinks,
+        a tensor, are the kernels' ``HAS_SINK`` beside their tensor."""
+        flags = self.__dict__.get("_kernel_flags")  # made once per record (frozen)
+        if flags is None:
+            flags = dict(
+                WINDOW_LEFT=self.window_left, WINDOW_RIGHT=self.window_right, SOFTCAP=self.softcap
+            )
+            object.__setattr__(self, "_kernel_flags", flags)
+        return flags
+
     @property
     def any_feature(self) -> bool:
         """Whether an optional feature is on: their kernel flags are off (and the

@@ -132,9 +132,8 @@ class VarlenProblem:
 
     def feature_flags(self) -> dict[str, Any]:
         """The compile-time parameters of the optional features, for every Triton kernel that
-        computes scores (their off values compile to the code of kernels without them)."""
-        o = self.options
-        return dict(WINDOW_LEFT=o.window_left, WINDOW_RIGHT=o.window_right, SOFTCAP=o.softcap)
+        computes scores (``AttentionOptions.kernel_flags``)."""
+        return self.options.kernel_flags()
 
     def chunk_flags(self) -> dict[str, int]:
         """The key chunk of the entry (design §3.1) for the forward and decode kernels, or
@@ -339,10 +338,10 @@ def gluon_applies(
 ) -> bool:
     """Whether the warp-specialised Gluon kernel of a stage runs, for the table field ``name``
     (``fwd_ws``, ``bwd_ws``, ``dq_ws``): the entry selects it, the inputs take the descriptor
-    path (``tma``), the interpreter is off (it has no Gluon), there is no sliding window,
-    softcap or sink, v has q's head dim and the head dim is a table row's. Either kernel gives
-    the same bits. An entry that selects it where Gluon is missing or its tiles do not fit
-    raises."""
+    path (``tma``), the interpreter is off (it has no Gluon), no optional feature is on
+    (``AttentionOptions.any_feature``), v has q's head dim and the head dim is a table row's.
+    Either kernel gives the same bits. An entry that selects it where Gluon is missing or its
+    tiles do not fit raises."""
     if not selected or not tma or problem.interpret:
         return False
     if problem.split_dv:  # the Gluon kernels have one head dim for Q, K and V: a call with
