@@ -40,6 +40,7 @@ def _cfg(
     bwd_ws=False,
     dq_ws=False,
     repair_products=2,
+    key_chunk=0,
 ) -> KernelConfig:
     """Compact row: (block_m, block_n, warps, stages) per kernel; ``amd`` = AMD knobs;
     ``dv``: the dV launch's own tiles (with ``dkdv_passes`` > 1)."""
@@ -58,6 +59,7 @@ def _cfg(
         bwd_ws,
         dq_ws,
         repair_products=repair_products,
+        key_chunk=key_chunk,
     )
 
 
@@ -78,13 +80,20 @@ _AMD1 = dict(waves_per_eu=1, matrix_instr_nonkdim=16, kpack=1)
 # ``bwd_ws``: the varlen d64/d128 dK/dV warp-specialised, 128 keys in two groups, row 53;
 # ``dq_ws``: the d128 dQ warp-specialised, 128 query rows in two groups, row 54)
 _FWD, _DKDV, _DQ = "fwd", "bwd_dkdv", "bwd_dq"
+# The key chunk of the sm90 d64 / d128 entries (design §3.1, ``key_chunk``): a sequence's keys
+# in chunks of 16,384 from its first, merged in order, so a decode splits a long sequence over
+# programs with the prefill's bits. perf-notes row 116 (H100): the training forward pays
+# nothing measurable (1x32768 d128 causal 0.998 / 0.995 of its time without; a pack whose
+# sequences are no longer than C runs the code without the merge), a 32k-key decode reads
+# 0.47 TB/s at B1 (0.21 unsplit), 2.76 at B8 (1.67); C 8192 cost a 32k sequence 2.5-3.7%.
+_C = 16384
 SM90 = {
     32:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2), tma=(_DKDV,)),
     64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ),
-              bwd_ws=True),
+              bwd_ws=True, key_chunk=_C),
     96:  _cfg((128, 128, 8, 3),  (32, 64, 4, 3),   (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
     128: _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ),
-              fwd_ws=True, bwd_ws=True, dq_ws=True),
+              fwd_ws=True, bwd_ws=True, dq_ws=True, key_chunk=_C),
     256: _cfg((64, 64, 8, 2),    (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=2),
 }
 SM80 = {
@@ -133,7 +142,7 @@ FIXED_ORDER = {
     "sm90": {
         96:  _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 2), tma=(_FWD, _DKDV)),
         128: retuned(_cfg((128, 64, 8, 3), (32, 64, 4, 3), (128, 64, 8, 3),
-                          tma=(_FWD, _DKDV, _DQ), fwd_ws=True, dq_ws=True),
+                          tma=(_FWD, _DKDV, _DQ), fwd_ws=True, dq_ws=True, key_chunk=_C),
                      decode=(64, 64, 4, 3)),
         256: _cfg((128, 64, 8, 2),   (32, 64, 8, 2),   (128, 32, 8, 2), dkdv_passes=4,
                   fwd_chunks=2),
@@ -165,6 +174,26 @@ FIXED_ORDER["sm100"] = {
 # the forward's rows and warps: at 32 rows of 4 warps its row sums (l, so the lse) were not
 # the forward's bits (decode rows != prefill rows, seen on the H200 under the sm80 override).
 FIXED_ORDER["sm80"] = {d: retuned(SM80[d], decode=(64, 64, 8, 1)) for d in (96, 128)}
+# Spills the compile check reports instead of failing: (family, table head dim) -> stage ->
+# bytes of spill stores and loads at most. Only the key split's stages of the entries with a
+# key chunk (design §3.1), which run only for rows past C keys, and only where every launch
+# tried is slower or spills too (Triton 3.6 / 3.9, bf16, varlen / fixed_order; perf-notes
+# rows 115-117):
+# - decode_split, the chunks' partials: 40 / 32 B (3.9: 56 / 8) at the decode's 3 stages; the
+#   spill-free launches (8 warps 1 stage; fixed_order 8 warps 2 stages) read a 32k-key B1
+#   decode at 0.27 / 0.25 TB/s against 3 stages' 0.47 / 0.38;
+# - decode_chunked, the unsplit decode past C (a grid that fills the GPU, or a split
+#   workspace over ``decode.SPLIT_MAX_BYTES``), its two accumulators in registers: 744 / 392 B
+#   (3.9: 836 / 948), every 64-row launch of 1-2 stages and 4-8 warps spills 136-2,036 B;
+#   B64 x 32k keys 2.93 TB/s against 3.00 without C;
+# - fwd_chunked, Triton 3.9 only (the varlen d128 entry runs the Triton forward there, its
+#   Gluon forward spills; under 3.6 the Gluon forward parks its accumulator, 0 B): the
+#   in-register merge spills 544 B (fixed_order 64 B).
+# d64 compiles spill-free under 3.6; under 3.9 its fixed_order decode_chunked spills 8 B.
+CHUNK_SPILLS = {
+    ("sm90", 128): {"decode_split": 64, "decode_chunked": 1024, "fwd_chunked": 640},
+    ("sm90", 64): {"decode_chunked": 16},
+}
 # Per-Triton-version rows: (major, minor) of the first Triton that needs them -> (family,
 # kernel, head_dim) -> the row it runs from that version on (both dtypes), instead of the one
 # above; a later version's row for the same entry replaces an earlier one. Only where the

@@ -15,8 +15,9 @@ import torch
 
 # 2: the paged decode / append cases (page_size); 3: the model-feature cases (window_left,
 # window_right, softcap, sinks) and a borrowed head dim (d80); 4: v's own head dim (head_dim_v,
-# MLA's (192, 128)); 5: a varlen paged append with softcap (decode == prefill bits on sm90)
-CASES_VERSION = 5
+# MLA's (192, 128)); 5: a varlen paged append with softcap (decode == prefill bits on sm90);
+# 6: paged rows past the sm90 entries' key chunk (the split decode)
+CASES_VERSION = 6
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Tensor ids of the input generator (see portattn.tools.golden.inputs).
@@ -243,4 +244,23 @@ FEATURE_CASES: tuple[Case, ...] = (
     ),
 )
 
-CASES: tuple[Case, ...] = _canonical() + FEATURE_CASES
+# Version 6: the split decode (design §3.1): paged decode / append rows past the sm90 d64 /
+# d128 entries' key chunk (C = 16,384 keys), whose chunks then run in programs of their own and
+# merge in a combine kernel; both kernels. Not among the feature cases the CPU suite runs
+# under the interpreter (20,000 keys there take minutes, and its entries have no chunk).
+SPLIT_CASES: tuple[Case, ...] = (
+    Case(
+        "varlen-paged-split-gqa-d128-bf16-page64",
+        *("varlen", (1, 1), (20000, 700), 8, 2, 128, "bf16", True, 3008),
+        dlse=False,
+        page_size=64,
+    ),
+    Case(
+        "fixed_order-paged-split-gqa-d64-fp16-page256",
+        *("fixed_order", (1, 3), (513, 17000), 8, 2, 64, "fp16", True, 3009),
+        dlse=False,
+        page_size=256,
+    ),
+)
+
+CASES: tuple[Case, ...] = _canonical() + FEATURE_CASES + SPLIT_CASES
