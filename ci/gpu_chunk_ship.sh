@@ -10,11 +10,24 @@
 #                                       # the decode paths                       (~5 min)
 #   bash ci/gpu_chunk_ship.sh verify    # golden verify sm90 in a process of its own, then the
 #                                       # rollout / invariance / CUDA-graph tests  (~4 min)
+#   bash ci/gpu_chunk_ship.sh all       # one call: refresh, then verify in a second process
+#                                       # on the refreshed file, then the key split's tests
+#                                       # and the rollout tests (~9 min; when starts are scarce)
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_chunk_ship.sh refresh|verify}
+PART=${1:?usage: bash ci/gpu_chunk_ship.sh refresh|verify|all}
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 gpu_setup
-if [ "$PART" = refresh ]; then
+if [ "$PART" = all ]; then
+  step refresh 200 python3 -m ci.golden_dev refresh --family sm90
+  cp golden/sm90.json "$OUT/"
+  tail -n 40 "$OUT/refresh.log"
+  step verify 120 python3 -m portattn golden verify --family sm90
+  tail -n 6 "$OUT/verify.log"
+  step tests "${TEST_LIMIT:-230}" python3 -m pytest ${TESTS:-tests/test_key_chunk.py \
+    tests/test_kvcache.py tests/test_rollout_gpu.py} \
+    -n 12 -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
+  tail -n 12 "$OUT/tests.log"
+elif [ "$PART" = refresh ]; then
   step refresh 240 python3 -m ci.golden_dev refresh --family sm90
   cp golden/sm90.json "$OUT/"
   tail -n 40 "$OUT/refresh.log"
