@@ -153,3 +153,28 @@ def test_table_mismatch_is_reported():
     assert cc.table_mismatches(ws, cfg) == []
     ws_as_triton = cc.Launch("fwd", attn_fwd_ws_kernel, args, cfg.fwd.launch_kwargs())
     assert len(cc.table_mismatches(ws_as_triton, cfg)) == 1
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "stage", "spilled", "ok"),
+    [
+        (128, "decode_split", 40, True),  # within rows.CHUNK_SPILLS' 64 B
+        (128, "decode_split", 100, False),
+        (128, "decode_chunked", 744, True),
+        (128, "decode", 24, False),  # the entry's plain stages spill nothing
+        (64, "decode_split", 24, False),  # d64's split compiles spill-free: no allowance
+        (112, "decode_chunked", 744, True),  # a borrowed head dim takes its row's allowance
+    ],
+)
+def test_the_key_split_stages_may_spill_what_the_table_accepts(head_dim, stage, spilled, ok):
+    """Spills fail a kernel, except in the key split's stages of the entries whose measured
+    launch options spill (``rows.CHUNK_SPILLS``), up to the bytes recorded there."""
+    entry = cc.Entry("sm90", "varlen", head_dim, "bf16")
+    result = cc.KernelResult(entry, stage, "0")
+    log = PTXAS_LOG.replace("24 bytes stack", f"{spilled} bytes stack")
+    log = log.replace("16 bytes spill stores", f"{spilled // 2} bytes spill stores")
+    log = log.replace("8 bytes spill loads", f"{spilled - spilled // 2} bytes spill loads")
+    art = cc.Artifacts(4096, b"x", "wgmma.mma_async.sync.aligned", log)
+    cc.check_artifacts(result, art, FAMILIES["sm90"])
+    assert result.spills == spilled
+    assert result.ok == ok, result.failures
