@@ -1,4 +1,18 @@
 #!/usr/bin/env bash
+# Session 45 (30 device-minutes; a refused start costs 90-180 s: check `status` first):
+# 1. If golden/sm90.json still says its d64 / d128 outputs are stale (session 44 shipped the key
+#    chunk C = 16,384 in those entries, design §3.1, and may not have had the device for it):
+#    `bash ci/gpu_chunk_ship.sh all` (~9 min: refresh sm90, verify in a second process, the key
+#    split's GPU tests incl. the shipped chunk's 20k-key decode == prefill), copy the returned
+#    golden/sm90.json in, commit; else its `verify` mode as a check.
+# 2. (carry .fa4, ~4 min) the decode benchmark on the shipped entries: `source .fa4/install.sh;
+#    python3 benchmarks/bench.py --decode --docs` -> docs/bench-decode-<card>.{md,json} (an H100:
+#    write them as -h100); its B1 x 32k and B8 x 32k rows now split (row 116: 0.47 / 2.76 TB/s).
+# 3. On an H200 (carry .fa4, ~10 min alone): the full benchmark with --passes 4 (below).
+# Session 44 ran (H100; three refused starts cost 555 s): `python3 ci/chunk_size_ab.py` and
+# `python3 ci/c16k_probe.py` (perf-notes row 116: C 16384 costs the training forward nothing
+# measurable and doubles a 32k decode at B1-B2; C 8192 costs 2.5-3.7%), then the GPU tests of
+# the ops / key chunk (102 passed).
 # Session 44, first (~6-8 min, carry nothing; session 43's device time went on refused starts
 # before it could run): `python3 ci/chunk_size_ab.py > $OUT/chunk.log 2>&1; grep -E "^\|"
 # $OUT/chunk.log` (limit 560 s; it prints the decode rows, then the forward's, then the bits,
