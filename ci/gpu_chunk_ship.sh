@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Session 44's GPU calls for the shipped key chunk (design §3.1: C = 16,384 in the sm90 d64 /
-# d128 entries, perf-notes row 116), two calls, the second after copying the first's
-# golden/sm90.json into the checkout:
+# The GPU calls that ship the key chunk (design §3.1: C = 16,384 in the sm90 d64 / d128
+# entries, perf-notes rows 116-117), after `SM90_KEY_CHUNK = 16384` in portattn/configs/rows.py
+# and `python -m ci.golden_dev fingerprints --update --family sm90` under Triton 3.6 and 3.9
+# (about 4 minutes each; it adds the 40 chunk stages and marks 23 outputs stale). Two calls,
+# the second after copying the first's golden/sm90.json into the checkout (or `all`):
 #   bash ci/gpu_chunk_ship.sh refresh   # golden refresh of sm90 (the d64 / d128 entries' new
 #                                       # configuration hashes, the two split-decode cases of
 #                                       # version 6), then the GPU tests of the key split
-#                                       # (the shipped chunk's long decode == prefill, both
+#                                       # (the chunk's 20k-key decode == prefill, both
 #                                       # kernels, d64 / d128, features, pages 16/64/256) and of
 #                                       # the decode paths                       (~5 min)
 #   bash ci/gpu_chunk_ship.sh verify    # golden verify sm90 in a process of its own, then the

@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # Session 45 (30 device-minutes; a refused start costs 90-180 s: check `status` first):
-# 1. If golden/sm90.json still says its d64 / d128 outputs are stale (session 44 shipped the key
-#    chunk C = 16,384 in those entries, design §3.1, and may not have had the device for it):
-#    `bash ci/gpu_chunk_ship.sh all` (~9 min: refresh sm90, verify in a second process, the key
-#    split's GPU tests incl. the shipped chunk's 20k-key decode == prefill), copy the returned
-#    golden/sm90.json in, commit; else its `verify` mode as a check.
-# 2. (carry .fa4, ~4 min) the decode benchmark on the shipped entries: `source .fa4/install.sh;
-#    python3 benchmarks/bench.py --decode --docs` -> docs/bench-decode-<card>.{md,json} (an H100:
-#    write them as -h100); its B1 x 32k and B8 x 32k rows now split (row 116: 0.47 / 2.76 TB/s).
+# 1. Ship the key chunk (issue 37 item 1; design §3.1; perf-notes rows 116-117): on the CPU
+#    first, `SM90_KEY_CHUNK = 16384` in portattn/configs/rows.py, then `python -m ci.golden_dev
+#    fingerprints --update --family sm90` under Triton 3.6 and (into a copy, --golden-dir, then
+#    its triton-3.9.0 section merged) 3.9: 40 chunk stages added, no other fingerprint moves,
+#    23 outputs stale; tests/test_families.py's SM90_VARLEN_D128 literal becomes the entry's
+#    new hash, 464edb9d5694bd49 (the other CPU tests pass with C, session 44). Then on the GPU `bash ci/gpu_chunk_ship.sh all` (~6-9 min: refresh sm90
+#    (same bits expected for all 30 old cases: none has a row past 16,384 keys; the two split
+#    cases recorded), verify in a second process, the key split's GPU tests), copy the
+#    returned golden/sm90.json in, commit. Without a refresh the change cannot land (verify
+#    would fail on stale outputs).
+# 2. (carry .fa4, ~4 min) the decode benchmark with C: `source .fa4/install.sh; python3
+#    benchmarks/bench.py --decode --docs` -> docs/bench-decode-<card>.{md,json} (an H100:
+#    -h100); its B1 x 32k and B8 x 32k rows then split (row 116: 0.47 / 2.76 TB/s).
 # 3. On an H200 (carry .fa4, ~10 min alone): the full benchmark with --passes 4 (below).
-# Session 44 ran (H100; three refused starts cost 555 s): `python3 ci/chunk_size_ab.py` and
+# Session 44 ran (H100; five refused starts cost ~1,100 s): `python3 ci/chunk_size_ab.py` and
 # `python3 ci/c16k_probe.py` (perf-notes row 116: C 16384 costs the training forward nothing
 # measurable and doubles a 32k decode at B1-B2; C 8192 costs 2.5-3.7%), then the GPU tests of
-# the ops / key chunk (102 passed).
+# the ops / key chunk (102 passed). Its refresh call for C found no device.
 # Session 44, first (~6-8 min, carry nothing; session 43's device time went on refused starts
 # before it could run): `python3 ci/chunk_size_ab.py > $OUT/chunk.log 2>&1; grep -E "^\|"
 # $OUT/chunk.log` (limit 560 s; it prints the decode rows, then the forward's, then the bits,

@@ -389,7 +389,7 @@ def test_an_entry_with_a_key_chunk_checks_its_chunk_merge():
         from portattn.tools import compilecheck as cc
         from portattn.tools.compile_launches import CHUNK_STAGES, entry_stages
         entry = cc.Entry("sm90", "varlen", 64, "bf16")
-        base = entry.config()
+        base = dataclasses.replace(entry.config(), key_chunk=0)  # the entry without a chunk
         cfg = dataclasses.replace(base, key_chunk=2 * base.decode_tiles().block_n)
         launches = cc.record_launches(entry, cfg)
         stages = ["fwd", "decode", *CHUNK_STAGES]

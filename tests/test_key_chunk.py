@@ -34,15 +34,17 @@ def _family() -> str:
     return config_family(device)
 
 
-def _patch(mp: pytest.MonkeyPatch, chunk: bool, size: int | None = None) -> int:
-    """Every entry of the family in use with fwd_ws off and key_chunk = ``size`` keys, or two
-    of its key tiles (``chunk``), or 0; returns the chunk of the d32 fp16 entry."""
+def _patch(mp: pytest.MonkeyPatch, chunk: bool, size: int | None = None, ws: bool = False) -> int:
+    """Every entry of the family in use with fwd_ws off (``ws``: as the entry has it) and
+    key_chunk = ``size`` keys, or two of its key tiles (``chunk``), or 0; returns the chunk of
+    the d32 fp16 entry."""
     table = configs.config_table()
     family = _family()
     for key, cfg in list(table.items()):
         if key[0] == family:
             keys = (size or 2 * cfg.fwd.block_n) if chunk else 0
-            mp.setitem(table, key, dataclasses.replace(cfg, fwd_ws=False, key_chunk=keys))
+            fwd_ws = cfg.fwd_ws and ws
+            mp.setitem(table, key, dataclasses.replace(cfg, fwd_ws=fwd_ws, key_chunk=keys))
     plan.forget_problems()
     return table[(family, "varlen", D, F16)].key_chunk
 
@@ -354,18 +356,20 @@ def test_one_long_sequence_decodes_as_its_prefill(monkeypatch, stages, kernel):
     ids=["plain", "softcap", "window", "sinks"],
 )
 @pytest.mark.parametrize("page", [16, 64, 256])
-def test_shipped_chunk_splits_a_long_decode_with_the_prefill_bits(
-    stages, kernel, head_dim, features, page
+def test_sm90_chunk_splits_a_long_decode_with_the_prefill_bits(
+    monkeypatch, stages, kernel, head_dim, features, page
 ):
-    """The device's entries as they ship (sm90 d64 / d128: C = 16,384 keys): one sequence of
-    20,000 keys (GQA 32/8, bf16), its paged decode row split over its two chunks, has the bits
-    of its prefill's last row, features included (the window crosses the chunk boundary)."""
+    """The device's entries with the sm90 key chunk (C = 16,384 keys, perf-notes row 116:
+    the entry's own where it has one, else patched to it, the Gluon forward kept, so the
+    prefill parks its accumulator as it would ship): one sequence of 20,000 keys (GQA 32/8,
+    bf16), its paged decode row split over its two chunks, has the bits of its prefill's last
+    row, features included (the window crosses the chunk boundary)."""
     plan.forget_problems()
     cfg = configs.get_config(_family(), kernel, head_dim, torch.bfloat16)
     if not cfg.key_chunk:
-        pytest.skip(f"the {_family()} {kernel} d{head_dim} entry has no key chunk")
+        _patch(monkeypatch, True, 16384, ws=True)
     n = 20000
-    assert n > cfg.key_chunk
+    assert n > configs.get_config(_family(), kernel, head_dim, torch.bfloat16).key_chunk > 0
     gen = torch.Generator(device=DEVICE).manual_seed(11)
     q, k, v = (torch.randn(n, h, head_dim, device=DEVICE, dtype=torch.bfloat16, generator=gen)
                for h in (32, 8, 8))  # fmt: skip
@@ -399,6 +403,7 @@ def test_shipped_chunk_splits_a_long_decode_with_the_prefill_bits(
                 q[-1:][None], k_cache, v_cache, cache_seqlens=lengths, block_table=order[None],
                 causal=True, return_softmax_lse=True, kernel=kernel, **features,
             )  # fmt: skip
+    plan.forget_problems()
     assert "decode_split" in stages
     assert torch.equal(out[0, 0], full[-1])
     assert torch.equal(lse_d[0, :, 0], lse[-1])

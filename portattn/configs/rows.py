@@ -81,19 +81,23 @@ _AMD1 = dict(waves_per_eu=1, matrix_instr_nonkdim=16, kpack=1)
 # ``dq_ws``: the d128 dQ warp-specialised, 128 query rows in two groups, row 54)
 _FWD, _DKDV, _DQ = "fwd", "bwd_dkdv", "bwd_dq"
 # The key chunk of the sm90 d64 / d128 entries (design §3.1, ``key_chunk``): a sequence's keys
-# in chunks of 16,384 from its first, merged in order, so a decode splits a long sequence over
-# programs with the prefill's bits. perf-notes row 116 (H100): the training forward pays
-# nothing measurable (1x32768 d128 causal 0.998 / 0.995 of its time without; a pack whose
-# sequences are no longer than C runs the code without the merge), a 32k-key decode reads
-# 0.47 TB/s at B1 (0.21 unsplit), 2.76 at B8 (1.67); C 8192 cost a 32k sequence 2.5-3.7%.
-_C = 16384
+# in chunks of C from its first, merged in order, so a decode splits a long sequence over
+# programs with the prefill's bits. perf-notes rows 116-117 (H100) chose C = 16,384: the
+# training forward pays nothing measurable (1x32768 d128 causal 0.998 / 0.995 of its time
+# without; a pack whose sequences are no longer than C runs the code without the merge), a
+# 32k-key decode reads 0.47 TB/s at B1 (0.21 unsplit), 2.76 at B8 (1.67); C 8192 cost a 32k
+# sequence 2.5-3.7%. Still 0 here: setting it changes those entries' configuration hashes, so
+# golden/sm90.json's outputs must be re-recorded on sm90 hardware in the same change (session
+# 44 had no device for it; `bash ci/gpu_chunk_ship.sh all` after setting 16384 and `python -m
+# ci.golden_dev fingerprints --update --family sm90` under Triton 3.6 and 3.9).
+SM90_KEY_CHUNK = 0
 SM90 = {
     32:  _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 2), tma=(_DKDV,)),
     64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ),
-              bwd_ws=True, key_chunk=_C),
+              bwd_ws=True, key_chunk=SM90_KEY_CHUNK),
     96:  _cfg((128, 128, 8, 3),  (32, 64, 4, 3),   (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
     128: _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ),
-              fwd_ws=True, bwd_ws=True, dq_ws=True, key_chunk=_C),
+              fwd_ws=True, bwd_ws=True, dq_ws=True, key_chunk=SM90_KEY_CHUNK),
     256: _cfg((64, 64, 8, 2),    (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=2),
 }
 SM80 = {
@@ -142,7 +146,7 @@ FIXED_ORDER = {
     "sm90": {
         96:  _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 2), tma=(_FWD, _DKDV)),
         128: retuned(_cfg((128, 64, 8, 3), (32, 64, 4, 3), (128, 64, 8, 3),
-                          tma=(_FWD, _DKDV, _DQ), fwd_ws=True, dq_ws=True, key_chunk=_C),
+                          tma=(_FWD, _DKDV, _DQ), fwd_ws=True, dq_ws=True, key_chunk=SM90_KEY_CHUNK),
                      decode=(64, 64, 4, 3)),
         256: _cfg((128, 64, 8, 2),   (32, 64, 8, 2),   (128, 32, 8, 2), dkdv_passes=4,
                   fwd_chunks=2),
