@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 45 (30 device-minutes; a refused start costs 90-180 s: check `status` first):
 # 1. Ship the key chunk (issue 37 item 1; design §3.1; perf-notes rows 116-117): on the CPU
-#    first, `SM90_KEY_CHUNK = 16384` in portattn/configs/rows.py, then `python -m ci.golden_dev
+#    first, `git apply ci/patches/ship_key_chunk.diff` (SM90_KEY_CHUNK = 16384 in
+#    portattn/configs/rows.py and tests/test_families.py's hash literal), then `python -m ci.golden_dev
 #    fingerprints --update --family sm90` under Triton 3.6 and (into a copy, --golden-dir, then
 #    its triton-3.9.0 section merged) 3.9: 40 chunk stages added, no other fingerprint moves,
 #    23 outputs stale; tests/test_families.py's SM90_VARLEN_D128 literal becomes the entry's
