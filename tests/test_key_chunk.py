@@ -347,15 +347,21 @@ def test_one_long_sequence_decodes_as_its_prefill(monkeypatch, stages, kernel):
     assert torch.equal(lse_d[0, :, 0], lse[-1])
 
 
+PAGED_FEATURES = ({}, {"softcap": 5.0}, {"window_size": (4000, 0)})
+PAGED_FEATURE_IDS = ("plain", "softcap", "window")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [128, 64])
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize(
-    "features",
-    [{}, {"softcap": 5.0}, {"window_size": (4000, 0)}, {"sinks": True}],
-    ids=["plain", "softcap", "window", "sinks"],
+    ("features", "page"),
+    [
+        *((features, page) for features in PAGED_FEATURES for page in (16, 64, 256)),
+        ({"sinks": True}, None),  # no sinks in flash-attn's kvcache call: the packed decode
+    ],
+    ids=[*(f"{f}-page{p}" for f in PAGED_FEATURE_IDS for p in (16, 64, 256)), "sinks"],
 )
-@pytest.mark.parametrize("page", [16, 64, 256])
 def test_sm90_chunk_splits_a_long_decode_with_the_prefill_bits(
     monkeypatch, stages, kernel, head_dim, features, page
 ):
@@ -365,8 +371,7 @@ def test_sm90_chunk_splits_a_long_decode_with_the_prefill_bits(
     bf16), its paged decode row split over its two chunks, has the bits of its prefill's last
     row, features included (the window crosses the chunk boundary)."""
     plan.forget_problems()
-    cfg = configs.get_config(_family(), kernel, head_dim, torch.bfloat16)
-    if not cfg.key_chunk:
+    if not configs.get_config(_family(), kernel, head_dim, torch.bfloat16).key_chunk:
         _patch(monkeypatch, True, 16384, ws=True)
     n = 20000
     assert n > configs.get_config(_family(), kernel, head_dim, torch.bfloat16).key_chunk > 0
@@ -377,27 +382,27 @@ def test_sm90_chunk_splits_a_long_decode_with_the_prefill_bits(
         sinks = torch.randn(32, device=DEVICE, generator=gen) * 2
         features = dict(features, sinks=sinks)
     cu = torch.tensor([0, n], dtype=torch.int32, device=DEVICE)
-    n_pages = -(-n // page)
-    k_pages = torch.full((n_pages * page, 8, head_dim), float("nan"), device=DEVICE,
-                         dtype=torch.bfloat16)  # fmt: skip
-    v_pages = torch.full_like(k_pages, float("nan"))
-    k_pages[:n], v_pages[:n] = k, v
-    order = torch.arange(n_pages - 1, -1, -1, dtype=torch.int32, device=DEVICE)  # reversed
-    k_cache = torch.empty_like(k_pages).view(n_pages, page, 8, head_dim)
-    v_cache = torch.empty_like(k_cache)
-    k_cache[order.long()] = k_pages.view(n_pages, page, 8, head_dim)
-    v_cache[order.long()] = v_pages.view(n_pages, page, 8, head_dim)
     with torch.no_grad():
         full, lse = portattn.varlen_attention(q, k, v, cu, cu, n, n, causal=True, kernel=kernel,
                                               return_lse=True, **features)  # fmt: skip
-        if "sinks" in features:  # no sinks in flash-attn's kvcache call: the packed decode
+        if page is None:  # the packed decode: one query row against the sequence's keys
             cu_q = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE)
             out, lse_d = portattn.varlen_attention(
                 q[-1:], k, v, cu_q, cu, 1, n, causal=True, kernel=kernel, return_lse=True,
                 **features,
             )  # fmt: skip
             out, lse_d = out[None], lse_d.T[None]
-        else:
+        else:  # pages in reverse order, the last one's unused slots NaN
+            n_pages = -(-n // page)
+            k_pages = torch.full((n_pages * page, 8, head_dim), float("nan"), device=DEVICE,
+                                 dtype=torch.bfloat16)  # fmt: skip
+            v_pages = torch.full_like(k_pages, float("nan"))
+            k_pages[:n], v_pages[:n] = k, v
+            order = torch.arange(n_pages - 1, -1, -1, dtype=torch.int32, device=DEVICE)
+            k_cache = torch.empty_like(k_pages).view(n_pages, page, 8, head_dim)
+            v_cache = torch.empty_like(k_cache)
+            k_cache[order.long()] = k_pages.view(n_pages, page, 8, head_dim)
+            v_cache[order.long()] = v_pages.view(n_pages, page, 8, head_dim)
             lengths = torch.tensor([n], dtype=torch.int32, device=DEVICE)
             out, lse_d = portattn.flash_attn_with_kvcache(
                 q[-1:][None], k_cache, v_cache, cache_seqlens=lengths, block_table=order[None],
