@@ -54,6 +54,7 @@ import contextlib
 import datetime
 import json
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -91,7 +92,19 @@ PASSES = 2  # timed passes per (workload, mode); the reports keep each implement
 # second pass on average, up to 8%; FA4 det's, third, 3-4% faster in theirs): the first calls
 # before it (compiles, FlexAttention's seconds on the CPU) leave the GPU idle, the likely cause.
 HEAT_S = 1.0
-DOCS_STEM = "docs/bench-h200"  # --docs: docs/bench-h200.{json,md,png}, relative to the cwd
+DOCS_STEM = "docs/bench"  # --docs: docs/bench-<card>.{json,md,png}, relative to the cwd
+
+
+def docs_stem(stem: str) -> str:
+    """``stem`` with the GPU's short name appended (``docs/bench`` -> ``docs/bench-h100`` on an
+    H100), so a run on one card never overwrites another card's recorded tables. Without a GPU
+    (``plot --docs`` re-rendering a recorded table) the H200's, the card of the issues' targets."""
+    if not torch.cuda.is_available():
+        return f"{stem}-h200"
+    match = re.search(r"\b([A-Z]{1,3}\d{2,4}[A-Z]?)\b", torch.cuda.get_device_name().upper())
+    return f"{stem}-{match.group(1).lower() if match else 'gpu'}"
+
+
 SKEWED_CHOICES = (64, 128, 300, 512, 1000, 2048, 3000, 4096)
 # torch.cuda covers both: ROCm builds of torch answer through the same API.
 NEEDS_GPU = "a GPU (CUDA or ROCm)"
@@ -757,7 +770,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--docs",
         action="store_true",
-        help=f"default --json/--markdown/--png to {DOCS_STEM}.{{json,md,png}}",
+        help=f"default --json/--markdown/--png to {DOCS_STEM}-<card>.{{json,md,png}}",
     )
     p.add_argument(
         "--decode",
@@ -788,7 +801,7 @@ def command(args: argparse.Namespace) -> int:
     if args.docs:
         for attr, ext in (("json", "json"), ("markdown", "md"), ("png", "png")):
             if getattr(args, attr) is None:
-                setattr(args, attr, f"{DOCS_STEM}.{ext}")
+                setattr(args, attr, f"{docs_stem(DOCS_STEM)}.{ext}")
     if args.action == "plot":
         if not args.json or not (args.png or args.markdown):
             print("plot needs --json PATH and --png PATH (or --markdown PATH)", file=sys.stderr)

@@ -57,7 +57,7 @@ import torch
 
 from benchmarks import bench
 from benchmarks import bench_report as report
-from benchmarks.bench import attempt, metadata
+from benchmarks.bench import attempt, docs_stem, metadata
 
 PAGE_SIZE = 64
 KV_RANGE = (512, 8192)
@@ -65,7 +65,7 @@ BATCHES = (1, 8, 64, 256)
 COPY_GIB = 1.0
 WARMUP_MS, REP_MS = 25, 150  # do_bench budgets per call (bench.py: 50, 300)
 WARMUP_S = 1.0
-DOCS_STEM = "docs/bench-decode-h200"
+DOCS_STEM = "docs/bench-decode"  # --docs: docs/bench-decode-<card>.{json,md}
 CHECK_SEQS = 4  # sequences compared with the float32 reference
 SKIPPED = "skipped: "
 
@@ -582,7 +582,7 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "docs", False):
         for attr, ext in (("json", "json"), ("markdown", "md")):
             if getattr(args, attr, None) is None:
-                setattr(args, attr, f"{DOCS_STEM}.{ext}")
+                setattr(args, attr, f"{docs_stem(DOCS_STEM)}.{ext}")
     if getattr(args, "png", None):
         print("bench --decode writes no chart; --png is ignored", file=sys.stderr)
     if getattr(args, "action", "run") == "plot":

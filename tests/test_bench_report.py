@@ -189,7 +189,8 @@ def test_cli_plot_from_json(tmp_path, monkeypatch, capsys):
 
 
 def test_docs_flag_defaults(tmp_path, monkeypatch):
-    """--docs points every output at docs/bench-h200.* (relative to the working directory)."""
+    """--docs points every output at docs/bench-<card>.* (relative to the working directory):
+    without a GPU, plot re-renders the H200's."""
     (tmp_path / "docs").mkdir()
     bench_report.write_json(tmp_path / "docs" / "bench-h200.json", _synthetic())
     monkeypatch.chdir(tmp_path)
@@ -197,3 +198,20 @@ def test_docs_flag_defaults(tmp_path, monkeypatch):
     assert bench.main(["plot", "--docs"]) == 0
     assert (tmp_path / "docs" / "bench-h200.md").read_text().startswith("- device: NVIDIA H200")
     assert (tmp_path / "docs" / "bench-h200.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("device", "card"),
+    [
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("AMD Instinct MI300X", "mi300x"),
+        ("Some Future Card", "gpu"),
+    ],
+)
+def test_docs_stem_names_the_card(monkeypatch, device, card):
+    """--docs on a GPU writes that card's files: an H100 run never overwrites the H200 tables."""
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda *a: device)
+    assert bench.docs_stem("docs/bench-decode") == f"docs/bench-decode-{card}"
