@@ -1,20 +1,15 @@
 #!/usr/bin/env bash
-# Session 45 (30 device-minutes; a refused start costs 90-180 s: check `status` first):
-# 1. Ship the key chunk (issue 37 item 1; design §3.1; perf-notes rows 116-117): on the CPU
-#    first, `git apply ci/patches/ship_key_chunk.diff` (SM90_KEY_CHUNK = 16384 in
-#    portattn/configs/rows.py and tests/test_families.py's hash literal), then `python -m ci.golden_dev
-#    fingerprints --update --family sm90` under Triton 3.6 and (into a copy, --golden-dir, then
-#    its triton-3.9.0 section merged) 3.9: 40 chunk stages added, no other fingerprint moves,
-#    23 outputs stale; tests/test_families.py's SM90_VARLEN_D128 literal becomes the entry's
-#    new hash, 464edb9d5694bd49 (the other CPU tests pass with C, session 44). Then on the GPU `bash ci/gpu_chunk_ship.sh all` (~6-9 min: refresh sm90
-#    (same bits expected for all 30 old cases: none has a row past 16,384 keys; the two split
-#    cases recorded), verify in a second process, the key split's GPU tests), copy the
-#    returned golden/sm90.json in, commit. Without a refresh the change cannot land (verify
-#    would fail on stale outputs).
-# 2. (carry .fa4, ~4 min) the decode benchmark with C: `source .fa4/install.sh; python3
-#    benchmarks/bench.py --decode --docs` -> docs/bench-decode-<card>.{md,json} (an H100:
-#    -h100); its B1 x 32k and B8 x 32k rows then split (row 116: 0.47 / 2.76 TB/s).
+# Session 46 (30 device-minutes; a refused start costs 90-180 s and holds that kind off for
+# ~6 min: check `status` first):
+# 1. (carry .fa4, ~7 min) `bash ci/gpu_slices.sh`: the decode's head slices at small batches
+#    (decode.heads_per_tile, perf-notes row 119) on every workload of ci/head_slices_ab.py,
+#    golden verify of sm90 (its small decode cases run sliced: same bits expected) and the
+#    decode == prefill GPU tests with tests/test_head_slices.py.
+# 2. (carry .fa4, ~4 min) `python3 benchmarks/bench.py --decode --docs` (docs/bench-decode-<card>.*).
 # 3. On an H200 (carry .fa4, ~10 min alone): the full benchmark with --passes 4 (below).
+# Session 45 ran (H100): `bash ci/gpu_chunk_ship.sh all` (C = 16,384 shipped: refresh 30 same
+# bits + 2 split cases, verify 32/32, 166 tests passed), the decode benchmark (row 118), the
+# rollout / invariance / graph / replay GPU tests (380 passed); then four refused starts.
 # Session 44 ran (H100; five refused starts cost ~1,100 s): `python3 ci/chunk_size_ab.py` and
 # `python3 ci/c16k_probe.py` (perf-notes row 116: C 16384 costs the training forward nothing
 # measurable and doubles a 32k decode at B1-B2; C 8192 costs 2.5-3.7%), then the GPU tests of
