@@ -22,7 +22,7 @@ from ci.golden_dev.fingerprints import update_fingerprints
 from ci.golden_dev.key_check import run_key_check
 from ci.golden_dev.merging import merge
 from portattn.tools.compile_inputs import GUARDED_PAIRS, guarded_entries
-from portattn.tools.compile_launches import STAGES
+from portattn.tools.compile_launches import CHUNK_STAGES, STAGES
 from portattn.tools.golden.layout import load
 
 pytestmark = pytest.mark.triton_version  # keys hash the installed Triton
@@ -76,7 +76,10 @@ def test_keys_cover_every_guarded_kernel(base_keys):
         assert set(base_keys[family]) == labels
         assert any(f"v{dv}" in label for _, dv in GUARDED_PAIRS for label in labels)
         for stages in base_keys[family].values():
-            assert set(stages) == set(STAGES)
+            # an entry with a key chunk (design §3.1; sm90's d64 / d128) has its chunk stages
+            chunked = set(stages) & set(CHUNK_STAGES)
+            assert set(stages) - chunked == set(STAGES)
+            assert chunked in (set(), set(CHUNK_STAGES)), stages
             assert all(len(k) == 64 for k in stages.values())
         # Every kernel has a key of its own (stage, dtype, head dim, kernel all enter it).
         flat = [k for stages in base_keys[family].values() for k in stages.values()]
@@ -128,7 +131,8 @@ def test_editing_a_configuration_row_changes_only_its_entries(base_keys, tmp_pat
     """A table row's tiles are launch options and constexprs: doubling the warps of sm90's d64
     forward (configs.rows.SM90) changes the forward keys of the entries that run that row (varlen
     d64, and d40, which borrows it; fixed_order d64 and d40 too, which run the family row since
-    perf-notes row 109) and decode's where it shares the forward's tiles; nothing else."""
+    perf-notes row 109) and decode's where it shares the forward's tiles, with their chunk stages
+    (the entries' key chunk, design §3.1); nothing else."""
     tree = _copy(tmp_path)
     configs = tree / "portattn" / "configs" / "rows.py"
     row = "    64:  _cfg((64, 64, 4, 3),    (64, 128, 8, 2),  (128, 64, 8, 3), "
@@ -141,7 +145,7 @@ def test_editing_a_configuration_row_changes_only_its_entries(base_keys, tmp_pat
     assert ("sm90", "fixed_order/d64/bf16", "fwd") in changed
     for family, label, stage in changed:
         assert family == "sm90" and label.startswith(("varlen/", "fixed_order/")), label
-        assert stage in ("fwd", "decode"), (label, stage)
+        assert stage in ("fwd", "decode", *CHUNK_STAGES), (label, stage)
         assert "/d64/" in label or "/d40/" in label, label
 
 
