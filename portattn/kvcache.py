@@ -76,8 +76,8 @@ def _check_features(rotary_cos, rotary_sin, cache_leftpad, alibi_slopes, num_spl
         raise TypeError(f"num_splits must be an int, got {type_name(num_splits)}")
     if num_splits not in (0, 1):
         raise ValueError(
-            f"num_splits must be 0 (choose) or 1: portattn never splits a sequence's keys over "
-            f"programs (its rows keep the trainer's key order), got {num_splits}"
+            f"num_splits must be 0 (choose) or 1: a sequence's keys split only at the table "
+            f"entry's fixed key chunk (its rows keep the trainer's bits), got {num_splits}"
         )
 
 
@@ -382,7 +382,7 @@ def flash_attn_with_kvcache(
         softmax_scale: default ``1 / sqrt(D)``.
         causal: bottom-right aligned: query row ``i`` sees keys ``j <= i + Sk - Sq``.
         rotary_interleaved: accepted (it only matters with rotary_cos).
-        num_splits: 0 or 1 (portattn never splits a sequence's keys: ValueError otherwise).
+        num_splits: 0 or 1 (keys split only at the entry's fixed chunk: ValueError otherwise).
         return_softmax_lse: also return the lse, float32 [B, Hq, Sq] (natural log).
         kernel: ``"varlen"`` or ``"fixed_order"`` (keyword only, not in flash-attn).
 
