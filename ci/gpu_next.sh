@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session 46 (30 device-minutes; a refused start costs 90-180 s and holds that kind off for
 # ~6 min: check `status` first):
-# 1. (carry .fa4, ~7 min) with `SLICE_BELOW_PROGRAMS = SPLIT_BELOW_PROGRAMS` in
-#    portattn/kernels/decode.py (it ships 0, off): `bash ci/gpu_slices.sh`: the decode's head
+# 1. (carry .fa4, ~7 min) `bash ci/gpu_slices.sh` (it switches the slicing on in the
+#    device's copy: it ships SLICE_BELOW_PROGRAMS = 0, off): the decode's head
 #    slices at small batches (decode.heads_per_tile, perf-notes row 119) on every workload of
 #    ci/head_slices_ab.py, golden verify of sm90 (its small decode cases then run sliced:
 #    same bits expected) and the decode == prefill GPU tests with tests/test_head_slices.py.

@@ -31,3 +31,11 @@ patched_copy() {
       || { echo "$p does not apply"; return 2; }
   done
 }
+# `step_tail NAME SECONDS LINES CMD...`: `step`, then the last LINES lines of its log.
+step_tail() {
+  local name=$1 limit=$2 lines=$3; shift 3
+  step "$name" "$limit" "$@"
+  local rc=$?
+  tail -n "$lines" "$OUT/$name.log"
+  return $rc
+}
