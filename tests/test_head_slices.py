@@ -7,12 +7,17 @@ code: HEADS is a constexpr)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import DEVICE, make_pack
 
 import portattn
-from portattn.kernels import decode, plan
+from portattn import configs
+from portattn.configs.types import INTERPRETER
+from portattn.families import config_family
+from portattn.kernels import decode, forward, plan
 from portattn.options import AttentionOptions
 
 F16 = torch.float16
@@ -138,3 +143,54 @@ def test_a_grid_that_fills_the_gpu_keeps_the_group(monkeypatch):
         cu_q = torch.arange(batch + 1, dtype=torch.int32, device=DEVICE)
         problem = plan.plan_problem(q, k, cu_q, 1, 9, options)
         assert decode.heads_per_tile(problem) == expected, batch
+
+
+@pytest.fixture
+def split_entries(monkeypatch):
+    """The entries of the family in use with a key chunk of two key tiles (fwd_ws off, as
+    tests/test_key_chunk.py patches them) and every decode split (``SPLIT_BELOW_PROGRAMS``);
+    the stages of the decode launches planned from here on."""
+    table = configs.config_table()
+    device = torch.device(DEVICE)
+    family = INTERPRETER if device.type == "cpu" else config_family(device)
+    for key, cfg in list(table.items()):
+        if key[0] == family:
+            new = dataclasses.replace(cfg, fwd_ws=False, key_chunk=2 * cfg.fwd.block_n)
+            monkeypatch.setitem(table, key, new)
+    monkeypatch.setattr(decode, "SPLIT_BELOW_PROGRAMS", 1 << 30)
+    stages: list[str] = []  # the stages of the decode launches planned from here on
+    real = forward.plan_decode
+
+    def spy(*args, **kw):
+        launches, partials = real(*args, **kw)
+        stages.extend(launch.stage for launch in launches)
+        return launches, partials
+
+    monkeypatch.setattr(forward, "plan_decode", spy)
+    plan.forget_problems()
+    yield stages
+    plan.forget_problems()
+
+
+@pytest.mark.parametrize("kernel", ["varlen", "fixed_order"])
+def test_sliced_split_decode_is_the_grouped_one(split_entries, heads_seen, monkeypatch, kernel):
+    """With the key split (design §3.1) the chunks' partials and their combine address the
+    sliced tiles' rows as the grouped ones': the same bits, and the prefill's."""
+    p = make_pack(LENS, LENS, HEADS_Q, HEADS_K, D, F16, seed=47)
+    with torch.no_grad():
+        full, full_lse = portattn.varlen_attention(
+            p.q, p.k, p.v, p.cu_q, p.cu_k, max(LENS), max(LENS), causal=True, kernel=kernel,
+            return_lse=True,
+        )  # fmt: skip
+    last = (p.cu_q[1:] - 1).long()
+    results = {}
+    for threshold, heads in ((0, 4), (1 << 30, 1)):
+        monkeypatch.setattr(decode, "SLICE_BELOW_PROGRAMS", threshold)
+        plan.forget_problems()
+        heads_seen.clear()
+        split_entries.clear()
+        results[heads] = _decode_rows(p, True, kernel)
+        assert set(heads_seen) == {heads}
+        assert "decode_split" in split_entries and "decode_combine" in split_entries
+    assert torch.equal(results[1][0], results[4][0]) and torch.equal(results[1][1], results[4][1])
+    assert torch.equal(results[1][0], full[last]) and torch.equal(results[1][1], full_lse[last])
