@@ -316,7 +316,7 @@ def test_paged_needs_no_grad():
         (dict(rotary_cos="x"), "rotary"),
         (dict(cache_leftpad="x"), "left-padded"),
         (dict(alibi_slopes="x"), "ALiBi"),
-        (dict(num_splits=4), "never splits"),
+        (dict(num_splits=4), "split only at the table entry's fixed key chunk"),
         (dict(cache_seqlens=40), r"cache_seqlens must be in \[0, 16\]"),
         (dict(cache_batch_idx=torch.tensor([0, 9], dtype=torch.int32)), "outside the cache"),
     ],
