@@ -173,3 +173,20 @@ def assert_same_results(a, b) -> None:
     assert len(a) == len(b)
     for x, y in zip(a, b, strict=True):
         assert torch.equal(x, y)
+
+
+def spy_decode_stages(monkeypatch) -> list[str]:
+    """The stages of the decode launches planned from here on (``forward.plan_decode``'s), in
+    the returned list (``monkeypatch`` undoes the spy)."""
+    from portattn.kernels import forward
+
+    seen: list[str] = []
+    real = forward.plan_decode
+
+    def spy(*args, **kw):
+        launches, partials = real(*args, **kw)
+        seen.extend(launch.stage for launch in launches)
+        return launches, partials
+
+    monkeypatch.setattr(forward, "plan_decode", spy)
+    return seen

@@ -11,13 +11,13 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import DEVICE, make_pack
+from helpers import DEVICE, make_pack, spy_decode_stages
 
 import portattn
 from portattn import configs
 from portattn.configs.types import INTERPRETER
 from portattn.families import config_family
-from portattn.kernels import decode, forward, plan
+from portattn.kernels import decode, plan
 from portattn.options import AttentionOptions
 
 F16 = torch.float16
@@ -158,15 +158,7 @@ def split_entries(monkeypatch):
             new = dataclasses.replace(cfg, fwd_ws=False, key_chunk=2 * cfg.fwd.block_n)
             monkeypatch.setitem(table, key, new)
     monkeypatch.setattr(decode, "SPLIT_BELOW_PROGRAMS", 1 << 30)
-    stages: list[str] = []  # the stages of the decode launches planned from here on
-    real = forward.plan_decode
-
-    def spy(*args, **kw):
-        launches, partials = real(*args, **kw)
-        stages.extend(launch.stage for launch in launches)
-        return launches, partials
-
-    monkeypatch.setattr(forward, "plan_decode", spy)
+    stages = spy_decode_stages(monkeypatch)
     plan.forget_problems()
     yield stages
     plan.forget_problems()

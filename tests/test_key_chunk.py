@@ -14,7 +14,15 @@ import invariance_checks as checks
 import pytest
 import torch
 import unseen_checks
-from helpers import DEVICE, KERNELS, assert_outputs_accurate, cu_seqlens, make_pack, run_kernel
+from helpers import (
+    DEVICE,
+    KERNELS,
+    assert_outputs_accurate,
+    cu_seqlens,
+    make_pack,
+    run_kernel,
+    spy_decode_stages,
+)
 
 import portattn
 from portattn import configs, forward_replay
@@ -60,16 +68,7 @@ def chunk(monkeypatch) -> int:
 @pytest.fixture
 def stages(monkeypatch) -> list[str]:
     """The stages of the decode launches planned from here on (``forward.plan_decode``'s)."""
-    seen: list[str] = []
-    real = forward.plan_decode
-
-    def spy(*args, **kw):
-        launches, partials = real(*args, **kw)
-        seen.extend(launch.stage for launch in launches)
-        return launches, partials
-
-    monkeypatch.setattr(forward, "plan_decode", spy)
-    return seen
+    return spy_decode_stages(monkeypatch)
 
 
 def no_grad_call(p, kernel, **features) -> tuple[torch.Tensor, torch.Tensor]:
