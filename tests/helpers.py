@@ -190,3 +190,29 @@ def spy_decode_stages(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(forward, "plan_decode", spy)
     return seen
+
+
+def table_family() -> str:
+    """The table family the tests' tensors run (the interpreter's on a CPU)."""
+    from portattn.configs.types import INTERPRETER
+    from portattn.families import config_family
+
+    device = torch.device(DEVICE)
+    return INTERPRETER if device.type == "cpu" else config_family(device)
+
+
+def patch_key_chunk(mp, chunk: bool, size: int | None = None, ws: bool = False) -> None:
+    """Every entry of the family in use (:func:`table_family`) with fwd_ws off (``ws``: as the
+    entry has it) and key_chunk = ``size`` keys, or two of its key tiles (``chunk``), or 0,
+    through the monkeypatch ``mp``; every planned problem forgotten."""
+    from portattn import configs
+    from portattn.kernels import plan
+
+    table = configs.config_table()
+    family = table_family()
+    for key, cfg in list(table.items()):
+        if key[0] == family:
+            keys = (size or 2 * cfg.fwd.block_n) if chunk else 0
+            fwd_ws = cfg.fwd_ws and ws
+            mp.setitem(table, key, dataclasses.replace(cfg, fwd_ws=fwd_ws, key_chunk=keys))
+    plan.forget_problems()

@@ -7,16 +7,11 @@ code: HEADS is a constexpr)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
-from helpers import DEVICE, make_pack, spy_decode_stages
+from helpers import DEVICE, make_pack, patch_key_chunk, spy_decode_stages
 
 import portattn
-from portattn import configs
-from portattn.configs.types import INTERPRETER
-from portattn.families import config_family
 from portattn.kernels import decode, plan
 from portattn.options import AttentionOptions
 
@@ -147,16 +142,10 @@ def test_a_grid_that_fills_the_gpu_keeps_the_group(monkeypatch):
 
 @pytest.fixture
 def split_entries(monkeypatch):
-    """The entries of the family in use with a key chunk of two key tiles (fwd_ws off, as
-    tests/test_key_chunk.py patches them) and every decode split (``SPLIT_BELOW_PROGRAMS``);
+    """The entries of the family in use with a key chunk of two key tiles (fwd_ws off:
+    ``helpers.patch_key_chunk``) and every decode split (``SPLIT_BELOW_PROGRAMS``);
     the stages of the decode launches planned from here on."""
-    table = configs.config_table()
-    device = torch.device(DEVICE)
-    family = INTERPRETER if device.type == "cpu" else config_family(device)
-    for key, cfg in list(table.items()):
-        if key[0] == family:
-            new = dataclasses.replace(cfg, fwd_ws=False, key_chunk=2 * cfg.fwd.block_n)
-            monkeypatch.setitem(table, key, new)
+    patch_key_chunk(monkeypatch, True)
     monkeypatch.setattr(decode, "SPLIT_BELOW_PROGRAMS", 1 << 30)
     stages = spy_decode_stages(monkeypatch)
     plan.forget_problems()

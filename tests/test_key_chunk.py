@@ -20,47 +20,25 @@ from helpers import (
     assert_outputs_accurate,
     cu_seqlens,
     make_pack,
+    patch_key_chunk,
     run_kernel,
     spy_decode_stages,
+    table_family,
 )
 
 import portattn
 from portattn import configs, forward_replay
-from portattn.configs.types import INTERPRETER
-from portattn.families import config_family
 from portattn.kernels import decode, forward, plan
 
 F16 = torch.float16
 D = 32
 
 
-def _family() -> str:
-    """The table family the tests' tensors run (the interpreter's on a CPU)."""
-    device = torch.device(DEVICE)
-    if device.type == "cpu":
-        return INTERPRETER
-    return config_family(device)
-
-
-def _patch(mp: pytest.MonkeyPatch, chunk: bool, size: int | None = None, ws: bool = False) -> int:
-    """Every entry of the family in use with fwd_ws off (``ws``: as the entry has it) and
-    key_chunk = ``size`` keys, or two of its key tiles (``chunk``), or 0; returns the chunk of
-    the d32 fp16 entry."""
-    table = configs.config_table()
-    family = _family()
-    for key, cfg in list(table.items()):
-        if key[0] == family:
-            keys = (size or 2 * cfg.fwd.block_n) if chunk else 0
-            fwd_ws = cfg.fwd_ws and ws
-            mp.setitem(table, key, dataclasses.replace(cfg, fwd_ws=fwd_ws, key_chunk=keys))
-    plan.forget_problems()
-    return table[(family, "varlen", D, F16)].key_chunk
-
-
 @pytest.fixture
 def chunk(monkeypatch) -> int:
     """The entries of the family in use split (for this test); the chunk C in keys."""
-    size = _patch(monkeypatch, True)
+    patch_key_chunk(monkeypatch, True)
+    size = configs.get_config(table_family(), "varlen", D, F16).key_chunk
     yield size
     plan.forget_problems()
 
@@ -85,7 +63,7 @@ def no_grad_call(p, kernel, **features) -> tuple[torch.Tensor, torch.Tensor]:
 def unchunked(p, kernel, causal, **kw):
     """``run_kernel`` with the family's entries unsplit (the Triton forward, as the split)."""
     mp = pytest.MonkeyPatch()
-    _patch(mp, False)
+    patch_key_chunk(mp, False)
     try:
         return run_kernel(p, kernel, causal, **kw)
     finally:
@@ -301,7 +279,7 @@ def test_gluon_forward_merges_chunks_as_the_triton_forward(monkeypatch, causal, 
 
     monkeypatch.setattr(forward, "use_warp_specialized", spy)
     table = configs.config_table()
-    entry = (_family(), "varlen", head_dim, torch.bfloat16)
+    entry = (table_family(), "varlen", head_dim, torch.bfloat16)
     cfg = table[entry]
     lens = [1, 300, 777, 1500]
     p = make_pack(lens, lens, 8, 2, head_dim, torch.bfloat16, seed=12)
@@ -326,7 +304,7 @@ def test_one_long_sequence_decodes_as_its_prefill(monkeypatch, stages, kernel):
     entries patched to C = 2048 (the Triton forward): its paged decode row, split into 16
     chunks, has the bits of its prefill's last row."""
     n = 32768
-    _patch(monkeypatch, True, 2048)
+    patch_key_chunk(monkeypatch, True, 2048)
     gen = torch.Generator(device=DEVICE).manual_seed(5)
     q, k, v = (torch.randn(n, h, 128, device=DEVICE, dtype=torch.bfloat16, generator=gen)
                for h in (32, 8, 8))  # fmt: skip
@@ -370,10 +348,10 @@ def test_sm90_chunk_splits_a_long_decode_with_the_prefill_bits(
     bf16), its paged decode row split over its two chunks, has the bits of its prefill's last
     row, features included (the window crosses the chunk boundary)."""
     plan.forget_problems()
-    if not configs.get_config(_family(), kernel, head_dim, torch.bfloat16).key_chunk:
-        _patch(monkeypatch, True, 16384, ws=True)
+    if not configs.get_config(table_family(), kernel, head_dim, torch.bfloat16).key_chunk:
+        patch_key_chunk(monkeypatch, True, 16384, ws=True)
     n = 20000
-    assert n > configs.get_config(_family(), kernel, head_dim, torch.bfloat16).key_chunk > 0
+    assert n > configs.get_config(table_family(), kernel, head_dim, torch.bfloat16).key_chunk > 0
     gen = torch.Generator(device=DEVICE).manual_seed(11)
     q, k, v = (torch.randn(n, h, head_dim, device=DEVICE, dtype=torch.bfloat16, generator=gen)
                for h in (32, 8, 8))  # fmt: skip
