@@ -6,14 +6,15 @@ Importing it registers the custom ops ``torch.ops.portattn.varlen_fwd`` / ``varl
 
 from portattn.api import attention, varlen_attention
 from portattn.families import family
-from portattn.flash_compat import flash_attn_func, flash_attn_varlen_func
-from portattn.flash_packed import (
+from portattn.flash_compat import (
+    flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
 )
-from portattn.kvcache import flash_attn_with_kvcache
 from portattn.merge import merge_attention_states
 from portattn.validation import CacheIndexError
 

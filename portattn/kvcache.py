@@ -38,6 +38,7 @@ from portattn.kvcache_checks import (
 from portattn.options import (
     PLAIN_TENSORS,
     AttentionOptions,
+    CallScalars,
     capturing,
     check_options,
     kept_record,
@@ -49,36 +50,13 @@ from portattn.validation import (
     INT32_MAX,
     DTypeError,
     check_block_table_meta,
-    check_bool,
     check_key_counts,
     check_pages,
     host_values,
     type_name,
 )
 
-__all__ = ["flash_attn_with_kvcache"]
-
-
-def _unsupported(feature: str, arg: str) -> ValueError:
-    return ValueError(f"{feature} is not supported by portattn's flash_attn_with_kvcache ({arg})")
-
-
-def _check_features(rotary_cos, rotary_sin, cache_leftpad, alibi_slopes, num_splits) -> None:
-    if rotary_cos is not None or rotary_sin is not None:
-        raise _unsupported("rotary embedding inside attention", "rotary_cos / rotary_sin")
-    if cache_leftpad is not None:
-        raise _unsupported("left-padded caches", "cache_leftpad")
-    if alibi_slopes is not None:
-        raise _unsupported("ALiBi", "alibi_slopes")
-    if type(num_splits) is not int and (  # an int passes without the ABC check
-        isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral)
-    ):
-        raise TypeError(f"num_splits must be an int, got {type_name(num_splits)}")
-    if num_splits not in (0, 1):
-        raise ValueError(
-            f"num_splits must be 0 (choose) or 1: a sequence's keys split only at the table "
-            f"entry's fixed key chunk (its rows keep the trainer's bits), got {num_splits}"
-        )
+__all__ = ["kvcache_attention"]
 
 
 # The checks shared with varlen_attention name its arguments, which this function calls k_cache,
@@ -263,7 +241,7 @@ class _CheckedCall:
 _CHECKED_CALLS: dict[tuple, _CheckedCall] = {}  # by _call_signature (options.kept_record)
 
 
-def _call_signature(tensors: tuple, no_batch_idx: bool, scalars: tuple) -> tuple | None:
+def _call_signature(tensors: tuple, no_batch_idx: bool, scalars: CallScalars) -> tuple | None:
     """What :func:`_check_call` reads, or None where it is not kept (the checks then run):
     :func:`check_options`' signature, the new rows' and the block table's layouts (not their
     addresses), the grad and inference states, the caches' addresses (an append must not write
@@ -286,24 +264,15 @@ def _call_signature(tensors: tuple, no_batch_idx: bool, scalars: tuple) -> tuple
     return (base, *layouts, no_batch_idx, grad, inference, caches, override_setting())
 
 
-def _check_call(tensors: tuple, cache_batch_idx, scalars: tuple, compiling: bool) -> _CheckedCall:
+def _check_call(
+    tensors: tuple, cache_batch_idx, scalars: CallScalars, compiling: bool
+) -> _CheckedCall:
     """The checks of everything but the index tensors' values (:func:`_check_values`), in
     order; all of them run before anything is written."""
     q, k_cache, v_cache, k, v, block_table = tensors
-    causal, softmax_scale, return_lse, kernel, window_size, softcap = scalars
     with _named_as_here():
         options = check_options(
-            q,
-            k_cache,
-            v_cache,
-            causal=causal,
-            softmax_scale=softmax_scale,
-            return_lse=return_lse,
-            kernel=kernel,
-            window_size=window_size,
-            softcap=softcap,
-            token_dims=2,
-            compiling=compiling,
+            q, k_cache, v_cache, **scalars._asdict(), token_dims=2, compiling=compiling
         )
     if needs_grad(q, k_cache, v_cache, *(x for x in (k, v) if isinstance(x, torch.Tensor))):
         raise ValueError(
@@ -327,80 +296,22 @@ def _check_call(tensors: tuple, cache_batch_idx, scalars: tuple, compiling: bool
                 f"k_cache has {k_cache.shape[0]} rows for a batch of {batch}: pass "
                 "cache_batch_idx, or a cache with a row per sequence"
             )
-    _check_launchable(q.reshape(batch * seqlen_q, n_heads_q, head_dim), k_cache, v_cache, kernel)
+    _check_launchable(
+        q.reshape(batch * seqlen_q, n_heads_q, head_dim), k_cache, v_cache, scalars.kernel
+    )
     if new:
         _check_writable({"k_cache": k_cache, "v_cache": v_cache})
     extents = byte_extents((k, v)) if new else ()
     return _CheckedCall(options, new, page_size, capacity, byte_spans((k_cache, v_cache)), extents)
 
 
-def flash_attn_with_kvcache(
-    q,
-    k_cache,
-    v_cache,
-    k=None,
-    v=None,
-    rotary_cos=None,
-    rotary_sin=None,
-    cache_seqlens=None,
-    cache_batch_idx=None,
-    cache_leftpad=None,
-    block_table=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    rotary_interleaved=True,
-    alibi_slopes=None,
-    num_splits=0,
-    return_softmax_lse=False,
-    *,
-    kernel: str = "varlen",
-):
-    """flash-attn 2's ``flash_attn_with_kvcache``: attention of new query rows against a KV
-    cache, optionally appending new keys and values to it first (in place).
-
-    Args:
-        q: [B, Sq, Hq, D] float16 or bfloat16 (Sq from 1, a decode step, to a few hundred).
-        k_cache, v_cache: dense [B_cache, S_cache, Hkv, D] (``Hq % Hkv == 0``), or with
-            ``block_table`` paged [num_pages, page_size, Hkv, D] (page_size a power of two
-            from 16 to 256). Written in place when ``k``/``v`` are given. v_cache may have a
-            head dim Dv of its own (as in :func:`portattn.varlen_attention`).
-        k, v: None, or [B, S_new, Hkv, D] and [B, S_new, Hkv, Dv]: appended at positions
-            ``cache_seqlens[b]`` onwards of sequence ``b``'s cache before the attention
-            (``cache_seqlens`` is not updated, as in flash-attn).
-        rotary_cos, rotary_sin, cache_leftpad, alibi_slopes: must be None (ValueError).
-        window_size, softcap: a sliding window and the scores' cap, as in
-            :func:`portattn.varlen_attention` (a row's bytes are those of the prefill with
-            them).
-        cache_seqlens: int32 [B] (or an int for all, or None for the full cache): the keys in
-            each sequence's cache before the append; the attention sees ``cache_seqlens[b] +
-            S_new`` keys.
-        cache_batch_idx: int32 [B] or None (``0..B-1``): the cache row of each sequence
-            (dense caches only; rows must not repeat when appending).
-        block_table: int32 [B, pages_per_seq] or None: the pages of each sequence (paged).
-        softmax_scale: default ``1 / sqrt(D)``.
-        causal: bottom-right aligned: query row ``i`` sees keys ``j <= i + Sk - Sq``.
-        rotary_interleaved: accepted (it only matters with rotary_cos).
-        num_splits: 0 or 1 (keys split only at the entry's fixed chunk: ValueError otherwise).
-        return_softmax_lse: also return the lse, float32 [B, Hq, Sq] (natural log).
-        kernel: ``"varlen"`` or ``"fixed_order"`` (keyword only, not in flash-attn).
-
-    Returns:
-        out [B, Sq, Hq, Dv], or ``(out, softmax_lse)``. Rows that see no key get out 0 and lse
-        ``-inf`` (flash-attn: ``+inf``). Inference only: no argument may require grad.
-
-    Eager calls check the values of ``cache_seqlens``, ``block_table`` and ``cache_batch_idx``
-    (every count within its cache, every page used inside the cache, no cache slot or row
-    appended to twice) before writing anything; while a CUDA graph is captured they are
-    skipped and the caller guarantees them. With an append, the caches and the new k/v must
-    not share memory (checked from their layouts, always: :mod:`portattn.kvcache_checks`).
-    """
-    _check_features(rotary_cos, rotary_sin, cache_leftpad, alibi_slopes, num_splits)
-    check_bool("rotary_interleaved", rotary_interleaved)
-    compiling = torch.compiler.is_compiling()  # in this frame: see check_options
-    scalars = (causal, softmax_scale, return_softmax_lse, kernel, window_size, softcap)
-    tensors = (q, k_cache, v_cache, k, v, block_table)
+def kvcache_attention(
+    tensors: tuple, cache_seqlens, cache_batch_idx, scalars: CallScalars, compiling: bool
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`portattn.flash_attn_with_kvcache` after its feature checks: ``tensors`` its
+    ``(q, k_cache, v_cache, k, v, block_table)``, ``scalars`` its options as given,
+    ``compiling`` read in its frame. Checks (kept per call signature), appends, attends."""
+    q, k_cache, v_cache, k, v, block_table = tensors
     key = None if compiling else _call_signature(tensors, cache_batch_idx is None, scalars)
     call = kept_record(
         _CHECKED_CALLS, key, lambda: _check_call(tensors, cache_batch_idx, scalars, compiling)
@@ -409,7 +320,7 @@ def flash_attn_with_kvcache(
         appended = {"k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v}
         check_rows_apart(call.cache_spans, call.row_extents, appended)
     new, page_size, capacity = call.new, call.page_size, call.capacity
-    return_lse = bool(return_softmax_lse)
+    return_lse = bool(scalars.return_lse)
     batch, seqlen_q, n_heads_q, head_dim = q.shape
     in_graph = capturing(q)
     if block_table is not None:

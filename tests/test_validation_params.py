@@ -95,7 +95,7 @@ def test_softcap_above_bound_rejected(softcap):
 
 
 def test_softcap_bounds():
-    from portattn.validation_params import check_softcap
+    from portattn.options import check_softcap
 
     assert check_softcap(1024) == 1024.0 and check_softcap(2.0**-16) == 2.0**-16
     assert check_softcap(0) == 0.0 and check_softcap(None) == 0.0

@@ -332,7 +332,7 @@ def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool, has_sink: bool
                                 **p.chunk_flags()), reads
     params = dict(flags, BLOCK_D=p.block_d, **p.value_flags(), INTERPRET=p.interpret,
                   D_CHUNKS=cfg.fwd_chunks, TMA=descriptors.TMA_HOST if tma else False,
-                  **p.feature_flags(),  # window, softcap
+                  **p.feature_flags(),  # the options' kernel flags
                   HAS_SINK=has_sink, **tiles.launch_kwargs(), **p.chunk_flags())
     if repair:
         params.update(REPAIR=p.cfg.repair_products)
