@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Session 46 (30 device-minutes; a refused start costs 90-180 s and holds that kind off for
-# ~6 min: check `status` first):
-# 1. (carry .fa4, ~7 min) `bash ci/gpu_slices.sh` (it switches the slicing on in the
-#    device's copy: it ships SLICE_BELOW_PROGRAMS = 0, off): the decode's head
-#    slices at small batches (decode.heads_per_tile, perf-notes row 119) on every workload of
-#    ci/head_slices_ab.py, golden verify of sm90 (its small decode cases then run sliced:
-#    same bits expected) and the decode == prefill GPU tests with tests/test_head_slices.py.
-#    Commit the threshold on only where it is faster and every bit check holds.
-# 2. (carry .fa4, ~4 min) `python3 benchmarks/bench.py --decode --docs` (docs/bench-decode-<card>.*).
-# 3. On an H200 (carry .fa4, ~10 min alone): the full benchmark with --passes 4 (below).
+# Session 47 (30 device-minutes; a refused start costs 90-180 s and holds that kind off for
+# ~6 min: check `status` first; session 46 lost ~270 s to three refusals before its H200 came).
+# 1. (~6 min) the whole GPU suite in two halves on whichever card comes (session 46 moved
+#    flash-attn's interface into flash_compat.py and the window/softcap checks into
+#    options.py: host code only; its kvcache/rollout GPU tests passed, the rest not re-run):
+#      python3 -m pytest $(ls tests/test_*.py | awk 'NR % 2 == 1') -q -n 12 -p no:cacheprovider
+#      python3 -m pytest $(ls tests/test_*.py | awk 'NR % 2 == 0') -q -n 12 -p no:cacheprovider
+# 2. Issue 37's short paged rows (0.58-0.81x FA4 det paged on the H200, perf-notes row 120) are
+#    the decode tile's per-tile work (row 112); row 114's Gluon decode (P in the swapped
+#    layout, only P^T converted for the row sum) is the lever; a CPU-compiled probe first.
+# 3. `python3 benchmarks/transformers_llama.py` (~1.5 min) and `python3
+#    benchmarks/host_overhead.py --gpu --n 1000` (issue 37's eager host time, not re-measured
+#    since session 29).
+# Session 46 ran (H200): `bash ci/gpu_slices.sh` (row 120: head slices slower, removed), the
+# full benchmark with --passes 4 (docs/bench-h200.*), the decode benchmark
+# (docs/bench-decode-h200.*) and golden verify (32/32).
 # Session 45 ran (H100): `bash ci/gpu_chunk_ship.sh all` (C = 16,384 shipped: refresh 30 same
 # bits + 2 split cases, verify 32/32, 166 tests passed), the decode benchmark (row 118), the
 # rollout / invariance / graph / replay GPU tests (380 passed); then four refused starts

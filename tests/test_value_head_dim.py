@@ -26,8 +26,7 @@ from test_fixed_order import assert_correctly_rounded
 
 import portattn
 from portattn.configs import Tiles, pair_config, table_for
-from portattn.flash_compat import flash_attn_func, flash_attn_varlen_func
-from portattn.flash_compat import flash_attn_with_kvcache
+from portattn.flash_compat import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from portattn.reference import reference_attention
 
 # Odd lengths, a sequence of one query row, an empty one, causal with Sq > Sk (63 vs 40).

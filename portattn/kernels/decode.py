@@ -219,24 +219,8 @@ def partial_rows(partials, n_rows, i_c, first_row, first_head, o_t, o_g, n_heads
 
 def heads_per_tile(problem: VarlenProblem) -> int:
     """Query heads of one GQA group packed into a decode tile: the group, rounded up to a power
-    of two, at most the tile's rows (:func:`group_heads`); halved while that multiplies the
-    programs of a grid below :data:`SLICE_BELOW_PROGRAMS`. A small batch then spreads a kv
-    head's query heads over programs (its slices run side by side and read the kv head's K/V
-    through L2) instead of leaving SMs idle; which rows share a tile does not enter a row's
-    bits (module docstring), so the slicing is a launch choice, like the split."""
-    p = problem
-    heads = p.memo.get("decode_heads")  # once per problem (the compile check may pin it)
-    if heads is not None:
-        return heads
-    tiles, heads = p.cfg.decode_tiles(), group_heads(p.cfg, p.group)
-    programs = _programs(p, tiles, heads)
-    while heads > 1 and programs < SLICE_BELOW_PROGRAMS:
-        more = _programs(p, tiles, heads // 2)
-        if more <= programs:  # more positions per tile, as many programs: keep the sharing
-            break
-        heads, programs = heads // 2, more
-    p.memo["decode_heads"] = heads
-    return heads
+    of two, at most the tile's rows."""
+    return group_heads(problem.cfg, problem.group)
 
 
 def group_heads(cfg, group: int) -> int:
@@ -250,17 +234,13 @@ def decode_fits(problem: VarlenProblem) -> bool:
     sequence's group fits one tile, so each K/V tile is read once per kv head. (Paged calls
     always run it; either kernel gives the same bits.)"""
     tiles = problem.cfg.decode_tiles()
-    return problem.max_seqlen_q * group_heads(problem.cfg, problem.group) <= tiles.block_m
+    return problem.max_seqlen_q * heads_per_tile(problem) <= tiles.block_m
 
 
 # A decode whose unsplit grid has fewer programs than this runs each sequence's key chunks in
 # programs of their own (design §3.1: with an entry's ``key_chunk``, and keys past one chunk):
 # two waves of an H100's or H200's 132 SMs. The bits are the same either way.
 SPLIT_BELOW_PROGRAMS = 264
-# A decode grid below this many programs packs fewer query heads per tile (heads_per_tile);
-# 0: never. Off until measured on the GPU (perf-notes row 119: `bash ci/gpu_slices.sh` A/Bs
-# it at SPLIT_BELOW_PROGRAMS and checks the bits); the CPU tests set it.
-SLICE_BELOW_PROGRAMS = 0
 # ... where the partials' workspace stays within this (float32 [slots, rows, Hq, BLOCK_DV + 4]).
 SPLIT_MAX_BYTES = 1 << 28
 
@@ -367,15 +347,10 @@ def page_block_tiles(family_tiles: int, page_size: int) -> int:
     return family_tiles
 
 
-def _decode_grid(p: VarlenProblem, tiles, heads: int | None = None) -> tuple[int, int, int]:
+def _decode_grid(p: VarlenProblem, tiles) -> tuple[int, int, int]:
     """The unsplit decode grid: (position tiles x sequences, kv heads x the group's head
-    slices, head-dim chunks), at ``heads`` query heads per tile (:func:`heads_per_tile`)."""
-    heads = heads_per_tile(p) if heads is None else heads
+    slices, head-dim chunks)."""
+    heads = heads_per_tile(p)
     rows = tiles.block_m // heads
     return (ceil_div(p.grid_rows_q, rows) * p.batch, p.n_heads_k * ceil_div(p.group, heads),
             p.cfg.fwd_chunks)  # fmt: skip
-
-
-def _programs(p: VarlenProblem, tiles, heads: int) -> int:
-    grid = _decode_grid(p, tiles, heads)
-    return grid[0] * grid[1] * grid[2]

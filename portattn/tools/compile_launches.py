@@ -212,7 +212,6 @@ def _unsplit_rows(cfg: KernelConfig) -> int:
 def _plan_paged_decode(entry: Entry, cfg: KernelConfig, seqlen: int, rows: int) -> tuple:
     """The planned decode launches of the representative batch: ``rows`` query rows a sequence
     (1: a decode step) against ``seqlen`` paged keys each."""
-    from portattn.kernels.decode import group_heads
     from portattn.kernels.forward import plan_forward
     from portattn.kernels.plan import ceil_div, plan_problem
     from portattn.options import AttentionOptions
@@ -231,9 +230,6 @@ def _plan_paged_decode(entry: Entry, cfg: KernelConfig, seqlen: int, rows: int) 
         q, k_cache, cu_q, rows, seqlen, options, cfg, block_table=table,
         head_dim_v=entry.value_dim,
     )  # fmt: skip
-    # The whole GQA group in a tile, as a batch that fills the GPU runs it (a small batch
-    # spreads the group over programs: decode.heads_per_tile; same kernel, other HEADS).
-    problem.memo["decode_heads"] = group_heads(cfg, rep["heads_q"] // rep["heads_k"])
     plan = plan_forward(problem, q, k_cache, v_cache, cu_q, cu_k, store_o32=False,
                         block_table=table)  # fmt: skip
     return plan.launches
