@@ -12,7 +12,7 @@
 # 3. `python3 benchmarks/transformers_llama.py` (~1.5 min) and `python3
 #    benchmarks/host_overhead.py --gpu --n 1000` (issue 37's eager host time, not re-measured
 #    since session 29).
-# Session 46 ran (H200): `bash ci/gpu_slices.sh` (row 120: head slices slower, removed), the
+# Session 46 ran (H200): `bash gpu_slices.sh` (ci/, removed in 87a186f; in git at 96f601a) (row 120: head slices slower, removed), the
 # full benchmark with --passes 4 (docs/bench-h200.*), the decode benchmark
 # (docs/bench-decode-h200.*) and golden verify (32/32).
 # Session 45 ran (H100): `bash ci/gpu_chunk_ship.sh all` (C = 16,384 shipped: refresh 30 same
