@@ -1,11 +1,10 @@
-"""``flash_attn_with_kvcache``: flash-attn 2's decode entry point, computed by portattn.
-
-Same argument order, defaults and return conventions as flash-attn 2.6-2.8's
-``flash_attn_with_kvcache``, so a rollout engine written against flash-attn changes only its
-import. The attention runs on the forward's paged path (``kernels/decode.py``): a dense cache
-[B_cache, S_cache, Hkv, D] is read as a paged cache of one page of ``S_cache`` rows per
-sequence (its block table is ``cache_batch_idx``), a paged cache through ``block_table``. A
-query row gets the bytes of the same row of the trainer's packed prefill (design §3).
+"""The work of ``flash_attn_with_kvcache`` (flash-attn 2's decode entry point, whose signature
+is :func:`portattn.flash_compat.flash_attn_with_kvcache`): :func:`kvcache_attention` checks a
+call (kept per call signature), appends the new rows and attends. The attention runs on the
+forward's paged path (``kernels/decode.py``): a dense cache [B_cache, S_cache, Hkv, D] is read
+as a paged cache of one page of ``S_cache`` rows per sequence (its block table is
+``cache_batch_idx``), a paged cache through ``block_table``. A query row gets the bytes of the
+same row of the trainer's packed prefill (design §3).
 
 Everything it does is device work (no host copy): it can be captured in a CUDA graph, where the
 value checks of ``cache_seqlens`` / ``block_table`` / ``cache_batch_idx``, which need their
