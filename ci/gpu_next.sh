@@ -4,16 +4,14 @@
 # 1. (~6 min) the whole GPU suite in two halves on whichever card comes (session 46 moved
 #    flash-attn's interface into flash_compat.py and the window/softcap checks into
 #    options.py: host code only; its kvcache/rollout GPU tests passed, the rest not re-run):
-#      python3 -m pytest $(ls tests/test_*.py | awk 'NR % 2 == 1') -q -n 12 -p no:cacheprovider
-#      python3 -m pytest $(ls tests/test_*.py | awk 'NR % 2 == 0') -q -n 12 -p no:cacheprovider
+#      bash ci/gpu_next.sh odd; bash ci/gpu_next.sh even     (one call each, ~6-9 min)
 # 2. Issue 37's short paged rows (0.58-0.81x FA4 det paged on the H200, perf-notes row 120) are
 #    the decode tile's per-tile work (row 112); row 114's Gluon decode (P in the swapped
 #    layout, only P^T converted for the row sum) is the lever; a CPU-compiled probe first.
-# 3. `python3 benchmarks/transformers_llama.py` (~1.5 min) and `python3
-#    benchmarks/host_overhead.py --gpu --n 1000` (issue 37's eager host time, not re-measured
-#    since session 29).
-# Session 46 ran (H200): `bash gpu_slices.sh` (ci/, removed in 87a186f; in git at 96f601a) (row 120: head slices slower, removed), the
-# full benchmark with --passes 4 (docs/bench-h200.*), the decode benchmark
+# 3. `bash ci/gpu_next.sh 6` (~6 min): `benchmarks/host_overhead.py --gpu` (issue 37's eager
+#    host time, not re-measured since session 29) and `benchmarks/transformers_llama.py`.
+# Session 46 ran (H200): `bash gpu_slices.sh` (ci/, removed in 87a186f; in git at 96f601a;
+# row 120: head slices slower, removed), the full benchmark with --passes 4 (docs/bench-h200.*), the decode benchmark
 # (docs/bench-decode-h200.*) and golden verify (32/32).
 # Session 45 ran (H100): `bash ci/gpu_chunk_ship.sh all` (C = 16,384 shipped: refresh 30 same
 # bits + 2 split cases, verify 32/32, 166 tests passed), the decode benchmark (row 118), the
@@ -220,7 +218,7 @@
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|odd|even}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -254,6 +252,13 @@ elif [ "$PART" = 3 ]; then
   step pytest "${PYTEST_LIMIT:-520}" python3 -m pytest $(ls tests/test_[a-h]*.py) -v -n 15 \
     -p no:cacheprovider -W ignore::DeprecationWarning -rfE
   grep -E "FAILED|ERROR|passed|failed" "$OUT/pytest.log" | grep -v PASSED | tail -n 15
+elif [ "$PART" = odd ] || [ "$PART" = even ]; then
+  # the whole GPU suite in two halves (session 47's first two calls): odd / even test files
+  rem=$([ "$PART" = odd ] && echo 1 || echo 0)
+  # shellcheck disable=SC2046
+  step "suite_$PART" "${PYTEST_LIMIT:-560}" python3 -m pytest $(ls tests/test_*.py | \
+    awk -v r="$rem" 'NR % 2 == r') -v -n 12 -p no:cacheprovider -W ignore::DeprecationWarning -rfE
+  grep -E "FAILED|ERROR|passed|failed" "$OUT/suite_$PART.log" | grep -v PASSED | tail -n 15
 elif [ "$PART" = 6 ]; then
   # host time per eager call with the direct launches, and where it goes on the GPU host
   # (paged_append_i: an int cache_seqlens read 181 us against 113 with a tensor on session 30's
