@@ -22,6 +22,7 @@ from typing import NamedTuple, TypeVar
 import torch
 
 from portattn.configs import interpreter_active
+from portattn.kernels.primitives import Features
 from portattn.validation import check_common, check_sinks
 from portattn.validation_params import type_name
 
@@ -96,15 +97,14 @@ class AttentionOptions:
     def has_sinks(self) -> bool:
         return self.sinks is not None
 
-    def kernel_flags(self) -> dict[str, float | int]:
-        """The optional features' compile-time parameters of every Triton kernel that computes
-        scores (their off values compile to the code of kernels without them); the sinks,
-        a tensor, are the kernels' ``HAS_SINK`` beside their tensor."""
+    def kernel_flags(self) -> dict[str, Features]:
+        """The optional features' compile-time parameter of every Triton kernel that computes
+        scores, one :class:`~portattn.kernels.primitives.Features` record (its off values
+        compile to the code of kernels without them); the sinks, a tensor, are the kernels'
+        ``HAS_SINK`` beside their tensor."""
         flags = self.__dict__.get("_kernel_flags")  # made once per record (frozen)
         if flags is None:
-            flags = dict(
-                WINDOW_LEFT=self.window_left, WINDOW_RIGHT=self.window_right, SOFTCAP=self.softcap
-            )
+            flags = dict(FEATURES=Features(self.window_left, self.window_right, self.softcap))
             object.__setattr__(self, "_kernel_flags", flags)
         return flags
 

@@ -47,6 +47,7 @@ from portattn.kernels.backward_plan import BackwardKernels, BackwardPlan, plan_b
 from portattn.kernels.plan import VarlenProblem, run_launches
 from portattn.kernels.primitives import (
     P_SCALE,
+    feature_mask,
     load_lse2,
     load_row_lse2,
     mask_scores,
@@ -55,9 +56,8 @@ from portattn.kernels.primitives import (
     mma_visible,
     query_range,
     recompute_p,
-    softcap_log2,
-    softcap_scores,
-    visible_mask,
+    scores_log2,
+    through_cap,
     window_query_range,
 )
 from portattn.kernels.repair_checks import repair_check_rows, tile_is_finite
@@ -125,9 +125,7 @@ def attn_bwd_dkdv_kernel(
     WANT_DV: tl.constexpr,
     D_CHUNKS: tl.constexpr,
     TMA: tl.constexpr,
-    WINDOW_LEFT: tl.constexpr,
-    WINDOW_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    FEATURES: tl.constexpr,
     REPAIR: tl.constexpr = 0,
 ):
     """One program per (key tile of one sequence, kv head, head-dim chunk). It sums dK and/or
@@ -221,10 +219,10 @@ def attn_bwd_dkdv_kernel(
                       mask=m_krow[:, None] & m_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         b_v = tl.load(v + o_krows * stride_vt + i_hk.to(tl.int64) * stride_vh + o_dv[None, :],
                       mask=m_krow[:, None] & m_dv[None, :], other=0.0)  # [BLOCK_N, BLOCK_DV]
-    WINDOWED: tl.constexpr = WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0
+    WINDOWED: tl.constexpr = FEATURES.WINDOW_LEFT >= 0 or FEATURES.WINDOW_RIGHT >= 0
     if WINDOWED:  # only the query tiles that see the key tile, each with the mask
         m_lo, m_hi = window_query_range(n_start, seqlen_q, diag, BLOCK_M, BLOCK_N, CAUSAL,
-                                        WINDOW_LEFT, WINDOW_RIGHT)
+                                        FEATURES)
         m_full = m_hi
     else:
         m_lo, m_full = query_range(n_start, seqlen_q, diag, BLOCK_M, BLOCK_N, CAUSAL)
@@ -271,21 +269,16 @@ def attn_bwd_dkdv_kernel(
             o_hm = i_h * stride_hm + o_rows  # [BLOCK_M] head-major lse2 / delta offsets
             b_lse2 = load_row_lse2(lse2 + o_hm, m_row)  # [BLOCK_M]
         b_qkT = mma(b_k, tl.trans(b_q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
-        if SOFTCAP > 0:  # tanh, which dS needs too; P applies the cap (``scores_log2``)
-            b_tanhT = softcap_scores(b_qkT, scale_log2, SOFTCAP)
-            b_qkT = b_tanhT
-            p_scale = softcap_log2(SOFTCAP)
-        else:
-            p_scale = scale_log2
+        b_qkT, p_scale = scores_log2(b_qkT, scale_log2, FEATURES)
+        b_capT = b_qkT  # before the mask: dS goes through the cap (``through_cap``)
         if CAUSAL or WINDOWED:  # noqa: SIM102 - a constexpr branch around a runtime one
             if m_start < m_full:
-                b_qkT = mask_scores(b_qkT, visible_mask(o_q[None, :], o_k[:, None], seqlen_k,
-                                                        diag, CAUSAL, WINDOW_LEFT,
-                                                        WINDOW_RIGHT))
+                b_qkT = mask_scores(b_qkT, feature_mask(o_q[None, :], o_k[:, None], seqlen_k,
+                                                        diag, CAUSAL, FEATURES))
         b_pT = recompute_p(b_qkT, b_lse2[None, :], p_scale)  # [BLOCK_N, BLOCK_M]
         if REPAIR:  # every tile: a fully visible one passes mma_visible's plain product
-            m_visT = visible_mask(o_q[None, :], o_k[:, None], seqlen_k, diag, CAUSAL,
-                                  WINDOW_LEFT, WINDOW_RIGHT)
+            m_visT = feature_mask(o_q[None, :], o_k[:, None], seqlen_k, diag, CAUSAL,
+                                  FEATURES)
         if TMA == TMA_HOST:
             b_do = ragged_tile(ragged_source(do, i_h32, bos_q, seqlen_q), m_start, 0)
         elif WANT_DK or BLOCK_DVC == BLOCK_DV:
@@ -312,8 +305,7 @@ def attn_bwd_dkdv_kernel(
                 b_delta = tl.load(delta + o_hm, mask=m_row, other=0.0)
             b_dpT = mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
             b_dsT = b_pT * (b_dpT - b_delta[None, :])  # [BLOCK_N, BLOCK_M]
-            if SOFTCAP > 0:  # through the cap: d(c tanh(u)) / d(scale qk) = 1 - tanh(u)**2
-                b_dsT = b_dsT * (1.0 - b_tanhT * b_tanhT)
+            b_dsT = through_cap(b_dsT, b_capT, FEATURES)
             if BLOCK_DC == BLOCK_D:
                 b_qc = b_q
             else:

@@ -24,15 +24,15 @@ from portattn.kernels.addressing import (
 )
 from portattn.kernels.primitives import (
     KeyLoop,
+    feature_mask,
     load_row_lse2,
     mask_scores,
     mma,
     mma_rounded,
     mma_visible,
     recompute_p,
-    softcap_log2,
-    softcap_scores,
-    visible_mask,
+    scores_log2,
+    through_cap,
     visited_key_range,
 )
 from portattn.kernels.repair_checks import REPAIR_HEADS, head_is_bad, repair_head_block
@@ -50,7 +50,6 @@ def _dq_key_tiles(
     columns, ``o_dv`` / ``m_dv``: V's."""
     BLOCK_M: tl.constexpr = loop.BLOCK_M
     BLOCK_N: tl.constexpr = loop.BLOCK_N
-    SOFTCAP: tl.constexpr = loop.SOFTCAP
     for n_start in range(n_lo, n_hi, BLOCK_N):
         o_k = n_start + tl.arange(0, BLOCK_N)
         b_k = load_key_tile(src_k, n_start, 0, o_k, seqlen_k, stride_kt, o_d, m_d,
@@ -58,21 +57,16 @@ def _dq_key_tiles(
         b_v = load_key_tile(src_v, n_start, 0, o_k, seqlen_k, stride_vt, o_dv, m_dv,
                             loop.TMA)  # [BLOCK_N, BLOCK_DV]
         b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), loop.INTERPRET)
-        if SOFTCAP > 0:  # as in the dK/dV kernel
-            b_tanh = softcap_scores(b_qk, scale_log2, SOFTCAP)
-            b_qk = b_tanh
-            p_scale = softcap_log2(SOFTCAP)
-        else:
-            p_scale = scale_log2
+        b_qk, p_scale = scores_log2(b_qk, scale_log2, loop.FEATURES)  # as in the dK/dV kernel
+        b_cap = b_qk
         if MASKED:
-            m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, loop.CAUSAL,
-                                 loop.WINDOW_LEFT, loop.WINDOW_RIGHT)
+            m_vis = feature_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, loop.CAUSAL,
+                                 loop.FEATURES)
             b_qk = mask_scores(b_qk, m_vis)
         b_p = recompute_p(b_qk, b_lse2[:, None], p_scale)  # [BLOCK_M, BLOCK_N]
         b_dp = mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), loop.INTERPRET)
         b_ds = b_p * (b_dp - b_delta[:, None])  # [BLOCK_M, BLOCK_N]
-        if SOFTCAP > 0:
-            b_ds = b_ds * (1.0 - b_tanh * b_tanh)
+        b_ds = through_cap(b_ds, b_cap, loop.FEATURES)
         if MASKED and loop.REPAIR:  # design §3.2
             b_dq = mma_visible(b_ds, b_k, b_dq, m_vis, loop.SPLIT_P, loop.INTERPRET,
                                loop.REPAIR)
@@ -99,9 +93,7 @@ def attn_bwd_dq_kernel(
     INTERPRET: tl.constexpr,
     TMA: tl.constexpr,
     PADDED: tl.constexpr,
-    WINDOW_LEFT: tl.constexpr,
-    WINDOW_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    FEATURES: tl.constexpr,
     REPAIR: tl.constexpr = 0,
     N_HEADS_Q: tl.constexpr = 0,
 ):
@@ -136,7 +128,7 @@ def attn_bwd_dq_kernel(
                         stride_dqh, stride_hm, scale, scale_log2,
                         i_b, i_h, i_h // group, bos_q, seqlen_q, bos_k, seqlen_k, m_start,
                         HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
-                        SPLIT_P, INTERPRET, TMA, PADDED, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, REPAIR,
+                        SPLIT_P, INTERPRET, TMA, PADDED, FEATURES, REPAIR,
                     )
     else:
         i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
@@ -149,7 +141,7 @@ def attn_bwd_dq_kernel(
             scale, scale_log2,
             i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start,
             HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
-            SPLIT_P, INTERPRET, TMA, PADDED, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, REPAIR,
+            SPLIT_P, INTERPRET, TMA, PADDED, FEATURES, REPAIR,
         )
 
 
@@ -162,8 +154,7 @@ def dq_program(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SPLIT_P: tl.constexpr, INTERPRET: tl.constexpr, TMA: tl.constexpr, PADDED: tl.constexpr,
-    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    REPAIR: tl.constexpr,
+    FEATURES: tl.constexpr, REPAIR: tl.constexpr,
 ):
     """dQ of one query tile (rows from ``m_start``) of query head ``i_h`` (strides in
     elements, ``row_strides``'), written."""
@@ -193,18 +184,16 @@ def dq_program(
                                    HEAD_DIM_V)
     b_dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     n_lo, n_full, n_hi = visited_key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL,
-                                           WINDOW_LEFT, WINDOW_RIGHT)  # the forward's tiles
+                                           FEATURES)  # the forward's tiles
     b_dq = _dq_key_tiles(
         b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dv, m_dv, seqlen_k, diag, scale_log2, n_lo, n_full,
-        KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
-                SOFTCAP), False,
+        KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA, FEATURES), False,
     )
     b_dq = _dq_key_tiles(
         b_dq, b_q, b_do, b_lse2, b_delta, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dv, m_dv, seqlen_k, diag, scale_log2, n_full, n_hi,
-        KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
-                SOFTCAP, 0, REPAIR), True,
+        KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA, FEATURES, 0, REPAIR), True,
     )
     b_dq = b_dq * scale
     tl.store(dq + o_rows * stride_dqt + i_h.to(tl.int64) * stride_dqh + o_d[None, :],

@@ -71,9 +71,7 @@ def attn_decode_kernel(
     SPLIT_P: tl.constexpr,
     INTERPRET: tl.constexpr,
     D_CHUNKS: tl.constexpr,
-    WINDOW_LEFT: tl.constexpr,
-    WINDOW_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    FEATURES: tl.constexpr,
     HAS_SINK: tl.constexpr,
     sinks,
     REPAIR: tl.constexpr = 0,
@@ -147,7 +145,7 @@ def attn_decode_kernel(
         src_k = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
         src_v = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
     n_lo, n_full, n_hi = visited_key_range(m_start, seqlen_k, diag, ROWS, BLOCK_N, CAUSAL,
-                                           WINDOW_LEFT, WINDOW_RIGHT)
+                                           FEATURES)
 
     if SPLIT == 1:  # chunk i_c's partial, where the tile visits it (design §3.1); no output
         c_lo = i_c * KEY_CHUNK
@@ -157,8 +155,8 @@ def attn_decode_kernel(
             c_acc, c_m, c_l = key_range_tiles(  # [BLOCK_M, BLOCK_DC], [BLOCK_M], [BLOCK_M]
                 c_acc, c_m, c_l, b_q, src_k, src_v, stride_kt, stride_vt,
                 o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, lo, mid, hi,
-                KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, WINDOW_LEFT,
-                        WINDOW_RIGHT, SOFTCAP, PAGE_SIZE, REPAIR, PAGE_BLOCK, KEY_CHUNK),
+                KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, FEATURES,
+                        PAGE_SIZE, REPAIR, PAGE_BLOCK, KEY_CHUNK),
                 p_pages, stride_kp, stride_vp,
             )
             n_rows = tl.load(cu_seqlens_q + batch).to(tl.int64)  # after the loop: no live int64
@@ -188,8 +186,8 @@ def attn_decode_kernel(
             b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
                 b_q, src_k, src_v, stride_kt, stride_vt,
                 o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
-                KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, WINDOW_LEFT,
-                        WINDOW_RIGHT, SOFTCAP, PAGE_SIZE, REPAIR, PAGE_BLOCK, KEY_CHUNK),
+                KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, FEATURES,
+                        PAGE_SIZE, REPAIR, PAGE_BLOCK, KEY_CHUNK),
                 BLOCK_DC, p_pages, stride_kp, stride_vp, b_sink, HAS_SINK,
             )
 

@@ -66,9 +66,7 @@ def attn_fwd_kernel(
     INTERPRET: tl.constexpr,
     D_CHUNKS: tl.constexpr,
     TMA: tl.constexpr,
-    WINDOW_LEFT: tl.constexpr,
-    WINDOW_RIGHT: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    FEATURES: tl.constexpr,
     HAS_SINK: tl.constexpr,
     sinks,
     REPAIR: tl.constexpr = 0,
@@ -80,8 +78,9 @@ def attn_fwd_kernel(
     full accumulator does not fit beside the tiles; program 0 of the pair writes lse. ``TMA``:
     Q, K and V tiles are read through the launch's ragged host descriptors (``TMA_HOST``: q, k
     and v are descriptors) or the program's per-sequence descriptors (``row_tiles``).
-    ``WINDOW_LEFT`` / ``WINDOW_RIGHT`` >= 0: a sliding window (``visible_mask``); only the key
-    tiles some row of the tile sees are visited (``visited_key_range``). ``SOFTCAP`` > 0: the
+    ``FEATURES`` (``primitives.Features``): with a window side >= 0 a sliding window
+    (``feature_mask``); only the key tiles some row of the tile sees are visited
+    (``visited_key_range``). With a cap > 0: the
     scores are softcapped (``softcap_scores``). ``HAS_SINK``: float32 ``sinks`` [Hq] (else
     None), the heads' attention sinks (``fold_sink``). ``HEAD_DIM_V`` / ``BLOCK_DV``: v's and
     the output's head dim and its padded width (q's and k's: ``HEAD_DIM`` / ``BLOCK_D``).
@@ -121,7 +120,7 @@ def attn_fwd_kernel(
                         n_heads_q, scale_log2, sinks, i_h, i_h // group, bos_q, seqlen_q,
                         bos_k, seqlen_k, m_start, HEAD_DIM, BLOCK_D, HEAD_DIM_V, BLOCK_DV,
                         BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, STORE_O32, INTERPRET, D_CHUNKS, TMA,
-                        WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, HAS_SINK, REPAIR, KEY_CHUNK,
+                        FEATURES, HAS_SINK, REPAIR, KEY_CHUNK,
                     )
     else:
         i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start = query_tile(
@@ -133,7 +132,7 @@ def attn_fwd_kernel(
             stride_vh, stride_ot, stride_oh, stride_o32t, stride_o32h, n_heads_q, scale_log2,
             sinks, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_start, HEAD_DIM, BLOCK_D,
             HEAD_DIM_V, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, STORE_O32, INTERPRET,
-            D_CHUNKS, TMA, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, HAS_SINK, REPAIR, KEY_CHUNK,
+            D_CHUNKS, TMA, FEATURES, HAS_SINK, REPAIR, KEY_CHUNK,
         )
 
 
@@ -147,8 +146,7 @@ def forward_program(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SPLIT_P: tl.constexpr, STORE_O32: tl.constexpr, INTERPRET: tl.constexpr,
-    D_CHUNKS: tl.constexpr, TMA: tl.constexpr, WINDOW_LEFT: tl.constexpr,
-    WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINK: tl.constexpr,
+    D_CHUNKS: tl.constexpr, TMA: tl.constexpr, FEATURES: tl.constexpr, HAS_SINK: tl.constexpr,
     REPAIR: tl.constexpr, KEY_CHUNK: tl.constexpr = 0,
 ):
     """The forward of one query tile (rows from ``m_start``) of one query head ``i_h``: the
@@ -179,14 +177,14 @@ def forward_program(
                                    HEAD_DIM_V)
 
     n_lo, n_full, n_hi = visited_key_range(m_start, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL,
-                                           WINDOW_LEFT, WINDOW_RIGHT)
+                                           FEATURES)
 
     b_sink = tl.load(sinks + i_h) if HAS_SINK else None  # the head's sink, natural log
     b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
         b_q, src_k, src_v, stride_kt, stride_vt,
         o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
-        KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA, WINDOW_LEFT, WINDOW_RIGHT,
-                SOFTCAP, 0, REPAIR, 0, KEY_CHUNK), BLOCK_DC, b_sink=b_sink, HAS_SINK=HAS_SINK,
+        KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, TMA, FEATURES, 0, REPAIR, 0,
+                KEY_CHUNK), BLOCK_DC, b_sink=b_sink, HAS_SINK=HAS_SINK,
     )
 
     o_rows = (bos_q + o_q.to(tl.int64))[:, None]

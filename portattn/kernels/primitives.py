@@ -149,15 +149,23 @@ def key_range(m_start, seqlen_k, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 
 @triton.jit
+def feature_mask(o_q, o_k, seqlen_k, diag, CAUSAL: tl.constexpr, FEATURES: tl.constexpr):
+    """``visible_mask`` under the window of ``FEATURES`` (:class:`Features`)."""
+    return visible_mask(o_q, o_k, seqlen_k, diag, CAUSAL, FEATURES.WINDOW_LEFT,
+                        FEATURES.WINDOW_RIGHT)
+
+
+@triton.jit
 def visited_key_range(m_start, seqlen_k, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
-                      WINDOW_RIGHT: tl.constexpr):
+                      CAUSAL: tl.constexpr, FEATURES: tl.constexpr):
     """The key tiles a query tile visits, (n_lo, n_full, n_hi): unmasked from ``n_lo`` below
     ``n_full``, masked from there below ``n_hi``. Without a window: ``key_range`` from 0.
     Under a sliding window (``WINDOW_LEFT`` / ``WINDOW_RIGHT`` >= 0), tiles below ``n_lo`` (a
     multiple of BLOCK_N, so the tiles keep their anchoring at the sequence start) and from
     ``n_hi`` on are seen by no row of the query tile, and every tile in between takes the mask
     (``n_full = n_lo``: a fully visible tile gives the same bits masked, ``mask_scores``)."""
+    WINDOW_LEFT: tl.constexpr = FEATURES.WINDOW_LEFT
+    WINDOW_RIGHT: tl.constexpr = FEATURES.WINDOW_RIGHT
     if WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0:
         n_hi = seqlen_k
         if CAUSAL:
@@ -194,11 +202,12 @@ def query_range(n_start, seqlen_q, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 @triton.jit
 def window_query_range(n_start, seqlen_q, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
-                       WINDOW_RIGHT: tl.constexpr):
+                       CAUSAL: tl.constexpr, FEATURES: tl.constexpr):
     """``query_range`` under a sliding window: (m_lo, m_hi). Query tiles below ``m_lo`` (a
     multiple of BLOCK_M) and rows from ``m_hi`` on see no key of the key tile at ``n_start``;
     every tile in between takes the mask."""
+    WINDOW_LEFT: tl.constexpr = FEATURES.WINDOW_LEFT
+    WINDOW_RIGHT: tl.constexpr = FEATURES.WINDOW_RIGHT
     m_lo = 0
     if CAUSAL:
         m_lo = tl.minimum(tl.maximum(n_start - diag, 0), seqlen_q) // BLOCK_M * BLOCK_M
@@ -238,17 +247,28 @@ def softcap_log2(SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def scores_log2(b_qk, scale_log2, SOFTCAP: tl.constexpr):
+def scores_log2(b_qk, scale_log2, FEATURES: tl.constexpr):
     """The scores of a tile ready for the mask and the softmax, and the factor the softmax
-    applies to them: raw scores and ``scale_log2``, or with ``SOFTCAP`` > 0 ``tanh(u)``
+    applies to them: raw scores and ``scale_log2``, or with ``FEATURES.SOFTCAP`` > 0 ``tanh(u)``
     (``softcap_scores``) and ``softcap_log2``. Either way the factor is applied after the mask,
     in ``online_softmax_step`` / ``recompute_p``'s ``exp2(s * factor - m)``: the compiler
     contracts that into one fma in masked and unmasked tiles alike, so a row gets the same bits
     whichever tiles take the mask (a capped score rounded before the mask and contracted after
-    it in unmasked tiles gave decode and prefill rows 1-ulp apart on sm90)."""
+    it in unmasked tiles gave decode and prefill rows 1-ulp apart on sm90). The backward keeps
+    the capped scores of a tile before its mask for ``through_cap``."""
+    SOFTCAP: tl.constexpr = FEATURES.SOFTCAP
     if SOFTCAP > 0:
         return softcap_scores(b_qk, scale_log2, SOFTCAP), softcap_log2(SOFTCAP)
     return b_qk, scale_log2
+
+
+@triton.jit
+def through_cap(b_ds, b_capped, FEATURES: tl.constexpr):
+    """dS through the cap: ``d(c tanh(u)) / d(scale qk) = 1 - tanh(u)**2``, with ``b_capped``
+    the tile's ``scores_log2`` scores before the mask (``tanh(u)``); without a cap dS as it is."""
+    if FEATURES.SOFTCAP > 0:
+        b_ds = b_ds * (1.0 - b_capped * b_capped)
+    return b_ds
 
 
 @triton.jit
@@ -268,6 +288,16 @@ def online_softmax_step(b_qk, b_m, b_l, scale_log2):
     return b_p, b_alpha, b_m_new, b_l
 
 
+class Features(NamedTuple):
+    """The optional features' compile-time flags, one constexpr record from
+    ``AttentionOptions.kernel_flags`` through every Triton kernel that computes scores to the
+    primitives that apply them; their off values compile to the code without them."""
+
+    WINDOW_LEFT: tl.constexpr = -1  # ``visible_mask``: -1 unbounded on that side
+    WINDOW_RIGHT: tl.constexpr = -1
+    SOFTCAP: tl.constexpr = 0.0  # ``scores_log2``, ``through_cap``
+
+
 class KeyLoop(NamedTuple):
     """The compile-time options of a key loop (``forward_tile``, ``forward_key_tiles``, the dQ
     kernel's ``_dq_key_tiles``), in one bundle, so that an option reaches every loop as one
@@ -280,9 +310,7 @@ class KeyLoop(NamedTuple):
     SPLIT_P: tl.constexpr
     INTERPRET: tl.constexpr
     TMA: tl.constexpr  # K/V read through ``key_value_tiles``' descriptors (its TMA values)
-    WINDOW_LEFT: tl.constexpr = -1  # ``visible_mask``
-    WINDOW_RIGHT: tl.constexpr = -1
-    SOFTCAP: tl.constexpr = 0.0  # ``scores_log2``
+    FEATURES: tl.constexpr  # :class:`Features` (``feature_mask``, ``scores_log2``)
     PAGE_SIZE: tl.constexpr = 0  # ``paged_rows``
     # A repair pass (design §3.2): 0 none; else masked tiles through ``mma_visible`` with
     # REPAIR products (KernelConfig.repair_products: 1 or 2)
@@ -355,10 +383,10 @@ def key_tile_step(b_acc, b_m, b_l, b_q, b_k, b_v, o_q, o_k, seqlen_k, diag, scal
     """A key tile of ``forward_key_tiles``, K and V loaded: scores, mask, softmax, product."""
     b_qk = mma(b_q, tl.trans(b_k), tl.zeros([loop.BLOCK_M, loop.BLOCK_N], tl.float32),
                loop.INTERPRET)
-    b_qk, step_scale = scores_log2(b_qk, scale_log2, loop.SOFTCAP)
+    b_qk, step_scale = scores_log2(b_qk, scale_log2, loop.FEATURES)
     if MASKED:
-        m_vis = visible_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, loop.CAUSAL,
-                             loop.WINDOW_LEFT, loop.WINDOW_RIGHT)
+        m_vis = feature_mask(o_q[:, None], o_k[None, :], seqlen_k, diag, loop.CAUSAL,
+                             loop.FEATURES)
         b_qk = mask_scores(b_qk, m_vis)
     b_p, b_alpha, b_m, b_l = online_softmax_step(b_qk, b_m, b_l, step_scale)
     b_acc = b_acc * b_alpha[:, None]
