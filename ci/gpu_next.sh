@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Session 47 (30 device-minutes; a refused start costs 90-180 s and holds that kind off for
 # ~6 min: check `status` first; session 46 lost ~270 s to three refusals before its H200 came).
-# 1. (~6 min) the whole GPU suite in two halves on whichever card comes (session 46 moved
-#    flash-attn's interface into flash_compat.py and the window/softcap checks into
-#    options.py: host code only; its kvcache/rollout GPU tests passed, the rest not re-run):
+# 1. First (~2 min warm): `python3 -m portattn golden verify --family sm90` (32/32 expected).
+#    Session 46 landed 34fa539 after its last GPU call: the kernels take their feature flags
+#    as one constexpr NamedTuple (`primitives.Features`); every family's fingerprints are
+#    identical under Triton 3.6 and 3.9 (same machine code), but Triton's JIT launch path with
+#    a NamedTuple constexpr and the direct launcher ran only under the interpreter and the
+#    compile check. Then the whole GPU suite in two halves (it also covers 96f601a's
+#    flash_compat / options move, host code only):
 #      bash ci/gpu_next.sh odd; bash ci/gpu_next.sh even     (one call each, ~6-9 min)
 # 2. Issue 37's short paged rows (0.58-0.81x FA4 det paged on the H200, perf-notes row 120) are
 #    the decode tile's per-tile work (row 112); row 114's Gluon decode (P in the swapped
@@ -11,8 +15,9 @@
 # 3. `bash ci/gpu_next.sh 6` (~6 min): `benchmarks/host_overhead.py --gpu` (issue 37's eager
 #    host time, not re-measured since session 29) and `benchmarks/transformers_llama.py`.
 # Session 46 ran (H200): `bash gpu_slices.sh` (ci/, removed in 87a186f; in git at 96f601a;
-# row 120: head slices slower, removed), the full benchmark with --passes 4 (docs/bench-h200.*), the decode benchmark
-# (docs/bench-decode-h200.*) and golden verify (32/32).
+# row 120: head slices slower, removed), the full benchmark with --passes 4
+# (docs/bench-h200.*), the decode benchmark (docs/bench-decode-h200.*) and golden verify
+# (32/32).
 # Session 45 ran (H100): `bash ci/gpu_chunk_ship.sh all` (C = 16,384 shipped: refresh 30 same
 # bits + 2 split cases, verify 32/32, 166 tests passed), the decode benchmark (row 118), the
 # rollout / invariance / graph / replay GPU tests (380 passed); then four refused starts
