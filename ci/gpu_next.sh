@@ -223,7 +223,7 @@
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|odd|even}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|odd|even}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -274,6 +274,14 @@ elif [ "$PART" = 6 ]; then
     --profile --sort tottime
   step llama 200 python3 benchmarks/transformers_llama.py
   grep -E "^\|" "$OUT/llama.log" | tail -n 12
+elif [ "$PART" = first ]; then
+  # session 47's first call: 34fa539's constexpr record on the GPU, then the eager host time
+  step golden 240 python3 -m portattn golden verify --family sm90
+  tail -n 2 "$OUT/golden.log"
+  step host 150 python3 benchmarks/host_overhead.py --gpu --n 1000
+  grep -E "^\|" "$OUT/host.log"
+  step host_prof 90 python3 benchmarks/host_overhead.py --gpu --n 500 --cases paged,paged_append_i,attention_decode \
+    --profile --sort tottime
 elif [ "$PART" = 4 ]; then
   step paged_ncu 240 ncu --clock-control none --kernel-name regex:attn_decode_kernel -c 2 \
     --section WarpStateStats --section SourceCounters --print-details all \
