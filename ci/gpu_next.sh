@@ -275,11 +275,15 @@ elif [ "$PART" = 6 ]; then
   step llama 200 python3 benchmarks/transformers_llama.py
   grep -E "^\|" "$OUT/llama.log" | tail -n 12
 elif [ "$PART" = first ]; then
-  # session 47's first call: 34fa539's constexpr record on the GPU, then the eager host time
+  # session 47's first call (carry .fa4): 34fa539's constexpr record on the GPU, the eager host
+  # time, and ci/decode_ceiling_probe.py (the Gluon forward's per-key-tile time at B1 / B8)
+  source .fa4/install.sh >"$OUT/fa4_install.log" 2>&1
   step golden 240 python3 -m portattn golden verify --family sm90
   tail -n 2 "$OUT/golden.log"
   step host 150 python3 benchmarks/host_overhead.py --gpu --n 1000
   grep -E "^\|" "$OUT/host.log"
+  step ceiling 90 python3 ci/decode_ceiling_probe.py
+  grep -E "^\|" "$OUT/ceiling.log"
   step host_prof 90 python3 benchmarks/host_overhead.py --gpu --n 500 --cases paged,paged_append_i,attention_decode \
     --profile --sort tottime
 elif [ "$PART" = 4 ]; then
