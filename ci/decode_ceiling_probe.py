@@ -11,9 +11,12 @@ Rows (graph replay, bf16, K/V of ``bench_decode``'s B1 / B8 lengths, d128, non-c
 bytes read per second; all read the same K/V, 8 kv heads):
 
 * ``decode gqa32/8 Sq1``: the shipped decode (4 real rows of its 64);
-* ``decode h8 Sq64``: the same decode kernel with 64 real rows (8/8 heads, 64 positions);
-* ``forward h8 Sq65`` / ``Sq128``: the forward (the sm90 entry's Gluon kernel), one 128-row tile
-  of 65 / 128 real rows a kv head;
+* ``decode h16/8 Sq32``: the same decode kernel with 64 real rows (a group of 2 heads, 32
+  positions);
+* ``forward h16/8 Sq64``: the forward (the sm90 entry's Gluon kernel), 2 programs a kv head
+  (their K/V reads side by side, the second from L2), each a 128-row tile of 64 real rows: its
+  second consumer group skips the keys, so this is one 64-row warp group's per-tile time;
+* ``forward h8 Sq128``: the forward, one tile of 128 real rows a kv head (both groups);
 * ``FA4 det`` on the first and last of these shapes, where FA4 is importable.
 
 Usage (GPU): python ci/decode_ceiling_probe.py
@@ -33,8 +36,8 @@ import portattn
 from benchmarks import bench_decode as bd
 
 HKV, D = 8, 128
-SHAPES = (("decode gqa32/8 Sq1", 32, 1), ("decode h8 Sq64", 8, 64), ("forward h8 Sq65", 8, 65),
-          ("forward h8 Sq128", 8, 128))  # fmt: skip
+SHAPES = (("decode gqa32/8 Sq1", 32, 1), ("decode h16/8 Sq32", 16, 32),
+          ("forward h16/8 Sq64", 16, 64), ("forward h8 Sq128", 8, 128))  # fmt: skip
 
 
 def fa4_call():
