@@ -223,7 +223,7 @@
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|odd|even}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|odd|even}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -275,15 +275,20 @@ elif [ "$PART" = 6 ]; then
   step llama 200 python3 benchmarks/transformers_llama.py
   grep -E "^\|" "$OUT/llama.log" | tail -n 12
 elif [ "$PART" = first ]; then
-  # session 47's first call (carry .fa4): 34fa539's constexpr record on the GPU, the eager host
-  # time, and ci/decode_ceiling_probe.py (the Gluon forward's per-key-tile time at B1 / B8)
+  # session 47's first call (carry .fa4): 34fa539's constexpr record on the GPU (golden), the
+  # Gluon decode's bits and TB/s against the shipped decode, the Gluon forward's per-tile time
   source .fa4/install.sh >"$OUT/fa4_install.log" 2>&1
   step golden 240 python3 -m portattn golden verify --family sm90
   tail -n 2 "$OUT/golden.log"
-  step host 150 python3 benchmarks/host_overhead.py --gpu --n 1000
-  grep -E "^\|" "$OUT/host.log"
+  step gluon_quick 150 python3 ci/gluon_decode_ab.py --quick
+  grep -E "^\||Error|error" "$OUT/gluon_quick.log" | head -n 30
   step ceiling 90 python3 ci/decode_ceiling_probe.py
   grep -E "^\|" "$OUT/ceiling.log"
+  step gluon 200 python3 ci/gluon_decode_ab.py
+  grep -E "^\|" "$OUT/gluon.log" | tail -n +19
+elif [ "$PART" = host ]; then
+  step host 150 python3 benchmarks/host_overhead.py --gpu --n 1000
+  grep -E "^\|" "$OUT/host.log"
   step host_prof 90 python3 benchmarks/host_overhead.py --gpu --n 500 --cases paged,paged_append_i,attention_decode \
     --profile --sort tottime
 elif [ "$PART" = 4 ]; then

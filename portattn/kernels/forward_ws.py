@@ -121,7 +121,10 @@ def _softmax_p(b_s, b_m, b_l, i_tile, st, cfg, m_start, s_layout: gl.constexpr):
     P comes rounded to the input dtype as P V rounds it (in float32 with ``SPLIT_P``, whose
     second product takes what the rounding left)."""
     if i_tile >= st.t_full:
-        o_q = m_start + gl.arange(0, ws.GROUP_ROWS, layout=gl.SliceLayout(1, s_layout))
+        o_t = gl.arange(0, ws.GROUP_ROWS, layout=gl.SliceLayout(1, s_layout))
+        if cfg.HEADS > 1:  # a decode tile (decode_ws): row t is query position t // HEADS
+            o_t = o_t // cfg.HEADS
+        o_q = m_start + o_t
         o_k = i_tile * cfg.BLOCK_N + gl.arange(0, cfg.BLOCK_N,
                                                layout=gl.SliceLayout(0, s_layout))
         m_vis = visible_mask(o_q[:, None], o_k[None, :], st.seqlen_k, st.diag, cfg.CAUSAL)
@@ -133,7 +136,7 @@ def _softmax_p(b_s, b_m, b_l, i_tile, st, cfg, m_start, s_layout: gl.constexpr):
 
 
 @gluon.jit
-def _first_scores(q_tile, i_tile, st, cfg, m_start, b_m, b_l, s_layout: gl.constexpr):
+def first_scores(q_tile, i_tile, st, cfg, m_start, b_m, b_l, s_layout: gl.constexpr):
     """Q K^T of key tile ``i_tile`` and its softmax step, nothing else in flight. (Its alpha
     rescales nothing: it is the first tile of the loop, acc is empty.)"""
     b_zero = gl.zeros([ws.GROUP_ROWS, cfg.BLOCK_N], gl.float32, layout=s_layout)
@@ -145,7 +148,7 @@ def _first_scores(q_tile, i_tile, st, cfg, m_start, b_m, b_l, s_layout: gl.const
 
 
 @gluon.jit
-def _next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_m, b_l,
+def next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_m, b_l,
                s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
     """One step of the key loop: P of tile ``i_tile`` is ready and acc holds the tiles before
     it, rescaled for tile i. Q K^T of tile i + 1 and P V of tile i are issued back to back and
@@ -170,7 +173,7 @@ def _next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_m, b_l,
 
 
 @gluon.jit
-def _issue_last_pv(i_tile, st, cfg, b_acc, b_p, o_layout: gl.constexpr,
+def issue_last_pv(i_tile, st, cfg, b_acc, b_p, o_layout: gl.constexpr,
                    p_layout: gl.constexpr):
     """P V of the loop's last tile ``i_tile``, issued (its wgmma in flight)."""
     ws.wait_filled(st.v_bars, i_tile, cfg.STAGES)
@@ -179,10 +182,10 @@ def _issue_last_pv(i_tile, st, cfg, b_acc, b_p, o_layout: gl.constexpr,
 
 
 @gluon.jit
-def _last_pv(i_tile, st, cfg, b_acc, b_p, o_layout: gl.constexpr,
+def last_pv(i_tile, st, cfg, b_acc, b_p, o_layout: gl.constexpr,
              p_layout: gl.constexpr):
     """P V of the loop's last tile ``i_tile``, nothing else in flight."""
-    b_acc = _issue_last_pv(i_tile, st, cfg, b_acc, b_p, o_layout, p_layout)
+    b_acc = issue_last_pv(i_tile, st, cfg, b_acc, b_p, o_layout, p_layout)
     return warpgroup_mma_wait(0, deps=(b_acc,))
 
 
@@ -196,11 +199,11 @@ def _chunk(q_tile, t_lo, t_hi, st, cfg, m_start, s_layout: gl.constexpr,
     b_acc = gl.zeros([ws.GROUP_ROWS, cfg.HEAD_DIM], gl.float32, layout=o_layout)
     b_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     b_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    b_p, _, b_m, b_l = _first_scores(q_tile, t_lo, st, cfg, m_start, b_m, b_l, s_layout)
+    b_p, _, b_m, b_l = first_scores(q_tile, t_lo, st, cfg, m_start, b_m, b_l, s_layout)
     for i_tile in range(t_lo, t_hi - 1):
-        b_acc, b_p, b_m, b_l = _next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_m, b_l,
+        b_acc, b_p, b_m, b_l = next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_m, b_l,
                                           s_layout, o_layout, p_layout)
-    b_acc = _issue_last_pv(t_hi - 1, st, cfg, b_acc, b_p, o_layout, p_layout)
+    b_acc = issue_last_pv(t_hi - 1, st, cfg, b_acc, b_p, o_layout, p_layout)
     return b_acc, gl.convert_layout(b_m, row_layout), gl.convert_layout(b_l, row_layout)
 
 
@@ -302,12 +305,12 @@ def _consume(GROUP: gl.constexpr, st, cfg):
         if not cfg.SPLIT_P:
             b_p = b_p.to(st.v_ring.dtype)
         if st.n_tiles > 0:
-            b_p, _, b_m, b_l = _first_scores(q_tile, 0, st, cfg, m_start, b_m, b_l, s_layout)
+            b_p, _, b_m, b_l = first_scores(q_tile, 0, st, cfg, m_start, b_m, b_l, s_layout)
         for i_tile in range(0, st.n_tiles - 1):
-            b_acc, b_p, b_m, b_l = _next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_m,
+            b_acc, b_p, b_m, b_l = next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_m,
                                               b_l, s_layout, o_layout, p_layout)
         if st.n_tiles > 0:
-            b_acc = _last_pv(st.n_tiles - 1, st, cfg, b_acc, b_p, o_layout, p_layout)
+            b_acc = last_pv(st.n_tiles - 1, st, cfg, b_acc, b_p, o_layout, p_layout)
         b_l = gl.convert_layout(b_l, row_layout)
         b_m = gl.convert_layout(b_m, row_layout)
 

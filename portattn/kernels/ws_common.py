@@ -96,6 +96,8 @@ class Config(NamedTuple):
     STORE_O32: gl.constexpr = False  # forward: also the float32 copy of out
     PADDED: gl.constexpr = False  # dQ: lse2 and delta in the padded head-major layout
     KEY_CHUNK: gl.constexpr = 0  # forward: the key chunk (design §3.1), its state parked
+    HEADS: gl.constexpr = 1  # decode: query heads a tile row's position packs (row t: t // HEADS)
+    PAGE_SIZE: gl.constexpr = 0  # decode: the paged cache's page rows (0: packed K/V)
 
 
 @gluon.jit

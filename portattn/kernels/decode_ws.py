@@ -1,0 +1,279 @@
+"""Hopper decode kernel in Gluon: the Gluon forward's key loop on a decode tile (issue 37).
+
+A decode program of ``decode.py`` (one per position tile of a sequence and kv head, its 64 rows
+the GQA group's query heads times the positions) spends its time on each key tile's own work,
+not on DRAM (perf-notes rows 112, 120): Triton waits for each ``wgmma`` right after issuing
+it. This kernel runs the same tile through ``forward_ws``'s steps instead (``first_scores``,
+``next_tile``, ``last_pv``: the next tile's ``Q K^T`` and this tile's ``P V`` issued together,
+the softmax under them), as one consumer warp group of 64 rows fed by a producer warp:
+
+* the program's Q rows (row ``t``: position ``m_start + t // HEADS``, group head ``t % HEADS``,
+  as ``attn_decode_kernel``) are gathered by pointer loads into shared memory before the
+  partitions fork; rows past the sequence or the group read 0 and are not stored;
+* the producer copies K and V tiles by TMA into a ring of ``STAGES`` slots through ragged host
+  descriptors (``descriptors.py``): of the packed tensors [total_k, Hkv, D], or (``PAGE_SIZE``
+  > 0) of the paged caches seen as [num_pages * PAGE_SIZE, Hkv, D], one copy per page a tile
+  holds (a page's rows past the sequence's keys read 0, as past a packed sequence's end).
+
+Bits. Each row's are the prefill's: the same key tiles (BLOCK_N of the forward entry), in
+ascending order, through the same expressions (``forward_ws``'s steps, which give the Triton
+forward's bits; ``normalize_rows``). Which rows share a tile does not enter a row's
+arithmetic. The GPU check is ``ci/gluon_decode_ab.py`` (bitwise against ``decode.py``).
+
+Scope (the rest runs ``decode.py``): no window, softcap or sinks, no key chunk (a sequence of
+at most ``key_chunk`` keys, or an entry without one), no repair pass, whole GQA groups of at
+most 64 heads, head dims 64 and 128, pages of at least 8 rows that divide the key tile or that
+it divides. Not planned yet: the probe launches it (``launch_decode_ws``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+from portattn.kernels import ws_common as ws
+from portattn.kernels.addressing import seq_bounds, tile_index
+from portattn.kernels.descriptors import ragged_arguments, with_descriptors
+from portattn.kernels.forward_ws import first_scores, last_pv, next_tile
+from portattn.kernels.plan import LOG2E, ceil_div, next_pow2
+from portattn.kernels.row_state import normalize_rows
+
+
+class _Decode(NamedTuple):
+    """The runtime state of one decode program, read by name by both partitions and by
+    ``forward_ws``'s steps (which read the ring, its barriers, ``t_full``, ``seqlen_k``,
+    ``diag`` and ``scale_log2``)."""
+
+    q_smem: gl.shared_memory_descriptor  # [64, HEAD_DIM]: the tile's Q rows
+    k_ring: gl.shared_memory_descriptor  # [STAGES, BLOCK_N, HEAD_DIM]
+    v_ring: gl.shared_memory_descriptor
+    k_bars: gl.shared_memory_descriptor
+    v_bars: gl.shared_memory_descriptor
+    free_bars: gl.shared_memory_descriptor
+    o: gl.tensor  # [total_q, Hq, D]
+    lse: gl.tensor  # [total_q, Hq]
+    stride_ot: gl.tensor
+    stride_oh: gl.tensor
+    bos_q: gl.tensor
+    seqlen_q: gl.tensor
+    seqlen_k: gl.tensor
+    diag: gl.tensor
+    t_full: gl.tensor
+    n_tiles: gl.tensor
+    m_start: gl.tensor
+    i_hk: gl.tensor
+    group: gl.tensor
+    n_heads_q: gl.tensor
+    scale_log2: gl.tensor
+    # The producer's: K / V ragged descriptors, the sequence's first key row (packed), its
+    # block-table row (paged).
+    k_desc: tma.tensor_descriptor
+    v_desc: tma.tensor_descriptor
+    bos_k: gl.tensor
+    pages: gl.tensor
+
+
+@gluon.constexpr_function
+def _rows_layout(head_dim):
+    """A blocked layout of a [64, head_dim] 16-bit tile for 4 warps, 16 bytes a thread."""
+    cols = head_dim // 8
+    return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // cols, cols],
+                            warps_per_cta=[4, 1], order=[1, 0])
+
+
+@gluon.jit
+def _tile_heads(m_start, seqlen_q, i_hk, group, HEADS: gl.constexpr, layout: gl.constexpr):
+    """The tile's rows: (o_q [64] positions, i_h [64] query heads (int64), valid [64])."""
+    o_t = gl.arange(0, ws.GROUP_ROWS, layout=layout)
+    o_q = m_start + o_t // HEADS
+    o_g = o_t % HEADS
+    return o_q, (i_hk * group + o_g).to(gl.int64), (o_q < seqlen_q) & (o_g < group)
+
+
+@gluon.jit
+def _consume(st, cfg):
+    """The consumer warp group: the key loop (``forward_ws._consume``'s without chunks), then
+    the rows' out and lse by pointer stores."""
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    s_layout: gl.constexpr = ws.acc_layout(BLOCK_N)
+    o_layout: gl.constexpr = ws.acc_layout(HEAD_DIM)
+    p_layout: gl.constexpr = ws.operand_layout(o_layout)
+    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    b_acc = gl.zeros([ws.GROUP_ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+    b_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    b_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    b_p = gl.zeros([ws.GROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    if not cfg.SPLIT_P:
+        b_p = b_p.to(st.v_ring.dtype)
+    if st.n_tiles > 0:
+        b_p, _, b_m, b_l = first_scores(st.q_smem, 0, st, cfg, st.m_start, b_m, b_l, s_layout)
+    for i_tile in range(0, st.n_tiles - 1):
+        b_acc, b_p, b_m, b_l = next_tile(st.q_smem, i_tile, st, cfg, st.m_start, b_acc, b_p,
+                                         b_m, b_l, s_layout, o_layout, p_layout)
+    if st.n_tiles > 0:
+        b_acc = last_pv(st.n_tiles - 1, st, cfg, b_acc, b_p, o_layout, p_layout)
+    b_out, b_lse = normalize_rows(b_acc, gl.convert_layout(b_m, row_layout),
+                                  gl.convert_layout(b_l, row_layout))  # [64, D], [64]
+
+    o_q, i_h, m_row = _tile_heads(st.m_start, st.seqlen_q, st.i_hk, st.group, cfg.HEADS,
+                                  row_layout)
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    o_rows = (st.bos_q + o_q.to(gl.int64))[:, None]
+    p_o = st.o + o_rows * st.stride_ot + i_h[:, None] * st.stride_oh + o_d[None, :]
+    gl.store(p_o, b_out.to(st.o.dtype.element_ty), mask=m_row[:, None] & (o_d < HEAD_DIM)[None, :])
+    gl.store(st.lse + (st.bos_q + o_q.to(gl.int64)) * st.n_heads_q + i_h, b_lse, mask=m_row)
+
+
+@gluon.jit
+def _copy_keys(desc, st, cfg, key0, bar, tile):
+    """Keys [key0, key0 + BLOCK_N) of the sequence into ``tile``: one ragged copy (packed), or
+    one per page the tile spans (paged; a tile inside a page is one copy of its rows)."""
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    PAGE_SIZE: gl.constexpr = cfg.PAGE_SIZE
+    if PAGE_SIZE == 0:
+        ws.ragged_load(desc, st.bos_k, st.seqlen_k, key0, st.i_hk, bar, tile)
+    elif PAGE_SIZE >= BLOCK_N:
+        page = gl.load(st.pages + key0 // PAGE_SIZE)
+        first = key0 // PAGE_SIZE * PAGE_SIZE  # the page's first key
+        ws.ragged_load(desc, page.to(gl.int64) * PAGE_SIZE,
+                       gl.minimum(st.seqlen_k - first, PAGE_SIZE), key0 - first, st.i_hk, bar,
+                       tile)
+    else:
+        for i in gl.static_range(BLOCK_N // PAGE_SIZE):
+            first = key0 + i * PAGE_SIZE
+            # A page past the sequence's keys is not in its block-table row: page 0's rows,
+            # read as none (0 rows), keep the copy's byte count.
+            page = gl.load(st.pages + first // PAGE_SIZE, mask=first < st.seqlen_k, other=0)
+            ws.ragged_load(desc, page.to(gl.int64) * PAGE_SIZE,
+                           gl.maximum(gl.minimum(st.seqlen_k - first, PAGE_SIZE), 0), 0,
+                           st.i_hk, bar, tile.slice(i * PAGE_SIZE, PAGE_SIZE))
+
+
+@gluon.jit
+def _produce(st, cfg):
+    """One warp: K and V tiles into the ring as the consumer frees its slots."""
+    STAGES: gl.constexpr = cfg.STAGES
+    COPIES: gl.constexpr = 1 if cfg.PAGE_SIZE == 0 or cfg.PAGE_SIZE >= cfg.BLOCK_N else (
+        cfg.BLOCK_N // cfg.PAGE_SIZE)
+    for i_tile in range(st.n_tiles):
+        slot = i_tile % STAGES
+        ws.wait_free(st.free_bars, i_tile, STAGES)
+        mbarrier.expect(st.k_bars.index(slot), st.k_desc.block_type.nbytes * COPIES)
+        _copy_keys(st.k_desc, st, cfg, i_tile * cfg.BLOCK_N, st.k_bars.index(slot),
+                   st.k_ring.index(slot))
+        mbarrier.expect(st.v_bars.index(slot), st.v_desc.block_type.nbytes * COPIES)
+        _copy_keys(st.v_desc, st, cfg, i_tile * cfg.BLOCK_N, st.v_bars.index(slot),
+                   st.v_ring.index(slot))
+
+
+@gluon.jit
+def attn_decode_ws_kernel(
+    q, k, v, o, lse, block_table,
+    cu_seqlens_q, cu_seqlens_k,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+    batch, n_heads_q, group, scale_log2,
+    HEAD_DIM: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    HEADS: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    SPLIT_P: gl.constexpr,
+    STAGES: gl.constexpr,
+):
+    """Program ids: 0 = (position tile, sequence) as ``tile_index`` decodes it; 1 = kv head.
+    q [total_q, Hq, D] (pointer loads); k, v: ragged host descriptors of the packed K/V or of
+    the paged caches as token rows; block_table int32 [B, pages] (paged; else not read)."""
+    ROWS: gl.constexpr = ws.GROUP_ROWS // HEADS  # query positions per tile
+    i_b, i_m = tile_index(batch, CAUSAL)
+    i_hk = gl.program_id(1)
+    bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
+    bos_k, seqlen_k = seq_bounds(cu_seqlens_k, i_b)
+    m_start = i_m * ROWS
+    if m_start >= seqlen_q:
+        return
+    diag, t_full, n_tiles = ws.query_key_tiles(m_start, seqlen_q, seqlen_k, ROWS, BLOCK_N,
+                                               CAUSAL)
+
+    # Q rows gathered into shared memory (wgmma's A operand) before the partitions fork.
+    q_layout: gl.constexpr = _rows_layout(HEAD_DIM)
+    o_q, i_h, m_row = _tile_heads(m_start, seqlen_q, i_hk, group, HEADS,
+                                  gl.SliceLayout(1, q_layout))
+    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
+    p_q = q + (bos_q + o_q.to(gl.int64))[:, None] * stride_qt + i_h[:, None] * stride_qh
+    b_q = gl.load(p_q + o_d[None, :], mask=m_row[:, None] & (o_d < HEAD_DIM)[None, :],
+                  other=0.0)
+    dtype: gl.constexpr = q.dtype.element_ty
+    q_smem = gl.allocate_shared_memory(dtype, [ws.GROUP_ROWS, HEAD_DIM], ws.SWIZZLED_128B, b_q)
+    k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], ws.SWIZZLED_128B)
+    v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], ws.SWIZZLED_128B)
+    k_bars = ws.barriers(STAGES, 1)
+    v_bars = ws.barriers(STAGES, 1)
+    free_bars = ws.barriers(STAGES, 1)  # one consumer group
+    fence_async_shared()
+
+    pages = block_table + i_b.to(gl.int64) * stride_bt
+    program = _Decode(
+        q_smem=q_smem, k_ring=k_ring, v_ring=v_ring, k_bars=k_bars, v_bars=v_bars,
+        free_bars=free_bars, o=o, lse=lse, stride_ot=stride_ot, stride_oh=stride_oh,
+        bos_q=bos_q, seqlen_q=seqlen_q, seqlen_k=seqlen_k, diag=diag, t_full=t_full,
+        n_tiles=n_tiles, m_start=m_start, i_hk=i_hk, group=group, n_heads_q=n_heads_q,
+        scale_log2=scale_log2, k_desc=k, v_desc=v, bos_k=bos_k, pages=pages)
+    # The Config built in the calls: assigned to a local, its constexprs would become tensors.
+    gl.warp_specialize([
+        (_consume, (program, ws.Config(HEAD_DIM, ws.GROUP_ROWS, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
+                                       HEADS=HEADS, PAGE_SIZE=PAGE_SIZE))),
+        (_produce, (program, ws.Config(HEAD_DIM, ws.GROUP_ROWS, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
+                                       HEADS=HEADS, PAGE_SIZE=PAGE_SIZE))),
+    ], [1], [ws.PRODUCER_REGS])
+
+
+class DecodeWsLaunch(NamedTuple):
+    """One launch of :func:`attn_decode_ws_kernel`: its grid, arguments (tensors; those named
+    in ``descriptors`` go as ragged descriptors), compile-time parameters and launch options."""
+
+    grid: tuple[int, int]
+    args: tuple
+    params: dict
+    descriptors: tuple
+
+
+def plan_decode_ws(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                   block_table, scale: float, causal: bool, split_p: bool, block_n: int,
+                   stages: int) -> DecodeWsLaunch:  # fmt: skip
+    """The launch of a decode (see the module's scope) writing ``out`` [total_q, Hq, D] and
+    ``lse`` float32 [total_q, Hq]: q [total_q, Hq, D]; k, v packed [total_k, Hkv, D]
+    (``block_table`` None) or paged caches [num_pages, page_size, Hkv, D] whose pages are
+    contiguous token rows (``block_table`` int32 [B, pages a sequence])."""
+    n_heads_q, head_dim = q.shape[1], q.shape[2]
+    page_size = 0 if block_table is None else k.shape[1]
+    if page_size:  # the caches as token rows: page p's rows are [p * page_size, + page_size)
+        k, v = (x.view(-1, *x.shape[2:]) for x in (k, v))
+        table, stride_bt = block_table, block_table.stride(0)
+    else:
+        table, stride_bt = cu_seqlens_k, 0  # not read
+    n_heads_k = k.shape[1]
+    group = n_heads_q // n_heads_k
+    heads = min(next_pow2(group), ws.GROUP_ROWS.value)
+    if heads < group:
+        raise ValueError(f"a GQA group of {group} query heads does not fit one decode tile")
+    batch = cu_seqlens_q.shape[0] - 1
+    rows = ws.GROUP_ROWS.value // heads
+    grid = (ceil_div(max_seqlen_q, rows) * batch, n_heads_k)
+    args = (q, k, v, out, lse, table, cu_seqlens_q, cu_seqlens_k,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), stride_bt,
+            batch, n_heads_q, group, scale * LOG2E)  # fmt: skip
+    params = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, HEADS=heads, PAGE_SIZE=page_size,
+                  CAUSAL=causal, SPLIT_P=split_p, STAGES=stages, num_warps=4)  # fmt: skip
+    copy_rows = block_n if page_size == 0 else min(page_size, block_n)
+    descriptors = ragged_arguments(attn_decode_ws_kernel, k=copy_rows, v=copy_rows)
+    return DecodeWsLaunch(grid, args, params, descriptors)
+
+
+def launch_decode_ws(launch: DecodeWsLaunch) -> None:
+    """Run a planned decode launch (no checks: the caller's plan is the contract)."""
+    attn_decode_ws_kernel[launch.grid](*with_descriptors(launch.args, launch.descriptors),
+                                       **launch.params)
