@@ -270,7 +270,7 @@ def _portattn(w: DecodeWorkload, inp: DecodeInputs, kernel: str, paged: bool) ->
     return DecodeImpl(call, lambda o: o.reshape(-1, w.n_heads_q, w.head_dim))
 
 
-def _fa4(w: DecodeWorkload, inp: DecodeInputs, deterministic: bool, paged: bool) -> DecodeImpl:
+def fa4_impl(w: DecodeWorkload, inp: DecodeInputs, deterministic: bool, paged: bool) -> DecodeImpl:
     from flash_attn.cute import flash_attn_varlen_func as fa4
 
     _need_cuda(inp, "FlashAttention-4")
@@ -354,9 +354,9 @@ def build_impls(w: DecodeWorkload, inp: DecodeInputs) -> dict[str, DecodeImpl | 
         PA_VARLEN_DENSE: lambda: _portattn(w, inp, "varlen", False),
         PA_FIXED_PAGED: lambda: _portattn(w, inp, "fixed_order", True),
         PA_FIXED_DENSE: lambda: _portattn(w, inp, "fixed_order", False),
-        FA4_DET: lambda: _fa4(w, inp, True, False),
-        FA4_DEFAULT: lambda: _fa4(w, inp, False, False),
-        FA4_PAGED: lambda: _fa4(w, inp, True, True),
+        FA4_DET: lambda: fa4_impl(w, inp, True, False),
+        FA4_DEFAULT: lambda: fa4_impl(w, inp, False, False),
+        FA4_PAGED: lambda: fa4_impl(w, inp, True, True),
         TORCH_VARLEN: lambda: _torch_varlen(w, inp, False),
         TORCH_PAGED: lambda: _torch_varlen(w, inp, True),
         FLEX: lambda: _flex(w, inp),

@@ -58,8 +58,8 @@ def calls(q, k, v, cu_q, cu_k, sq: int, max_k: int, fa4) -> dict:
     }
     if fa4 is not None:
         out["FA4 det"] = lambda: fa4(
-            q, k, v, cu_q, cu_k, max_seqlen_q=sq, max_seqlen_k=max_k, causal=False,
-            deterministic=True,
+            q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=sq, max_seqlen_k=max_k,
+            causal=False, deterministic=True,
         )[0]  # fmt: skip
     return out
 

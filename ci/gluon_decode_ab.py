@@ -26,6 +26,7 @@ if not __package__:  # run as `python ci/gluon_decode_ab.py`: the checkout's roo
 import torch
 
 import portattn
+from benchmarks.bench import attempt
 from portattn.kernels.decode_ws import launch_decode_ws, plan_decode_ws
 from portattn.tools.compile_launches import Entry
 
@@ -99,9 +100,14 @@ def gpu_row(bd, w, kernel: str, page: int) -> str:
         ms = min(bd.gpu_timer(fn)[0] for _ in range(2))
         cells.append(f"{w.kv_bytes() / ms / 1e9:.2f} ({n})")
     ms_ref = min(bd.gpu_timer(ref)[0] for _ in range(2))
+    peer = "-"
+    if page == 64 and kernel == "varlen":  # FA4 det on the same pages (bench_decode's peer)
+        impl, error = attempt(lambda: bd.graphed(bd.fa4_impl(w, inp, True, True)))
+        if error is None:
+            peer = f"{w.kv_bytes() / min(bd.gpu_timer(impl.fn)[0] for _ in range(2)) / 1e9:.2f}"
     layout = f"paged {page}" if page else "packed"
     return (f"| {w.name} | {kernel} | {layout} | {w.kv_bytes() / ms_ref / 1e9:.2f} | "
-            f"{' / '.join(cells)} | {' / '.join(bits)} |")  # fmt: skip
+            f"{' / '.join(cells)} | {' / '.join(bits)} | {peer} |")  # fmt: skip
 
 
 def gpu(quick: bool) -> int:
@@ -109,8 +115,9 @@ def gpu(quick: bool) -> int:
 
     wanted = WORKLOADS[:2] if quick else WORKLOADS
     workloads = [w for w in bd.default_workloads() if w.name in wanted]
-    print("| workload | kernel | K/V | shipped graph TB/s | gluon TB/s (slots) | bits |")
-    print("| --- | --- | --- | ---: | --- | --- |")
+    print("| workload | kernel | K/V | shipped graph TB/s | gluon TB/s (slots) | bits | FA4 det "
+          "paged TB/s |")  # fmt: skip
+    print("| --- | --- | --- | ---: | --- | --- | ---: |")
     with torch.no_grad():
         for w in workloads:
             for kernel in ("varlen", "fixed_order"):
@@ -119,8 +126,10 @@ def gpu(quick: bool) -> int:
     return 0
 
 
-def compile_sm90() -> int:
-    """Compile each variant for sm90 on this machine (CPU tensors; nothing runs)."""
+def compile_variant(kernel: str, d: int, page: int, slots: int) -> dict:
+    """The sm90 compile of one variant on this machine (CPU tensors; nothing runs): its
+    registers, spill bytes, shared memory, TMA copies and wgmma instructions in the PTX.
+    Module-level and JSON in, JSON out, for ``ci.golden_dev.keys.in_compiler_process``."""
     import tempfile
 
     from portattn.families import FAMILIES
@@ -131,39 +140,41 @@ def compile_sm90() -> int:
     from portattn.tools.compilecheck import compile_launch
 
     family = FAMILIES["sm90"]
-    print("| kernel | d | K/V | slots | registers | spill B | shared B |")
-    print("| --- | --- | --- | --- | ---: | ---: | ---: |")
+    block_n, _ = variants(kernel, d)
+    b, hq, hk = 2, 32, 8
+    q = torch.randn(b, hq, d, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(b, hq)
+    if page:
+        k, table = torch.randn(4, page, hk, d, dtype=torch.bfloat16), torch.zeros(b, 2).int()
+    else:
+        k, table = torch.randn(256, hk, d, dtype=torch.bfloat16), None
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    plan = plan_decode_ws(q, k, k.clone(), out, lse, cu, cu * 100, 1, table, d**-0.5, True,
+                          kernel == "fixed_order", block_n, slots)  # fmt: skip
+    launch = bind_launch("decode_ws", attn_decode_ws_kernel, plan.args, plan.params, ())
     with tempfile.TemporaryDirectory() as cache, pinned_knobs(cache):
-        for kernel in ("varlen", "fixed_order"):
-            for d in (128, 64):
-                block_n, slots = variants(kernel, d)
-                for page in PAGES:
-                    for n in slots:
-                        b, hq, hk = 2, 32, 8
-                        q = torch.randn(b, hq, d, dtype=torch.bfloat16)
-                        out, lse = torch.empty_like(q), torch.empty(b, hq)
-                        if page:
-                            k = torch.randn(4, page, hk, d, dtype=torch.bfloat16)
-                            table = torch.zeros(b, 2, dtype=torch.int32)
-                        else:
-                            k, table = torch.randn(256, hk, d, dtype=torch.bfloat16), None
-                        cu = torch.tensor([0, 1, 2], dtype=torch.int32)
-                        plan = plan_decode_ws(q, k, k.clone(), out, lse, cu, cu * 100, 1, table,
-                                              d**-0.5, True, kernel == "fixed_order", block_n,
-                                              n)  # fmt: skip
-                        launch = bind_launch("decode_ws", attn_decode_ws_kernel, plan.args,
-                                             plan.params, plan.descriptors)  # fmt: skip
-                        try:
-                            art = compile_launch(launch, family)
-                        except Exception as err:  # noqa: BLE001 - report and go on
-                            last = str(err).splitlines()[-1][:200]
-                            print(f"| {kernel} | {d} | {page or 'packed'} | {n} | error: "
-                                  f"{last} | | |", flush=True)  # fmt: skip
-                            continue
-                        use = resource_usage(art, family)
-                        print(f"| {kernel} | {d} | {page or 'packed'} | {n} | "
-                              f"{use.get('regs')} | {use.get('spills')} | {art.shared} |",
-                              flush=True)  # fmt: skip
+        art = compile_launch(launch, family)
+    use = resource_usage(art, family)
+    return dict(registers=use["regs"], spills=use["spills"], shared=art.shared,
+                tma_copies=art.asm.count("cp.async.bulk.tensor"),
+                wgmma=art.asm.count("wgmma.mma_async"))  # fmt: skip
+
+
+def compile_sm90() -> int:
+    """Compile each variant for sm90 on this machine."""
+    print("| kernel | d | K/V | slots | registers | spill B | shared B | TMA copies |")
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: |")
+    for kernel in ("varlen", "fixed_order"):
+        for d in (128, 64):
+            for page in PAGES:
+                for n in variants(kernel, d)[1]:
+                    try:
+                        r = compile_variant(kernel, d, page, n)
+                    except Exception as err:  # noqa: BLE001 - report and go on
+                        r = dict(registers="error: " + str(err).splitlines()[-1][:200])
+                    print(f"| {kernel} | {d} | {page or 'packed'} | {n} | {r['registers']} | "
+                          f"{r.get('spills')} | {r.get('shared')} | {r.get('tma_copies')} |",
+                          flush=True)  # fmt: skip
     return 0
 
 

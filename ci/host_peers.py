@@ -66,7 +66,7 @@ def decode_calls() -> dict:
     pa = bd._portattn(w, inp, "varlen", True).fn
     calls["paged decode B1: portattn"] = lambda: pa()
     try:
-        fa = bd._fa4(w, inp, True, True).fn
+        fa = bd.fa4_impl(w, inp, True, True).fn
         calls["paged decode B1: FA4 det"] = lambda: fa()
     except ImportError as exc:
         print(f"FA4 not importable: {exc}")

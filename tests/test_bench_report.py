@@ -190,7 +190,8 @@ def test_cli_plot_from_json(tmp_path, monkeypatch, capsys):
 
 def test_docs_flag_defaults(tmp_path, monkeypatch):
     """--docs points every output at docs/bench-<card>.* (relative to the working directory):
-    without a GPU, plot re-renders the H200's."""
+    without a GPU, plot re-renders the H200's (on a GPU machine too: no GPU is seen here)."""
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
     (tmp_path / "docs").mkdir()
     bench_report.write_json(tmp_path / "docs" / "bench-h200.json", _synthetic())
     monkeypatch.chdir(tmp_path)

@@ -36,10 +36,15 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from portattn.kernels import ws_common as ws
 from portattn.kernels.addressing import seq_bounds, tile_index
-from portattn.kernels.descriptors import ragged_arguments, with_descriptors
+from portattn.kernels.descriptors import ragged_descriptor, with_descriptors
 from portattn.kernels.forward_ws import first_scores, last_pv, next_tile
 from portattn.kernels.plan import LOG2E, ceil_div, next_pow2
 from portattn.kernels.row_state import normalize_rows
+
+
+# The producer warp's registers: its per-page copies (pages of 16 rows: 16 a tile) spilled at
+# the forward's 24; with one consumer group a program has registers to spare.
+PRODUCER_REGS = gl.constexpr(48)
 
 
 class _Decode(NamedTuple):
@@ -130,8 +135,14 @@ def _consume(st, cfg):
 
 @gluon.jit
 def _copy_keys(desc, st, cfg, key0, bar, tile):
-    """Keys [key0, key0 + BLOCK_N) of the sequence into ``tile``: one ragged copy (packed), or
-    one per page the tile spans (paged; a tile inside a page is one copy of its rows)."""
+    """Keys [key0, key0 + BLOCK_N) of the sequence into ``tile``: one ragged copy (packed, or
+    a tile inside one page), or (pages smaller than the tile) one per page and 64 columns.
+
+    A [BLOCK_N, HEAD_DIM] tile of ``SWIZZLED_128B`` holds its 64-column halves one after the
+    other ([HEAD_DIM // 64, BLOCK_N, 64]: 128-byte rows, as the TMA copy writes them), so a
+    page's rows are a slice of each half; ``desc`` then copies [PAGE_SIZE, 64] boxes (a copy
+    into a row slice of the whole tile put its second half at the slice's offset, not the
+    tile's: session 47's H100 run)."""
     BLOCK_N: gl.constexpr = cfg.BLOCK_N
     PAGE_SIZE: gl.constexpr = cfg.PAGE_SIZE
     if PAGE_SIZE == 0:
@@ -143,22 +154,24 @@ def _copy_keys(desc, st, cfg, key0, bar, tile):
                        gl.minimum(st.seqlen_k - first, PAGE_SIZE), key0 - first, st.i_hk, bar,
                        tile)
     else:
+        HALVES: gl.constexpr = cfg.HEAD_DIM // 64
+        halves = ws.as_shape(tile, [HALVES * BLOCK_N, 64], ws.SWIZZLED_128B)
         for i in gl.static_range(BLOCK_N // PAGE_SIZE):
             first = key0 + i * PAGE_SIZE
             # A page past the sequence's keys is not in its block-table row: page 0's rows,
             # read as none (0 rows), keep the copy's byte count.
             page = gl.load(st.pages + first // PAGE_SIZE, mask=first < st.seqlen_k, other=0)
-            ws.ragged_load(desc, page.to(gl.int64) * PAGE_SIZE,
-                           gl.maximum(gl.minimum(st.seqlen_k - first, PAGE_SIZE), 0), 0,
-                           st.i_hk, bar, tile.slice(i * PAGE_SIZE, PAGE_SIZE))
+            rows = gl.maximum(gl.minimum(st.seqlen_k - first, PAGE_SIZE), 0)
+            for c in gl.static_range(HALVES):
+                ws.ragged_load(desc, page.to(gl.int64) * PAGE_SIZE, rows, 0, st.i_hk, bar,
+                               halves.slice(c * BLOCK_N + i * PAGE_SIZE, PAGE_SIZE), c * 64)
 
 
 @gluon.jit
 def _produce(st, cfg):
     """One warp: K and V tiles into the ring as the consumer frees its slots."""
     STAGES: gl.constexpr = cfg.STAGES
-    COPIES: gl.constexpr = 1 if cfg.PAGE_SIZE == 0 or cfg.PAGE_SIZE >= cfg.BLOCK_N else (
-        cfg.BLOCK_N // cfg.PAGE_SIZE)
+    COPIES: gl.constexpr = copies_per_tile(cfg.BLOCK_N, cfg.PAGE_SIZE, cfg.HEAD_DIM)
     for i_tile in range(st.n_tiles):
         slot = i_tile % STAGES
         ws.wait_free(st.free_bars, i_tile, STAGES)
@@ -168,6 +181,15 @@ def _produce(st, cfg):
         mbarrier.expect(st.v_bars.index(slot), st.v_desc.block_type.nbytes * COPIES)
         _copy_keys(st.v_desc, st, cfg, i_tile * cfg.BLOCK_N, st.v_bars.index(slot),
                    st.v_ring.index(slot))
+
+
+@gluon.constexpr_function
+def copies_per_tile(block_n, page_size, head_dim):
+    """The TMA copies of one K (or V) tile: one, or per page and 64 columns (``_copy_keys``).
+    (A constexpr function: the kernel's and the host's.)"""
+    if page_size == 0 or page_size >= block_n:
+        return 1
+    return block_n // page_size * (head_dim // 64)
 
 
 @gluon.jit
@@ -228,12 +250,13 @@ def attn_decode_ws_kernel(
                                        HEADS=HEADS, PAGE_SIZE=PAGE_SIZE))),
         (_produce, (program, ws.Config(HEAD_DIM, ws.GROUP_ROWS, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
                                        HEADS=HEADS, PAGE_SIZE=PAGE_SIZE))),
-    ], [1], [ws.PRODUCER_REGS])
+    ], [1], [PRODUCER_REGS])
 
 
 class DecodeWsLaunch(NamedTuple):
-    """One launch of :func:`attn_decode_ws_kernel`: its grid, arguments (tensors; those named
-    in ``descriptors`` go as ragged descriptors), compile-time parameters and launch options."""
+    """One launch of :func:`attn_decode_ws_kernel`: its grid, arguments (k and v as their
+    ragged descriptors), compile-time parameters and launch options; ``descriptors`` () (the
+    arguments the executor would make descriptors of)."""
 
     grid: tuple[int, int]
     args: tuple
@@ -268,9 +291,13 @@ def plan_decode_ws(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
             batch, n_heads_q, group, scale * LOG2E)  # fmt: skip
     params = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, HEADS=heads, PAGE_SIZE=page_size,
                   CAUSAL=causal, SPLIT_P=split_p, STAGES=stages, num_warps=4)  # fmt: skip
-    copy_rows = block_n if page_size == 0 else min(page_size, block_n)
-    descriptors = ragged_arguments(attn_decode_ws_kernel, k=copy_rows, v=copy_rows)
-    return DecodeWsLaunch(grid, args, params, descriptors)
+    if copies_per_tile(block_n, page_size, head_dim) == 1:
+        box = (block_n if page_size == 0 else min(page_size, block_n), 0)
+    else:
+        box = (page_size, 64)
+    k_desc, v_desc = (ragged_descriptor(x, *box) for x in (k, v))
+    args = (q, k_desc, v_desc, *args[3:])
+    return DecodeWsLaunch(grid, args, params, ())
 
 
 def launch_decode_ws(launch: DecodeWsLaunch) -> None:

@@ -84,16 +84,16 @@ def _descriptor(
     return copy
 
 
-def ragged_descriptor(x: Any, block_rows: int) -> Any:
+def ragged_descriptor(x: Any, block_rows: int, block_cols: int = 0) -> Any:
     """The ragged host descriptor of ``x`` [tokens, heads, D] (16-byte aligned rows and
     strides, ``buffers.rows_aligned``) whose copies are [block_rows, D] tiles of one head of
-    one sequence (module docstring)."""
+    one sequence (module docstring); [block_rows, block_cols] tiles where given."""
     s_t, s_h, _ = x.stride()
     _, heads, dim = x.shape
     return _descriptor(_descriptor_class("gluon"), x, s_t, s_h,
                        [_OUTER, _OUTER, RAGGED_ROWS, heads, dim],
-                       [(1 << 34) - s_t, s_t, s_t, s_h, 1], [1, 1, block_rows, 1, dim],
-                       ragged_layout())  # fmt: skip
+                       [(1 << 34) - s_t, s_t, s_t, s_h, 1],
+                       [1, 1, block_rows, 1, block_cols or dim], ragged_layout())  # fmt: skip
 
 
 def ragged_tl_descriptor(x: Any, block_rows: int, block_cols: int) -> Any:

@@ -173,6 +173,11 @@ if hasattr(gl.shared_memory_descriptor, "reinterpret"):
         a ragged ``desc``."""
         return tile.reinterpret(tile.dtype, desc.block_type.shape, desc.layout)
 
+    @gluon.jit
+    def as_shape(tile, shape: gl.constexpr, layout: gl.constexpr):
+        """``tile``'s bytes as a ``shape`` tile of ``layout``."""
+        return tile.reinterpret(tile.dtype, shape, layout)
+
 else:
 
     @gluon.jit
@@ -180,6 +185,11 @@ else:
         """``tile`` [R, HEAD_DIM] (or [R, 1, HEAD_DIM]) as the [1, 1, R, 1, HEAD_DIM] block of
         a ragged ``desc``."""
         return tile._reinterpret(tile.dtype, desc.block_type.shape, desc.layout)
+
+    @gluon.jit
+    def as_shape(tile, shape: gl.constexpr, layout: gl.constexpr):
+        """``tile``'s bytes as a ``shape`` tile of ``layout``."""
+        return tile._reinterpret(tile.dtype, shape, layout)
 
 
 @gluon.jit
@@ -193,12 +203,13 @@ def _ragged_coords(bos, seqlen, row, head):
 
 
 @gluon.jit
-def ragged_load(desc, bos, seqlen, row, head, bar, tile):
+def ragged_load(desc, bos, seqlen, row, head, bar, tile, col=0):
     """Copy rows [row, row + R) of head ``head`` of the sequence whose rows are [bos, bos +
-    seqlen) into ``tile`` ([R, HEAD_DIM] of ``SWIZZLED_128B``), completing ``bar``; rows past
-    the sequence's end read 0 (the row coordinate passes 2**30 there)."""
+    seqlen) into ``tile`` ([R, C] of ``SWIZZLED_128B``: C the descriptor's columns, from
+    ``col``), completing ``bar``; rows past the sequence's end read 0 (the row coordinate
+    passes 2**30 there)."""
     end, start, head = _ragged_coords(bos, seqlen, row, head)
-    tma_load(desc, [RAGGED_ROWS, end, start, head, 0], bar, _as_block(tile, desc))
+    tma_load(desc, [RAGGED_ROWS, end, start, head, col], bar, _as_block(tile, desc))
 
 
 @gluon.jit
