@@ -151,7 +151,9 @@ def compile_variant(kernel: str, d: int, page: int, slots: int) -> dict:
     cu = torch.tensor([0, 1, 2], dtype=torch.int32)
     plan = plan_decode_ws(q, k, k.clone(), out, lse, cu, cu * 100, 1, table, d**-0.5, True,
                           kernel == "fixed_order", block_n, slots)  # fmt: skip
-    launch = bind_launch("decode_ws", attn_decode_ws_kernel, plan.args, plan.params, ())
+    launch = bind_launch(
+        "decode_ws", attn_decode_ws_kernel, plan.args, plan.params, plan.descriptors
+    )
     with tempfile.TemporaryDirectory() as cache, pinned_knobs(cache):
         art = compile_launch(launch, family)
     use = resource_usage(art, family)

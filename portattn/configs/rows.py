@@ -41,6 +41,7 @@ def _cfg(
     dq_ws=False,
     repair_products=2,
     key_chunk=0,
+    decode_ws=False,
 ) -> KernelConfig:
     """Compact row: (block_m, block_n, warps, stages) per kernel; ``amd`` = AMD knobs;
     ``dv``: the dV launch's own tiles (with ``dkdv_passes`` > 1)."""
@@ -58,6 +59,7 @@ def _cfg(
         fwd_ws,
         bwd_ws,
         dq_ws,
+        decode_ws=decode_ws,
         repair_products=repair_products,
         key_chunk=key_chunk,
     )

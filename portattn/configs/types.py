@@ -122,6 +122,10 @@ class KernelConfig:
     fwd_ws: bool = False
     bwd_ws: bool = False
     dq_ws: bool = False
+    # Hopper: the decode runs as the Gluon kernel of ``kernels/decode_ws.py`` (forward_ws's key
+    # loop on the decode tile: a producer warp, one consumer group) where it applies
+    # (``decode.gluon_decode_applies``), else as ``kernels/decode.py``; the same bits.
+    decode_ws: bool = False
     decode: Tiles | None = None  # the decode kernel's tiles where the derived ones do not fit
     # The products per masked tile of a repair pass (design §3.2): 2, the plain product for
     # rows that see a non-finite operand row beside the clean one for the others; 1 where two
@@ -193,10 +197,10 @@ class KernelConfig:
 
     def content_hash(self) -> str:
         """SHA-256 (first 16 hex digits) of the canonical JSON of this entry. ``dkdv_passes``,
-        ``fwd_chunks``, ``bwd_dv``, ``tma``, ``fwd_ws``, ``bwd_ws``, ``dq_ws``, ``decode``,
-        ``repair_products`` and ``key_chunk`` (added later) enter only when they are not their
-        defaults, so the hashes of entries without them are the ones recorded before they
-        existed.
+        ``fwd_chunks``, ``bwd_dv``, ``tma``, ``fwd_ws``, ``bwd_ws``, ``dq_ws``, ``decode_ws``,
+        ``decode``, ``repair_products`` and ``key_chunk`` (added later) enter only when they are
+        not their defaults, so the hashes of entries without them are the ones recorded before
+        they existed.
         ``page_block`` enters never: it is the family's way of reading a paged cache's block
         table (``rows.PAGE_BLOCK``), not a tile or a kernel choice of the entry, and gives the
         same bits, so the hashes golden/ records with an entry's bits stay those of its tiles
@@ -212,6 +216,7 @@ class KernelConfig:
             ("fwd_ws", False),
             ("bwd_ws", False),
             ("dq_ws", False),
+            ("decode_ws", False),
             ("decode", None),
             ("key_chunk", 0),
         ):

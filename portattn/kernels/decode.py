@@ -39,8 +39,16 @@ from portattn.kernels.addressing import (
     tile_index,
     value_columns,
 )
-from portattn.kernels.buffers import new_buffer
-from portattn.kernels.plan import KernelLaunch, VarlenProblem, ceil_div, next_pow2, repair_tiles
+from portattn.kernels.buffers import new_buffer, rows_aligned
+from portattn.kernels.descriptors import pages_contiguous
+from portattn.kernels.plan import (
+    KernelLaunch,
+    VarlenProblem,
+    ceil_div,
+    gluon_applies,
+    next_pow2,
+    repair_tiles,
+)
 from portattn.kernels.primitives import (
     KeyLoop,
     chunk_range,
@@ -50,6 +58,7 @@ from portattn.kernels.primitives import (
 )
 from portattn.kernels.repair_checks import tile_is_finite
 from portattn.kernels.row_state import empty_rows, finish_rows, merge_partial
+from portattn.kernels.ws_kernels import decode_ws
 
 
 @triton.jit
@@ -296,6 +305,10 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
     stages = ("decode_split", "decode_combine") if slots else ("decode",)
     stages += ("decode_repair",) * p.has_unseen_keys
     launches = []
+    if not slots and gluon_decode_applies(p, q, k, v):  # the Gluon kernel, the same bits
+        launches.append(_gluon_launch(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                      block_table))  # fmt: skip
+        stages = stages[1:]
     for stage in stages:
         key = (stage, p.page_size, sinks is None)
         static = p.memo.get(key)
@@ -305,6 +318,43 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
         launches.append(KernelLaunch(stage, attn_decode_kernel, grid, args,
                                      dict(params, sinks=sinks), tma=False))
     return tuple(launches), partials
+
+
+def gluon_decode_applies(p: VarlenProblem, q, k, v) -> bool:
+    """Whether the unsplit decode runs as the Gluon kernel (``decode_ws.py``): the entry selects
+    it (``decode_ws``) and ``plan.gluon_applies``' rule holds (the descriptor path: rows
+    16-byte aligned, a paged cache's pages one after the other), and the call is in its scope:
+    no chunk merge in the key loop, one head-dim chunk, a GQA group in one tile, pages it
+    copies (``decode_ws.pages_fit``). Else ``attn_decode_kernel`` runs it, with the same bits."""
+    cfg = p.cfg
+    if not cfg.decode_ws:
+        return False
+    tiles = cfg.decode_tiles()
+    tma = rows_aligned(q, k, v) and (not p.page_size or pages_contiguous(k) and pages_contiguous(v))
+    supports = decode_ws.decode_ws_supports if decode_ws else None
+    kernel = decode_ws.attn_decode_ws_kernel if decode_ws else None
+    if not gluon_applies("decode_ws", True, kernel, supports, tiles, p, tma):
+        return False
+    return (not p.chunk_flags() and cfg.fwd_chunks == 1 and heads_per_tile(p) >= p.group
+            and decode_ws.pages_fit(p.page_size, tiles.block_n))  # fmt: skip
+
+
+def _gluon_launch(p: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                  block_table) -> KernelLaunch:  # fmt: skip
+    """The Gluon decode's launch (``gluon_decode_applies``): the unsplit grid, k and v as
+    ragged descriptors (a paged cache's as its token rows)."""
+    tiles = p.cfg.decode_tiles()
+    static = p.memo.get(("decode_ws", p.page_size))
+    if static is None:  # the grid, parameters and descriptors: the problem's alone
+        params = decode_ws.decode_ws_params(p.head_dim, tiles, heads_per_tile(p), p.page_size,
+                                            p.causal, p.split_p)  # fmt: skip
+        reads = decode_ws.decode_ws_reads(tiles.block_n, p.page_size, p.head_dim)
+        static = p.memo[("decode_ws", p.page_size)] = (_decode_grid(p, tiles)[:2], params, reads)
+    grid, params, reads = static
+    args = decode_ws.decode_ws_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
+                                    p.batch, p.group, p.scale_log2)  # fmt: skip
+    return KernelLaunch("decode", decode_ws.attn_decode_ws_kernel, grid, args, params,
+                        descriptors=reads)
 
 
 def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool, stage: str = "decode",

@@ -34,13 +34,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
+from portattn.configs import Tiles
 from portattn.kernels import ws_common as ws
 from portattn.kernels.addressing import seq_bounds, tile_index
-from portattn.kernels.descriptors import ragged_descriptor, with_descriptors
+from portattn.kernels.descriptors import ragged_arguments, with_descriptors
 from portattn.kernels.forward_ws import first_scores, last_pv, next_tile
 from portattn.kernels.plan import LOG2E, ceil_div, next_pow2
 from portattn.kernels.row_state import normalize_rows
-
 
 # The producer warp's registers: its per-page copies (pages of 16 rows: 16 a tile) spilled at
 # the forward's 24; with one consumer group a program has registers to spare.
@@ -253,10 +253,66 @@ def attn_decode_ws_kernel(
     ], [1], [PRODUCER_REGS])
 
 
+def decode_ws_supports(tiles: Tiles, head_dim: int) -> bool:
+    """Tiles and head dims this kernel is written for (``plan.gluon_applies``' rule): the
+    decode's 64 rows (one consumer group), 64 or 128 keys, a ring of at least two slots."""
+    return (tiles.block_m == ws.GROUP_ROWS.value and tiles.block_n in (64, 128)
+            and tiles.num_stages >= 2 and head_dim in (64, 128))  # fmt: skip
+
+
+def pages_fit(page_size: int, block_n: int) -> bool:
+    """Whether the producer copies this cache's pages (``_copy_keys``): packed K/V (0), pages
+    that hold whole key tiles, or pages of at least 8 rows that divide a tile (a dense cache's
+    one "page" of S_cache rows fits where S_cache is a multiple of the tile)."""
+    return (page_size == 0 or page_size % block_n == 0
+            or (block_n % page_size == 0 and page_size >= 8))  # fmt: skip
+
+
+def copy_box(block_n: int, page_size: int, head_dim: int) -> tuple[int, int]:
+    """The rows and columns of one TMA copy of K or V (0 columns: the head dim)."""
+    if copies_per_tile(block_n, page_size, head_dim) == 1:
+        return (block_n if page_size == 0 else min(page_size, block_n)), 0
+    return page_size, 64
+
+
+def decode_ws_launch_options() -> dict[str, int]:
+    """Launch options: 4 warps, the consumer group (the producer warp is
+    ``gl.warp_specialize``'s)."""
+    return {"num_warps": ws.GROUP_WARPS.value}
+
+
+def decode_ws_params(head_dim: int, tiles: Tiles, heads: int, page_size: int, causal: bool,
+                     split_p: bool) -> dict:  # fmt: skip
+    """The compile-time parameters and launch options of a launch at the entry's decode
+    ``tiles`` (its key tile, ``num_stages`` ring slots)."""
+    return dict(HEAD_DIM=head_dim, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
+                CAUSAL=causal, SPLIT_P=split_p, STAGES=tiles.num_stages,
+                **decode_ws_launch_options())  # fmt: skip
+
+
+def decode_ws_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table, batch: int,
+                   group: int, scale_log2: float) -> tuple:  # fmt: skip
+    """The kernel's arguments, k and v as tensors (``decode_ws_reads`` names them)."""
+    if block_table is None:
+        table, stride_bt = cu_seqlens_k, 0  # not read
+    else:
+        table, stride_bt = block_table, block_table.stride(0)
+    return (q, k, v, out, lse, table, cu_seqlens_q, cu_seqlens_k,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), stride_bt,
+            batch, q.shape[1], group, scale_log2)  # fmt: skip
+
+
+def decode_ws_reads(block_n: int, page_size: int, head_dim: int) -> tuple:
+    """``KernelLaunch.descriptors`` of a launch: k and v as ragged descriptors of
+    ``copy_box``'s copies (a paged cache's as its token rows)."""
+    rows, cols = copy_box(block_n, page_size, head_dim)
+    return ragged_arguments(attn_decode_ws_kernel, gluon_cols=cols, k=rows, v=rows)
+
+
 class DecodeWsLaunch(NamedTuple):
-    """One launch of :func:`attn_decode_ws_kernel`: its grid, arguments (k and v as their
-    ragged descriptors), compile-time parameters and launch options; ``descriptors`` () (the
-    arguments the executor would make descriptors of)."""
+    """One launch of :func:`attn_decode_ws_kernel` outside the planner (ci/gluon_decode_ab.py,
+    tests/test_decode_ws.py): grid, arguments, parameters, and the arguments that go as
+    ragged descriptors."""
 
     grid: tuple[int, int]
     args: tuple
@@ -269,38 +325,24 @@ def plan_decode_ws(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
                    stages: int) -> DecodeWsLaunch:  # fmt: skip
     """The launch of a decode (see the module's scope) writing ``out`` [total_q, Hq, D] and
     ``lse`` float32 [total_q, Hq]: q [total_q, Hq, D]; k, v packed [total_k, Hkv, D]
-    (``block_table`` None) or paged caches [num_pages, page_size, Hkv, D] whose pages are
-    contiguous token rows (``block_table`` int32 [B, pages a sequence])."""
-    n_heads_q, head_dim = q.shape[1], q.shape[2]
+    (``block_table`` None) or paged caches [num_pages, page_size, Hkv, D] whose pages lie one
+    after the other (``block_table`` int32 [B, pages a sequence])."""
+    head_dim = q.shape[2]
     page_size = 0 if block_table is None else k.shape[1]
-    if page_size:  # the caches as token rows: page p's rows are [p * page_size, + page_size)
-        k, v = (x.view(-1, *x.shape[2:]) for x in (k, v))
-        table, stride_bt = block_table, block_table.stride(0)
-    else:
-        table, stride_bt = cu_seqlens_k, 0  # not read
-    n_heads_k = k.shape[1]
-    group = n_heads_q // n_heads_k
+    group = q.shape[1] // k.shape[-2]
     heads = min(next_pow2(group), ws.GROUP_ROWS.value)
     if heads < group:
         raise ValueError(f"a GQA group of {group} query heads does not fit one decode tile")
     batch = cu_seqlens_q.shape[0] - 1
-    rows = ws.GROUP_ROWS.value // heads
-    grid = (ceil_div(max_seqlen_q, rows) * batch, n_heads_k)
-    args = (q, k, v, out, lse, table, cu_seqlens_q, cu_seqlens_k,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1), stride_bt,
-            batch, n_heads_q, group, scale * LOG2E)  # fmt: skip
-    params = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, HEADS=heads, PAGE_SIZE=page_size,
-                  CAUSAL=causal, SPLIT_P=split_p, STAGES=stages, num_warps=4)  # fmt: skip
-    if copies_per_tile(block_n, page_size, head_dim) == 1:
-        box = (block_n if page_size == 0 else min(page_size, block_n), 0)
-    else:
-        box = (page_size, 64)
-    k_desc, v_desc = (ragged_descriptor(x, *box) for x in (k, v))
-    args = (q, k_desc, v_desc, *args[3:])
-    return DecodeWsLaunch(grid, args, params, ())
+    grid = (ceil_div(max_seqlen_q, ws.GROUP_ROWS.value // heads) * batch, k.shape[-2])
+    tiles = Tiles(ws.GROUP_ROWS.value, block_n, ws.GROUP_WARPS.value, stages)
+    args = decode_ws_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table, batch,
+                          group, scale * LOG2E)  # fmt: skip
+    params = decode_ws_params(head_dim, tiles, heads, page_size, causal, split_p)
+    return DecodeWsLaunch(grid, args, params, decode_ws_reads(block_n, page_size, head_dim))
 
 
 def launch_decode_ws(launch: DecodeWsLaunch) -> None:
-    """Run a planned decode launch (no checks: the caller's plan is the contract)."""
+    """Run a launch of :func:`plan_decode_ws` (no checks: the caller's plan is the contract)."""
     attn_decode_ws_kernel[launch.grid](*with_descriptors(launch.args, launch.descriptors),
                                        **launch.params)

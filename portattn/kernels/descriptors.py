@@ -87,13 +87,21 @@ def _descriptor(
 def ragged_descriptor(x: Any, block_rows: int, block_cols: int = 0) -> Any:
     """The ragged host descriptor of ``x`` [tokens, heads, D] (16-byte aligned rows and
     strides, ``buffers.rows_aligned``) whose copies are [block_rows, D] tiles of one head of
-    one sequence (module docstring); [block_rows, block_cols] tiles where given."""
-    s_t, s_h, _ = x.stride()
-    _, heads, dim = x.shape
+    one sequence (module docstring); [block_rows, block_cols] tiles where given. A paged cache
+    [num_pages, page_size, heads, D] whose pages lie one after the other (``pages_contiguous``)
+    is described as its token rows (page p's rows from p * page_size on)."""
+    s_t, s_h, _ = x.stride()[-3:]
+    heads, dim = x.shape[-2:]
     return _descriptor(_descriptor_class("gluon"), x, s_t, s_h,
                        [_OUTER, _OUTER, RAGGED_ROWS, heads, dim],
                        [(1 << 34) - s_t, s_t, s_t, s_h, 1],
                        [1, 1, block_rows, 1, block_cols or dim], ragged_layout())  # fmt: skip
+
+
+def pages_contiguous(x: Any) -> bool:
+    """Whether a paged cache [num_pages, page_size, heads, D]'s pages lie one after the other,
+    so its token rows have one stride (what ``ragged_descriptor`` describes)."""
+    return x.stride(0) == x.shape[1] * x.stride(1)
 
 
 def ragged_tl_descriptor(x: Any, block_rows: int, block_cols: int) -> Any:
@@ -118,29 +126,33 @@ def ragged_coordinates(bos: int, seqlen: int, row: int, head: int) -> tuple[int,
 class HostDescriptor(NamedTuple):
     """An argument of a planned launch that its kernel takes as a ragged host descriptor: the
     argument's position in the kernel's signature, and its copies' tiles: ``rows``, and
-    ``cols`` for a ``tl`` kernel (``ragged_tl_descriptor``; 0: a Gluon kernel's, whose tiles
-    span the head dim, ``ragged_descriptor``)."""
+    ``cols`` for a ``tl`` kernel (``ragged_tl_descriptor``; 0: a Gluon kernel's,
+    ``ragged_descriptor``, whose tiles span the head dim or ``gluon_cols`` columns)."""
 
     position: int
     rows: int
     cols: int = 0
+    gluon_cols: int = 0
 
 
 def host_descriptor(x: Any, spec: HostDescriptor) -> Any:
     """The descriptor ``spec`` names, of the tensor ``x``."""
     if spec.cols:
         return ragged_tl_descriptor(x, spec.rows, spec.cols)
-    return ragged_descriptor(x, spec.rows)
+    return ragged_descriptor(x, spec.rows, spec.gluon_cols)
 
 
-def ragged_arguments(kernel: Any, **tiles: int | tuple[int, int]) -> tuple[HostDescriptor, ...]:
+def ragged_arguments(
+    kernel: Any, gluon_cols: int = 0, **tiles: int | tuple[int, int]
+) -> tuple[HostDescriptor, ...]:
     """``KernelLaunch.descriptors`` for the arguments of ``kernel`` named in ``tiles`` (name:
     its copies' tile rows for a Gluon kernel, (rows, cols) for a ``tl`` kernel), each at its
-    position in the kernel's signature."""
+    position in the kernel's signature; ``gluon_cols``: a Gluon kernel's copies' columns (0:
+    the head dim)."""
     specs = []
     for name, tile in tiles.items():
         rows, cols = tile if isinstance(tile, tuple) else (tile, 0)
-        specs.append(HostDescriptor(kernel.arg_names.index(name), rows, cols))
+        specs.append(HostDescriptor(kernel.arg_names.index(name), rows, cols, gluon_cols))
     return tuple(specs)
 
 

@@ -255,6 +255,10 @@ def table_mismatches(launch: Launch, cfg: KernelConfig) -> list[str]:
         from portattn.kernels.ws_common import ws_launch_options
 
         expected = ws_launch_options(tiles)
+    elif getattr(launch.fn, "__name__", None) == "attn_decode_ws_kernel":
+        from portattn.kernels.decode_ws import decode_ws_launch_options
+
+        expected = decode_ws_launch_options()
     if launch.options != expected:
         problems.append(f"launch options {launch.options} != table {expected}")
     for param, value in (("BLOCK_M", tiles.block_m), ("BLOCK_N", tiles.block_n)):
