@@ -31,7 +31,8 @@ from portattn.kernels.decode_ws import launch_decode_ws, plan_decode_ws
 from portattn.tools.compile_launches import Entry
 
 WORKLOADS = ("decode B1 gqa32/8 d128", "decode B8 gqa32/8 d128", "decode B64 gqa32/8 d128",
-             "decode B8 gqa32/8 d64", "decode B64 gqa8/1 d128")  # fmt: skip
+             "decode B256 gqa32/8 d128", "append16 B8 gqa32/8 d128", "decode B64 gqa8/1 d128",
+             "decode B64 gqa32/8 d64", "decode B256 gqa32/8 d64")  # fmt: skip
 PAGES = (0, 16, 64, 256)  # 0: packed K/V
 
 
@@ -45,7 +46,7 @@ def shipped(inp, w, page: int, kernel: str):
     """The shipped decode's (out [total_q, Hq, D], lse [total_q, Hq]) of the workload's rows."""
     if page == 0:
         q_rows = inp.q.reshape(-1, w.n_heads_q, w.head_dim)
-        out, lse = portattn.varlen_attention(q_rows, inp.k, inp.v, inp.cu_q, inp.cu_k, 1,
+        out, lse = portattn.varlen_attention(q_rows, inp.k, inp.v, inp.cu_q, inp.cu_k, w.q_len,
                                              max(w.kv_lens), causal=True, return_lse=True,
                                              kernel=kernel)  # fmt: skip
     else:
@@ -53,8 +54,9 @@ def shipped(inp, w, page: int, kernel: str):
             inp.q, inp.k_pages, inp.v_pages, cache_seqlens=inp.seqlens,
             block_table=inp.block_table, causal=True, return_softmax_lse=True, kernel=kernel,
         )  # fmt: skip
+        # [B, Sq, Hq, D], lse [B, Hq, Sq]
         out, lse = out.reshape(-1, w.n_heads_q, w.head_dim), lse.transpose(1, 2)
-    if lse.shape[0] != out.shape[0]:  # [Hq, total_q]
+    if lse.shape[0] != out.shape[0] and lse.shape[-1] == out.shape[0]:  # [Hq, total_q]
         lse = lse.transpose(0, 1)
     return out, lse.reshape(out.shape[0], w.n_heads_q)
 
@@ -69,7 +71,7 @@ def gluon_call(inp, w, page: int, kernel: str, block_n: int, stages: int):
     else:
         k, v, table = inp.k_pages, inp.v_pages, inp.block_table
         cu_k = torch.nn.functional.pad(inp.seqlens.cumsum(0), (1, 0)).int()
-    launch = plan_decode_ws(q_rows, k, v, out, lse, inp.cu_q, cu_k, 1, table,
+    launch = plan_decode_ws(q_rows, k, v, out, lse, inp.cu_q, cu_k, w.q_len, table,
                             w.head_dim**-0.5, True, kernel == "fixed_order", block_n,
                             stages)  # fmt: skip
 
@@ -113,7 +115,7 @@ def gpu_row(bd, w, kernel: str, page: int) -> str:
 def gpu(quick: bool) -> int:
     from benchmarks import bench_decode as bd
 
-    wanted = WORKLOADS[:2] if quick else WORKLOADS
+    wanted = WORKLOADS[:2] if quick else WORKLOADS[2:]
     workloads = [w for w in bd.default_workloads() if w.name in wanted]
     print("| workload | kernel | K/V | shipped graph TB/s | gluon TB/s (slots) | bits | FA4 det "
           "paged TB/s |")  # fmt: skip
@@ -183,7 +185,7 @@ def compile_sm90() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compile", action="store_true", help="sm90 compile on this machine")
-    parser.add_argument("--quick", action="store_true", help="B1 and B8 only")
+    parser.add_argument("--quick", action="store_true", help="B1 and B8 only (else the rest)")
     args = parser.parse_args()
     return compile_sm90() if args.compile else gpu(args.quick)
 

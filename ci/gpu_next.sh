@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# Session 47 (30 device-minutes; a refused start costs 90-180 s and holds that kind off for
-# ~6 min: check `status` first; session 46 lost ~270 s to three refusals before its H200 came).
-# 1. First (~2 min warm): `python3 -m portattn golden verify --family sm90` (32/32 expected).
-#    Session 46 landed 34fa539 after its last GPU call: the kernels take their feature flags
-#    as one constexpr NamedTuple (`primitives.Features`); every family's fingerprints are
-#    identical under Triton 3.6 and 3.9 (same machine code), but Triton's JIT launch path with
-#    a NamedTuple constexpr and the direct launcher ran only under the interpreter and the
-#    compile check. Then the whole GPU suite in two halves (it also covers 96f601a's
-#    flash_compat / options move, host code only):
-#      bash ci/gpu_next.sh odd; bash ci/gpu_next.sh even     (one call each, ~6-9 min)
-# 2. Issue 37's short paged rows (0.58-0.81x FA4 det paged on the H200, perf-notes row 120) are
-#    the decode tile's per-tile work (row 112); row 114's Gluon decode (P in the swapped
-#    layout, only P^T converted for the row sum) is the lever; a CPU-compiled probe first.
-# 3. `bash ci/gpu_next.sh 6` (~6 min): `benchmarks/host_overhead.py --gpu` (issue 37's eager
-#    host time, not re-measured since session 29) and `benchmarks/transformers_llama.py`.
+# Session 48 (30 device-minutes; check `status` first: refused starts cost 90 s each plus
+# hold-offs of 1-10 min, and session 47 lost 375 s to five of them before an H100 came; name
+# kind nvidia-h100-x1 when the H200 is held off: the sm90 bits are the family's):
+# 1. `bash ci/gpu_decode_ws.sh ab` (carry .fa4, ~7 min): the Gluon decode's GPU tests (its bits
+#    against the shipped decode, pages 16 / 64 / 256 after session 47's fix of the per-page
+#    copies) and ci/gluon_decode_ab.py with B256, d64, append16 and FA4 det paged beside it.
+# 2. If every bit holds and no row is slower: on the CPU `git apply ci/patches/decode_ws_on.diff`
+#    and `python -m ci.golden_dev fingerprints --update --family sm90` under 3.6 and 3.9; then
+#    `bash ci/gpu_decode_ws.sh ship` (~9 min: golden refresh "same bits", verify, decode tests);
+#    copy its golden/sm90.json in, commit; `bash ci/gpu_decode_ws.sh bench` (carry .fa4).
+# 3. `bash ci/gpu_next.sh host` (~4 min): the eager host time on the GPU (not measured since
+#    session 29; issue 37's 30 us).
+# Session 47 ran (H100): `bash ci/gpu_next.sh first` (golden verify 32/32; the Gluon decode A/B,
+# perf-notes row 121), `bash ci/gpu_next.sh odd` (680 passed, 1 failed) and `even` (907 passed,
+# 1 failed; both failures tests that assumed no GPU, fixed).
 # Session 46 ran (H200): `bash gpu_slices.sh` (ci/, removed in 87a186f; in git at 96f601a;
 # row 120: head slices slower, removed), the full benchmark with --passes 4
 # (docs/bench-h200.*), the decode benchmark (docs/bench-decode-h200.*) and golden verify

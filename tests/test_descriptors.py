@@ -87,6 +87,25 @@ def test_coordinates_address_the_sequences_rows_and_stop_at_its_end(layout):
                 assert address == own
 
 
+def test_a_paged_cache_is_described_as_its_token_rows():
+    """A paged cache [num_pages, page_size, heads, D] whose pages lie one after the other is
+    its token rows: page p's row r is token p * page_size + r, addressed as the packed tensor's
+    (``decode_ws`` copies a page as the ragged rows [p * page_size, + rows in use))."""
+    cache = torch.randn(5, 16, 3, 64).bfloat16()
+    assert descriptors.pages_contiguous(cache) and not descriptors.pages_contiguous(cache[::2])
+    paged, packed = ragged_descriptor(cache, 16, 64), ragged_descriptor(cache.view(80, 3, 64), 16)
+    assert paged.base is cache and list(paged.block_shape) == [1, 1, 16, 1, 64]
+    assert paged.shape == packed.shape and paged.strides == packed.strides
+    dtype_bytes = cache.element_size()
+    strides = [s * dtype_bytes for s in paged.strides]
+    for page, rows, head in [(0, 16, 0), (3, 5, 2), (4, 1, 1)]:
+        for row in range(16):
+            coords = ragged_coordinates(page * 16, rows, row, head)
+            address = sum(c * s for c, s in zip(coords, strides, strict=True)) % 2**64
+            assert address == cache[page, row, head].data_ptr() - cache.data_ptr()
+            assert (coords[2] < paged.shape[2]) == (row < rows)
+
+
 def test_with_descriptors_replaces_only_the_named_positions():
     q, k, v = packed_qkv(40, 2, 64)
     args = (q, k, v, 7, 0.5)
@@ -104,9 +123,13 @@ def test_ragged_arguments_name_the_kernels_tensors():
     from portattn.kernels import forward, ws_kernels
 
     fwd = descriptors.ragged_arguments(ws_kernels.attn_fwd_ws_kernel, q=64, k=128, v=128, o=64)
-    assert fwd == ((0, 64, 0), (1, 128, 0), (2, 128, 0), (3, 64, 0))
+    assert fwd == ((0, 64, 0, 0), (1, 128, 0, 0), (2, 128, 0, 0), (3, 64, 0, 0))
     dkdv = descriptors.ragged_arguments(ws_kernels.attn_bwd_dkdv_ws_kernel, do=64, k=32)
-    assert dkdv == ((3, 64, 0), (1, 32, 0))
+    assert dkdv == ((3, 64, 0, 0), (1, 32, 0, 0))
+    # the Gluon decode's copies of pages smaller than its key tile: 64 columns each
+    paged = descriptors.ragged_arguments(ws_kernels.decode_ws.attn_decode_ws_kernel,
+                                         gluon_cols=64, k=16, v=16)  # fmt: skip
+    assert paged == ((1, 16, 0, 64), (2, 16, 0, 64))
     tl_fwd = descriptors.ragged_arguments(forward.attn_fwd_kernel, v=(64, 32), q=(128, 64))
     assert tl_fwd == (HostDescriptor(2, 64, 32), HostDescriptor(0, 128, 64))
     with pytest.raises(ValueError):  # no such argument: not silently another position
