@@ -33,16 +33,17 @@ def test_sm90_compile(kernel, head_dim, page, slots):
     assert got["tma_copies"] == 2 * per_tile  # K and V
 
 
-def _case(kernel: str, head_dim: int, page: int, seed: int = 0):
-    """Odd lengths, GQA 32/8, one decode row each; packed K/V, or the same keys in a paged
-    cache whose pages are shuffled and whose unused rows hold NaN (no row may read them)."""
+def _case(head_dim: int, page: int, rows: int, seed: int = 0):
+    """Odd lengths, GQA 32/8, ``rows`` query rows each (the last positions: a decode step, or
+    an append); packed K/V, or the same keys in a paged cache whose pages are shuffled and
+    whose unused rows hold NaN (no row may read them)."""
     gen = torch.Generator().manual_seed(seed)
-    lens, hq, hk = [1, 17, 63, 113, 1000, 130], 32, 8
+    lens, hq, hk = [4, 17, 63, 113, 1000, 130], 32, 8
     total = sum(lens)
-    q = torch.randn(len(lens), hq, head_dim, generator=gen).bfloat16().cuda()
+    q = torch.randn(len(lens) * rows, hq, head_dim, generator=gen).bfloat16().cuda()
     k, v = (torch.randn(total, hk, head_dim, generator=gen).bfloat16().cuda() for _ in range(2))
     cu_k = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32).cuda()
-    cu_q = torch.arange(len(lens) + 1, dtype=torch.int32).cuda()
+    cu_q = (torch.arange(len(lens) + 1, dtype=torch.int32) * rows).cuda()
     if not page:
         return q, k, v, cu_q, cu_k, None, lens
     pages = [-(-n // page) for n in lens]
@@ -64,26 +65,28 @@ def _case(kernel: str, head_dim: int, page: int, seed: int = 0):
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("page", [0, 16, 64, 256])
-def test_gives_the_shipped_decode_bits(kernel, head_dim, page):
+@pytest.mark.parametrize("rows", [1, 4])
+def test_gives_the_shipped_decode_bits(kernel, head_dim, page, rows):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("decode_ws is a Hopper (sm90) kernel")
-    q, k, v, cu_q, cu_k, table, lens = _case(kernel, head_dim, page)
+    q, k, v, cu_q, cu_k, table, lens = _case(head_dim, page, rows)
     if table is None:
-        ref, ref_lse = portattn.varlen_attention(q, k, v, cu_q, cu_k, 1, max(lens), causal=True,
-                                                 return_lse=True, kernel=kernel)  # fmt: skip
+        ref, ref_lse = portattn.varlen_attention(q, k, v, cu_q, cu_k, rows, max(lens),
+                                                 causal=True, return_lse=True,
+                                                 kernel=kernel)  # fmt: skip
     else:
         seqlens = torch.tensor(lens, dtype=torch.int32).cuda()
         ref, ref_lse = portattn.flash_attn_with_kvcache(
-            q[:, None], k, v, cache_seqlens=seqlens, block_table=table, causal=True,
-            return_softmax_lse=True, kernel=kernel,
+            q.view(len(lens), rows, *q.shape[1:]), k, v, cache_seqlens=seqlens,
+            block_table=table, causal=True, return_softmax_lse=True, kernel=kernel,
         )  # fmt: skip
-        ref, ref_lse = ref[:, 0], ref_lse[:, :, 0]  # [B, Hq, D], [B, Hq]
+        ref, ref_lse = ref.flatten(0, 1), ref_lse.transpose(1, 2).flatten(0, 1)  # [B Sq, Hq]
     if ref_lse.shape != q.shape[:2]:
         ref_lse = ref_lse.transpose(0, 1)
     out = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:2], float("nan"), device="cuda")
     block_n, slots = variants(kernel, head_dim)
-    plan = plan_decode_ws(q, k, v, out, lse, cu_q, cu_k, 1, table, head_dim**-0.5, True,
+    plan = plan_decode_ws(q, k, v, out, lse, cu_q, cu_k, rows, table, head_dim**-0.5, True,
                           kernel == "fixed_order", block_n, slots[-1])  # fmt: skip
     launch_decode_ws(plan)
     assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
