@@ -12,18 +12,22 @@ the softmax under them), as one consumer warp group of 64 rows fed by a producer
   partitions fork; rows past the sequence or the group read 0 and are not stored;
 * the producer copies K and V tiles by TMA into a ring of ``STAGES`` slots through ragged host
   descriptors (``descriptors.py``): of the packed tensors [total_k, Hkv, D], or (``PAGE_SIZE``
-  > 0) of the paged caches seen as [num_pages * PAGE_SIZE, Hkv, D], one copy per page a tile
-  holds (a page's rows past the sequence's keys read 0, as past a packed sequence's end).
+  > 0) of the paged caches seen as [num_pages * PAGE_SIZE, Hkv, D]: one copy a tile where a
+  page holds whole tiles, else one per page and 64 columns (``_copy_keys``); a page's rows
+  past the sequence's keys read 0, as past a packed sequence's end.
 
 Bits. Each row's are the prefill's: the same key tiles (BLOCK_N of the forward entry), in
 ascending order, through the same expressions (``forward_ws``'s steps, which give the Triton
 forward's bits; ``normalize_rows``). Which rows share a tile does not enter a row's
-arithmetic. The GPU check is ``ci/gluon_decode_ab.py`` (bitwise against ``decode.py``).
+arithmetic. The GPU checks are ``tests/test_decode_ws.py`` and ``ci/gluon_decode_ab.py``
+(bitwise against ``decode.py``; the second also times both).
 
 Scope (the rest runs ``decode.py``): no window, softcap or sinks, no key chunk (a sequence of
 at most ``key_chunk`` keys, or an entry without one), no repair pass, whole GQA groups of at
 most 64 heads, head dims 64 and 128, pages of at least 8 rows that divide the key tile or that
-it divides. Not planned yet: the probe launches it (``launch_decode_ws``).
+it divides. The planner runs it where the entry sets ``decode_ws`` and the call is in this
+scope (``decode.gluon_decode_applies``); no entry sets it yet (perf-notes row 121:
+``ci/patches/decode_ws_on.diff`` once its GPU checks pass).
 """
 
 from __future__ import annotations
