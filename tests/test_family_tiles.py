@@ -64,7 +64,7 @@ SEEN |= {"decode"}  # as the decode kernel's tiles (KernelConfig.decode_tiles)
 SEEN |= {"repair_products"}  # one product per masked tile of a repair pass, or two
 SEEN |= {"page_block"}  # a paged decode's block-table reads (these tests' calls are unpaged)
 SEEN |= {"key_chunk"}  # the key split (design §3.1): which keys each merged loop takes
-NOT_SEEN = {"fwd_ws", "bwd_ws", "dq_ws"}
+NOT_SEEN = {"fwd_ws", "bwd_ws", "dq_ws", "decode_ws"}
 TILES_SEEN = {"block_m", "block_n"}
 TILES_NOT_SEEN = {"num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "kpack"}
 

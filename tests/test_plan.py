@@ -64,7 +64,7 @@ def test_sm90_entries_plan_their_gluon_kernels(kernel):
     expected = forward.attn_fwd_ws_kernel if cfg.fwd_ws else forward.attn_fwd_kernel
     assert launch.kernel is expected
     # q, k, v as the launch's ragged descriptors, made on the host: the kernel makes none
-    reads, n = {d.position: d[1:] for d in launch.descriptors}, cfg.fwd.block_n
+    reads, n = {d.position: d[1:3] for d in launch.descriptors}, cfg.fwd.block_n
     assert not launch.tma
     if cfg.fwd_ws:  # the groups' 64 rows, the whole head dim
         assert (reads[0], reads[1], reads[2]) == ((64, 0), (n, 0), (n, 0))
