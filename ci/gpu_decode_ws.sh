@@ -20,6 +20,18 @@
 set -uo pipefail
 PART=${1:?usage: bash ci/gpu_decode_ws.sh ab|ship|bench}
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
+# The sm90 d64 / d128 entries with decode_ws set: patched here, or already in the tree (the CPU
+# step above done first, as `ship` wants: its refresh then finds the fingerprints recorded).
+decode_ws_on() {
+  local patch=ci/patches/decode_ws_on.diff
+  if git apply --check "$patch" 2>/dev/null; then
+    git apply "$patch" && echo "decode_ws on (patched on the device)"
+  elif git apply -R --check "$patch" 2>/dev/null; then
+    echo "decode_ws on (in the tree)"
+  else
+    echo "$patch applies neither way"; exit 2
+  fi
+}
 if [ "$PART" = ab ]; then
   gpu_setup fa4
   step tests 150 python3 -m pytest tests/test_decode_ws.py -n 8 -p no:cacheprovider \
@@ -31,7 +43,7 @@ if [ "$PART" = ab ]; then
   grep -E "^\|" "$OUT/ab.log" | tail -n +3
 elif [ "$PART" = ship ]; then
   gpu_setup
-  git apply ci/patches/decode_ws_on.diff && echo "decode_ws on"
+  decode_ws_on
   step refresh 200 python3 -m ci.golden_dev refresh --family sm90
   cp golden/sm90.json "$OUT/"
   tail -n 40 "$OUT/refresh.log"
@@ -45,7 +57,7 @@ elif [ "$PART" = ship ]; then
   tail -n 4 "$OUT/tests.log"
 elif [ "$PART" = bench ]; then
   gpu_setup fa4
-  git apply ci/patches/decode_ws_on.diff && echo "decode_ws on"
+  decode_ws_on
   step decode 300 python3 benchmarks/bench.py --decode --docs
   cp docs/bench-decode-* "$OUT/"  # the tree's copy stays on the device
   grep -E "^\|" "$OUT/decode.log" | head -n 24
