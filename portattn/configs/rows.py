@@ -98,7 +98,7 @@ SM90 = {
               bwd_ws=True, key_chunk=SM90_KEY_CHUNK),
     96:  _cfg((128, 128, 8, 3),  (32, 64, 4, 3),   (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ)),
     128: _cfg((128, 128, 8, 3),  (64, 128, 8, 2),  (128, 64, 8, 3), tma=(_FWD, _DKDV, _DQ),
-              fwd_ws=True, bwd_ws=True, dq_ws=True, key_chunk=SM90_KEY_CHUNK),
+              fwd_ws=True, bwd_ws=True, dq_ws=True, key_chunk=SM90_KEY_CHUNK, decode_ws=True),
     256: _cfg((64, 64, 8, 2),    (32, 64, 8, 2),   (64, 32, 8, 2), dkdv_passes=2),
 }
 SM80 = {
@@ -147,7 +147,8 @@ FIXED_ORDER = {
     "sm90": {
         96:  _cfg((64, 64, 4, 3),    (32, 64, 4, 3),   (128, 64, 8, 2), tma=(_FWD, _DKDV)),
         128: retuned(_cfg((128, 64, 8, 3), (32, 64, 4, 3), (128, 64, 8, 3),
-                          tma=(_FWD, _DKDV, _DQ), fwd_ws=True, dq_ws=True, key_chunk=SM90_KEY_CHUNK),
+                          tma=(_FWD, _DKDV, _DQ), fwd_ws=True, dq_ws=True, key_chunk=SM90_KEY_CHUNK,
+                          decode_ws=True),
                      decode=(64, 64, 4, 3)),
         256: _cfg((128, 64, 8, 2),   (32, 64, 8, 2),   (128, 32, 8, 2), dkdv_passes=4,
                   fwd_chunks=2),

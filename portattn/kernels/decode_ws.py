@@ -26,8 +26,8 @@ Scope (the rest runs ``decode.py``): no window, softcap or sinks, no key chunk (
 at most ``key_chunk`` keys, or an entry without one), no repair pass, whole GQA groups of at
 most 64 heads, head dims 64 and 128, pages of at least 8 rows that divide the key tile or that
 it divides. The planner runs it where the entry sets ``decode_ws`` and the call is in this
-scope (``decode.gluon_decode_applies``); no entry sets it yet (perf-notes row 121:
-``ci/patches/decode_ws_on.diff`` once its GPU checks pass).
+scope (``decode.gluon_decode_applies``): the sm90 d128 entries of both kernels (d64 stays on
+``decode.py``, which was faster there: perf-notes row 122).
 """
 
 from __future__ import annotations
