@@ -1,10 +1,9 @@
 """Decode kernel: the forward for few query rows per sequence, and for paged K/V caches.
 
 One program per (tile of query positions of one sequence, kv head[, head-dim chunk]). Its query
-tile packs the query heads of the kv head's GQA group with the positions
-(row ``t`` = position ``t // HEADS``, group head ``t % HEADS``), so each K/V tile is read once
-per kv head instead of once per query head, and a decode step (one position per sequence) fills
-``HEADS`` rows of the tile instead of one.
+tile packs the kv head's GQA group with the positions (row ``t`` = position ``t // HEADS``,
+group head ``t % HEADS``): each K/V tile is read once per kv head, not once per query head,
+and a decode step (one position per sequence) fills ``HEADS`` rows of the tile, not one.
 
 The bits of a row are those of the prefill forward (``forward.py``): the same key tiles
 (BLOCK_N of the table's forward entry), visited in the same ascending order, through the same
@@ -45,9 +44,10 @@ from portattn.kernels.plan import (
     KernelLaunch,
     VarlenProblem,
     ceil_div,
+    decode_grid,
     gluon_applies,
-    next_pow2,
     repair_tiles,
+    tile_heads,
 )
 from portattn.kernels.primitives import (
     KeyLoop,
@@ -233,7 +233,7 @@ def heads_per_tile(problem: VarlenProblem) -> int:
 def group_heads(cfg, group: int) -> int:
     """:func:`heads_per_tile` of an entry ``cfg`` and a GQA group of ``group`` query heads (a
     decode tile then holds ``decode_tiles().block_m // group_heads`` query positions)."""
-    return min(next_pow2(group), cfg.decode_tiles().block_m)
+    return tile_heads(group, cfg.decode_tiles().block_m)
 
 
 def decode_fits(problem: VarlenProblem) -> bool:
@@ -398,7 +398,5 @@ def page_block_tiles(family_tiles: int, page_size: int) -> int:
 def _decode_grid(p: VarlenProblem, tiles) -> tuple[int, int, int]:
     """The unsplit decode grid: (position tiles x sequences, kv heads x the group's head
     slices, head-dim chunks)."""
-    heads = heads_per_tile(p)
-    rows = tiles.block_m // heads
-    return (ceil_div(p.grid_rows_q, rows) * p.batch, p.n_heads_k * ceil_div(p.group, heads),
-            p.cfg.fwd_chunks)  # fmt: skip
+    return decode_grid(p.grid_rows_q, p.batch, p.n_heads_k, p.group, tiles.block_m,
+                       p.cfg.fwd_chunks)  # fmt: skip

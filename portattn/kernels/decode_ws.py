@@ -42,8 +42,8 @@ from portattn.configs import Tiles
 from portattn.kernels import ws_common as ws
 from portattn.kernels.addressing import seq_bounds, tile_index
 from portattn.kernels.descriptors import ragged_arguments, with_descriptors
-from portattn.kernels.forward_ws import first_scores, last_pv, next_tile
-from portattn.kernels.plan import LOG2E, ceil_div, next_pow2
+from portattn.kernels.forward_ws import all_keys
+from portattn.kernels.plan import LOG2E, decode_grid, tile_heads
 from portattn.kernels.row_state import normalize_rows
 
 # The producer warp's registers: its per-page copies (pages of 16 rows: 16 a tile) spilled at
@@ -112,21 +112,8 @@ def _consume(st, cfg):
     o_layout: gl.constexpr = ws.acc_layout(HEAD_DIM)
     p_layout: gl.constexpr = ws.operand_layout(o_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-    b_acc = gl.zeros([ws.GROUP_ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-    b_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    b_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    b_p = gl.zeros([ws.GROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    if not cfg.SPLIT_P:
-        b_p = b_p.to(st.v_ring.dtype)
-    if st.n_tiles > 0:
-        b_p, _, b_m, b_l = first_scores(st.q_smem, 0, st, cfg, st.m_start, b_m, b_l, s_layout)
-    for i_tile in range(0, st.n_tiles - 1):
-        b_acc, b_p, b_m, b_l = next_tile(st.q_smem, i_tile, st, cfg, st.m_start, b_acc, b_p,
-                                         b_m, b_l, s_layout, o_layout, p_layout)
-    if st.n_tiles > 0:
-        b_acc = last_pv(st.n_tiles - 1, st, cfg, b_acc, b_p, o_layout, p_layout)
-    b_out, b_lse = normalize_rows(b_acc, gl.convert_layout(b_m, row_layout),
-                                  gl.convert_layout(b_l, row_layout))  # [64, D], [64]
+    b_acc, b_m, b_l = all_keys(st.q_smem, st, cfg, st.m_start, s_layout, o_layout, p_layout)
+    b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [64, D], [64]
 
     o_q, i_h, m_row = _tile_heads(st.m_start, st.seqlen_q, st.i_hk, st.group, cfg.HEADS,
                                   row_layout)
@@ -334,11 +321,11 @@ def plan_decode_ws(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
     head_dim = q.shape[2]
     page_size = 0 if block_table is None else k.shape[1]
     group = q.shape[1] // k.shape[-2]
-    heads = min(next_pow2(group), ws.GROUP_ROWS.value)
+    heads = tile_heads(group, ws.GROUP_ROWS.value)
     if heads < group:
         raise ValueError(f"a GQA group of {group} query heads does not fit one decode tile")
     batch = cu_seqlens_q.shape[0] - 1
-    grid = (ceil_div(max_seqlen_q, ws.GROUP_ROWS.value // heads) * batch, k.shape[-2])
+    grid = decode_grid(max_seqlen_q, batch, k.shape[-2], group, ws.GROUP_ROWS.value)[:2]
     tiles = Tiles(ws.GROUP_ROWS.value, block_n, ws.GROUP_WARPS.value, stages)
     args = decode_ws_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table, batch,
                           group, scale * LOG2E)  # fmt: skip

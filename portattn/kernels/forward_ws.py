@@ -190,6 +190,32 @@ def last_pv(i_tile, st, cfg, b_acc, b_p, o_layout: gl.constexpr,
 
 
 @gluon.jit
+def all_keys(q_tile, st, cfg, m_start, s_layout: gl.constexpr, o_layout: gl.constexpr,
+             p_layout: gl.constexpr):
+    """The key loop without ``KEY_CHUNK`` (also the Gluon decode's): the program's
+    ``st.n_tiles`` key tiles from the empty state, each tile's P V issued with the next one's
+    Q K^T. Returns (acc, m, l) in the accumulator's layouts; a program with no tile keeps the
+    empty state (normalised to out 0, lse -inf)."""
+    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    b_acc = gl.zeros([ws.GROUP_ROWS, cfg.HEAD_DIM], gl.float32, layout=o_layout)
+    b_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    b_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    b_p = gl.zeros([ws.GROUP_ROWS, cfg.BLOCK_N], gl.float32, layout=s_layout)
+    if not cfg.SPLIT_P:
+        b_p = b_p.to(st.v_ring.dtype)
+    if st.n_tiles > 0:
+        b_p, _, b_m, b_l = first_scores(q_tile, 0, st, cfg, m_start, b_m, b_l, s_layout)
+    for i_tile in range(0, st.n_tiles - 1):
+        b_acc, b_p, b_m, b_l = next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_m, b_l,
+                                          s_layout, o_layout, p_layout)
+    if st.n_tiles > 0:
+        b_acc = last_pv(st.n_tiles - 1, st, cfg, b_acc, b_p, o_layout, p_layout)
+    b_l = gl.convert_layout(b_l, row_layout)
+    b_m = gl.convert_layout(b_m, row_layout)
+    return b_acc, b_m, b_l
+
+
+@gluon.jit
 def _chunk(q_tile, t_lo, t_hi, st, cfg, m_start, s_layout: gl.constexpr,
            o_layout: gl.constexpr, p_layout: gl.constexpr):
     """Key tiles [t_lo, t_hi) (t_hi > t_lo) from the empty state, the last one's P V in
@@ -281,7 +307,6 @@ def _consume(GROUP: gl.constexpr, st, cfg):
     s_layout: gl.constexpr = ws.acc_layout(BLOCK_N)
     o_layout: gl.constexpr = ws.acc_layout(HEAD_DIM)
     p_layout: gl.constexpr = ws.operand_layout(o_layout)
-    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     m_start = st.m_tile + GROUP * ws.GROUP_ROWS
     if m_start >= st.seqlen_q:
         # Every row of this group lies past the sequence end (the last tile of a sequence of
@@ -297,22 +322,7 @@ def _consume(GROUP: gl.constexpr, st, cfg):
     if cfg.KEY_CHUNK > 0:
         b_acc, b_m, b_l = _chunked_keys(q_tile, st, cfg, m_start, s_layout, o_layout, p_layout)
     else:
-        b_acc = gl.zeros([ws.GROUP_ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-        b_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32,
-                      layout=gl.SliceLayout(1, s_layout))
-        b_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
-        b_p = gl.zeros([ws.GROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
-        if not cfg.SPLIT_P:
-            b_p = b_p.to(st.v_ring.dtype)
-        if st.n_tiles > 0:
-            b_p, _, b_m, b_l = first_scores(q_tile, 0, st, cfg, m_start, b_m, b_l, s_layout)
-        for i_tile in range(0, st.n_tiles - 1):
-            b_acc, b_p, b_m, b_l = next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_m,
-                                              b_l, s_layout, o_layout, p_layout)
-        if st.n_tiles > 0:
-            b_acc = last_pv(st.n_tiles - 1, st, cfg, b_acc, b_p, o_layout, p_layout)
-        b_l = gl.convert_layout(b_l, row_layout)
-        b_m = gl.convert_layout(b_m, row_layout)
+        b_acc, b_m, b_l = all_keys(q_tile, st, cfg, m_start, s_layout, o_layout, p_layout)
 
     # Rows that saw no key: out 0, lse -inf (as attn_fwd_kernel).
     b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [64, HEAD_DIM], [64]

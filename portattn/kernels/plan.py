@@ -57,6 +57,23 @@ def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def tile_heads(group: int, block_m: int) -> int:
+    """Query heads of a GQA group of ``group`` packed into one decode tile of ``block_m`` rows
+    (both decode kernels): the group rounded up to a power of two, at most the tile's rows;
+    the tile then holds ``block_m // tile_heads`` query positions."""
+    return min(next_pow2(group), block_m)
+
+
+def decode_grid(rows_q: int, batch: int, n_heads_k: int, group: int, block_m: int,
+                d_chunks: int = 1) -> tuple[int, int, int]:  # fmt: skip
+    """The unsplit decode grid of both decode kernels: (position tiles x sequences, kv heads x
+    the group's head slices, head-dim chunks); ``rows_q``: the query rows a sequence's tiles
+    cover (its longest)."""
+    heads = tile_heads(group, block_m)
+    return (ceil_div(rows_q, block_m // heads) * batch, n_heads_k * ceil_div(group, heads),
+            d_chunks)  # fmt: skip
+
+
 def splits_p(kernel: str) -> bool:
     """Whether ``kernel`` is split-P (``fixed_order``): its forward can store a float32 copy of
     the output, and its backward computes the row term from it."""
