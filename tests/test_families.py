@@ -215,8 +215,8 @@ SCHEME_CONFIG = KernelConfig(
 )
 SCHEME_HASH = "68256b6b84ac31a1"
 # A table entry (of the base table, Triton 3.6's): changes only when that entry is retuned (then
-# golden files are re-recorded).
-SM90_VARLEN_D128 = "464edb9d5694bd49"
+# golden files are re-recorded; last: decode_ws set in session 48, golden/sm90.json refreshed).
+SM90_VARLEN_D128 = "53e53156e28afe2e"
 
 
 def test_config_hash_stability():
@@ -280,6 +280,7 @@ WS_BY_STAGE = {
     "fwd": ("attn_fwd_ws_kernel", "fwd_ws"),
     "bwd_dkdv": ("attn_bwd_dkdv_ws_kernel", "bwd_ws"),
     "bwd_dq": ("attn_bwd_dq_ws_kernel", "dq_ws"),
+    "decode": ("attn_decode_ws_kernel", "decode_ws"),
 }
 
 
@@ -302,8 +303,10 @@ def test_launchers_take_parameters_from_table(fam, kernel):
                 has_amd = bool(AMD_KNOBS & set(launch.options))
                 assert has_amd == (fam in HIP_FAMILIES), (entry, stage)
                 assert launch.args["HEAD_DIM"] == d
-                # the chunk merge's forward (an entry with a key chunk) is the forward's kernel
-                ws_kernel, ws_field = WS_BY_STAGE.get(stage.removesuffix("_chunked"), (None, None))
+                # the chunk merge's forward (an entry with a key chunk) is the forward's kernel;
+                # a decode with chunk merges is decode.py's (outside the Gluon decode's scope)
+                base = stage if stage.startswith("decode") else stage.removesuffix("_chunked")
+                ws_kernel, ws_field = WS_BY_STAGE.get(base, (None, None))
                 if launch.fn.__name__ == ws_kernel:  # Gluon: power-of-2 head dims
                     assert getattr(cfg, ws_field) and d == triton_next_pow2(d), (entry, stage)
                 else:
