@@ -256,7 +256,7 @@ def _need_cuda(inp: DecodeInputs, what: str) -> None:
         raise RuntimeError(f"{what} needs CUDA tensors (inputs are on {inp.q.device})")
 
 
-def _portattn(w: DecodeWorkload, inp: DecodeInputs, kernel: str, paged: bool) -> DecodeImpl:
+def portattn_impl(w: DecodeWorkload, inp: DecodeInputs, kernel: str, paged: bool) -> DecodeImpl:
     import portattn
 
     fn = getattr(portattn, "flash_attn_with_kvcache", None)
@@ -350,10 +350,10 @@ def build_impls(w: DecodeWorkload, inp: DecodeInputs) -> dict[str, DecodeImpl | 
     """Every implementation, in ``IMPLS`` order, then the graph replays of ``GRAPHED``; one
     that cannot be built (or is not timed on this workload) maps to the reason."""
     makers: dict[str, Callable[[], DecodeImpl]] = {
-        PA_VARLEN_PAGED: lambda: _portattn(w, inp, "varlen", True),
-        PA_VARLEN_DENSE: lambda: _portattn(w, inp, "varlen", False),
-        PA_FIXED_PAGED: lambda: _portattn(w, inp, "fixed_order", True),
-        PA_FIXED_DENSE: lambda: _portattn(w, inp, "fixed_order", False),
+        PA_VARLEN_PAGED: lambda: portattn_impl(w, inp, "varlen", True),
+        PA_VARLEN_DENSE: lambda: portattn_impl(w, inp, "varlen", False),
+        PA_FIXED_PAGED: lambda: portattn_impl(w, inp, "fixed_order", True),
+        PA_FIXED_DENSE: lambda: portattn_impl(w, inp, "fixed_order", False),
         FA4_DET: lambda: fa4_impl(w, inp, True, False),
         FA4_DEFAULT: lambda: fa4_impl(w, inp, False, False),
         FA4_PAGED: lambda: fa4_impl(w, inp, True, True),

@@ -7,13 +7,17 @@
 #                                    # the shipped decode, pages 16/64/256, odd lengths), then
 #                                    # ci/gluon_decode_ab.py (B1, B8; then B64, B256, append16,
 #                                    # GQA 8/1, d64), FA4 det paged beside it
+#   bash ci/gpu_decode_ws.sh split   # carry .fa4 (~5 min): the Gluon split decode
+#                                    # (decode.GLUON_SPLIT, off): the kernel's GPU tests (split
+#                                    # bits against the Triton split's included), then
+#                                    # ci/gluon_split_ab.py (B1-B8 x 32k, bits and graph TB/s)
 #   bash ci/gpu_decode_ws.sh bench   # carry .fa4 (~6 min): the decode benchmark
 #                                    # (docs/bench-decode-<card>.*), the eager host time and
 #                                    # transformers_llama
 # Session 48 ran all three (the third part, `ship`, removed since: the sm90 d128 entries select
 # the Gluon decode in the tree; golden refresh same bits, perf-notes row 122).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_decode_ws.sh ab|bench}
+PART=${1:?usage: bash ci/gpu_decode_ws.sh ab|split|bench}
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 if [ "$PART" = ab ]; then
   gpu_setup fa4
@@ -24,6 +28,13 @@ if [ "$PART" = ab ]; then
   grep -E "^\||Error" "$OUT/ab_quick.log" | head -n 30
   step ab 240 python3 ci/gluon_decode_ab.py
   grep -E "^\|" "$OUT/ab.log" | tail -n +3
+elif [ "$PART" = split ]; then
+  gpu_setup fa4
+  step tests 200 python3 -m pytest tests/test_decode_ws.py -n 8 -p no:cacheprovider \
+    -W ignore::DeprecationWarning -rfE -q
+  tail -n 4 "$OUT/tests.log"
+  step split_ab 240 python3 ci/gluon_split_ab.py
+  grep -E "^\||Error" "$OUT/split_ab.log"
 elif [ "$PART" = bench ]; then
   gpu_setup fa4
   step decode 300 python3 benchmarks/bench.py --decode --docs

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Session 48 (30 device-minutes; check `status` first: refused starts cost 90 s each plus
-# hold-offs of 1-10 min, and session 47 lost 375 s to five of them before an H100 came; name
-# kind nvidia-h100-x1 when the H200 is held off: the sm90 bits are the family's):
-# 1. `bash ci/gpu_decode_ws.sh ab` (carry .fa4, ~7 min): the Gluon decode's GPU tests (its bits
-#    against the shipped decode, pages 16 / 64 / 256 after session 47's fix of the per-page
-#    copies) and ci/gluon_decode_ab.py with B256, d64, append16 and FA4 det paged beside it.
-# 2. If every bit holds and no row is slower: on the CPU `git apply ci/patches/decode_ws_on.diff`
-#    and `python -m ci.golden_dev fingerprints --update --family sm90` under 3.6 and 3.9; then
-#    `bash ci/gpu_decode_ws.sh ship` (~9 min: golden refresh "same bits", verify, decode tests);
-#    copy its golden/sm90.json in, commit; `bash ci/gpu_decode_ws.sh bench` (carry .fa4).
-# 3. `bash ci/gpu_next.sh host` (~4 min): the eager host time on the GPU (not measured since
-#    session 29; issue 37's 30 us).
+# Session 49 (30 device-minutes; check `status` first: refused starts cost 90 s each plus
+# hold-offs; name kind nvidia-h100-x1 when the H200 is held off: the sm90 bits are the family's):
+# 1. `bash ci/gpu_decode_ws.sh split` (carry .fa4, ~5 min): the Gluon split decode's bits against
+#    the Triton split's (tests/test_decode_ws.py) and ci/gluon_split_ab.py (B1-B8 x 32k). If the
+#    bits hold and it is faster: `decode.GLUON_SPLIT = True`, then on the CPU `python -m
+#    ci.golden_dev fingerprints --update --family sm90` under 3.6 and 3.9 (the split stage's
+#    kernel changes), and on the GPU `python3 -m ci.golden_dev refresh --family sm90` (timeout
+#    420: its fingerprint compile outlasted 200 s in session 48; expect "same bits") and
+#    `python3 -m portattn golden verify --family sm90`.
+# 2. The eager host time (issue 37): session 48 measured ~100 us a paged call on the device's
+#    host (`benchmarks/host_overhead.py --gpu`), ~35 us for the same code stubbed on the CPU
+#    machine; transformers_llama decode 0.85x SDPA (d128), 0.92x (d64).
+# Session 48 ran (H100, ~1,600 s held): `bash ci/gpu_decode_ws.sh ab` (bits equal on every row),
+# the sm90 d128 decode switched to the Gluon kernel (golden refresh same bits, verify 32/32,
+# 306 + 514 GPU tests passed), `bash ci/gpu_decode_ws.sh bench` (perf-notes row 122).
 # Session 47 ran (H100): `bash ci/gpu_next.sh first` (golden verify 32/32; the Gluon decode A/B,
 # perf-notes row 121), `bash ci/gpu_next.sh odd` (680 passed, 1 failed) and `even` (907 passed,
 # 1 failed; both failures tests that assumed no GPU, fixed).

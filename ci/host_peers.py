@@ -63,7 +63,7 @@ def decode_calls() -> dict:
     w = bd.select_workloads(patterns=["decode B1 gqa32/8 d128"])[0]
     inp = bd.make_inputs(w)
     calls = {}
-    pa = bd._portattn(w, inp, "varlen", True).fn
+    pa = bd.portattn_impl(w, inp, "varlen", True).fn
     calls["paged decode B1: portattn"] = lambda: pa()
     try:
         fa = bd.fa4_impl(w, inp, True, True).fn

@@ -1,22 +1,26 @@
-"""The Gluon decode (``portattn/kernels/decode_ws.py``, issue 37; not planned yet).
+"""The Gluon decode (``portattn/kernels/decode_ws.py``, issue 37; the sm90 d128 entries').
 
 CPU: its sm90 compile (both kernels' key tiles, packed and paged K/V): no spills, wgmma, and one
 TMA copy per page and 64 columns where a page is smaller than the key tile (the layout the
 first version got wrong on the GPU: a copy into a row slice of a d128 tile put its second
-64-column half at the slice's offset). GPU (sm90): its out and lse equal the shipped decode's
-bit for bit, packed and paged (pages shuffled, 16 / 64 / 256 rows), odd lengths, both kernels.
+64-column half at the slice's offset). GPU (sm90): its out and lse equal the Triton decode's
+(``decode.py``) bit for bit, packed and paged (pages shuffled, 16 / 64 / 256 rows), odd
+lengths, both kernels; its split decode's (``decode.GLUON_SPLIT``) equal the Triton split's.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers import KERNELS
+from helpers import KERNELS, patch_key_chunk
 
 import portattn
 from ci.gluon_decode_ab import compile_variant, variants
 from ci.golden_dev.keys import in_compiler_process
+from portattn.kernels import decode, forward, plan
 from portattn.kernels.decode_ws import copies_per_tile, launch_decode_ws, plan_decode_ws
+
+LENS = (4, 17, 63, 113, 1000, 130)
 
 
 @pytest.mark.parametrize(
@@ -33,12 +37,12 @@ def test_sm90_compile(kernel, head_dim, page, slots):
     assert got["tma_copies"] == 2 * per_tile  # K and V
 
 
-def _case(head_dim: int, page: int, rows: int, seed: int = 0):
+def _case(head_dim: int, page: int, rows: int, seed: int = 0, lens=LENS):
     """Odd lengths, GQA 32/8, ``rows`` query rows each (the last positions: a decode step, or
     an append); packed K/V, or the same keys in a paged cache whose pages are shuffled and
     whose unused rows hold NaN (no row may read them)."""
     gen = torch.Generator().manual_seed(seed)
-    lens, hq, hk = [4, 17, 63, 113, 1000, 130], 32, 8
+    lens, hq, hk = list(lens), 32, 8
     total = sum(lens)
     q = torch.randn(len(lens) * rows, hq, head_dim, generator=gen).bfloat16().cuda()
     k, v = (torch.randn(total, hk, head_dim, generator=gen).bfloat16().cuda() for _ in range(2))
@@ -61,15 +65,8 @@ def _case(head_dim: int, page: int, rows: int, seed: int = 0):
     return q, *caches, cu_q, cu_k, table.cuda(), lens
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("page", [0, 16, 64, 256])
-@pytest.mark.parametrize("rows", [1, 4])
-def test_gives_the_shipped_decode_bits(kernel, head_dim, page, rows):
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("decode_ws is a Hopper (sm90) kernel")
-    q, k, v, cu_q, cu_k, table, lens = _case(head_dim, page, rows)
+def _decoded(q, k, v, cu_q, cu_k, table, lens, rows: int, kernel: str):
+    """The planned decode's (out [total_q, Hq, D], lse [total_q, Hq]) of a :func:`_case`."""
     if table is None:
         ref, ref_lse = portattn.varlen_attention(q, k, v, cu_q, cu_k, rows, max(lens),
                                                  causal=True, return_lse=True,
@@ -83,10 +80,70 @@ def test_gives_the_shipped_decode_bits(kernel, head_dim, page, rows):
         ref, ref_lse = ref.flatten(0, 1), ref_lse.transpose(1, 2).flatten(0, 1)  # [B Sq, Hq]
     if ref_lse.shape != q.shape[:2]:
         ref_lse = ref_lse.transpose(0, 1)
+    return ref, ref_lse
+
+
+def _kernels_run(monkeypatch) -> list[tuple[str, str]]:
+    """(stage, kernel name) of each decode launch planned from here on."""
+    seen: list[tuple[str, str]] = []
+    real = forward.plan_decode
+
+    def spy(*args, **kw):
+        launches, partials = real(*args, **kw)
+        seen.extend((launch.stage, launch.kernel.fn.__name__) for launch in launches)
+        return launches, partials
+
+    monkeypatch.setattr(forward, "plan_decode", spy)
+    return seen
+
+
+def _on_sm90() -> None:
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("decode_ws is a Hopper (sm90) kernel")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("page", [0, 16, 64, 256])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_gives_the_triton_decode_bits(monkeypatch, kernel, head_dim, page, rows):
+    """Launched directly, against the decode planned without it (``attn_decode_kernel``)."""
+    _on_sm90()
+    q, k, v, cu_q, cu_k, table, lens = _case(head_dim, page, rows)
+    with monkeypatch.context() as mp:
+        mp.setattr(decode, "gluon_decode_applies", lambda *args, **kw: False)
+        plan.forget_problems()
+        ref, ref_lse = _decoded(q, k, v, cu_q, cu_k, table, lens, rows, kernel)
+    plan.forget_problems()
     out = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:2], float("nan"), device="cuda")
     block_n, slots = variants(kernel, head_dim)
-    plan = plan_decode_ws(q, k, v, out, lse, cu_q, cu_k, rows, table, head_dim**-0.5, True,
-                          kernel == "fixed_order", block_n, slots[-1])  # fmt: skip
-    launch_decode_ws(plan)
+    launch = plan_decode_ws(q, k, v, out, lse, cu_q, cu_k, rows, table, head_dim**-0.5, True,
+                            kernel == "fixed_order", block_n, slots[-1])  # fmt: skip
+    launch_decode_ws(launch)
     assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("page", [0, 16, 64, 256])
+def test_split_decode_gives_the_triton_split_bits(monkeypatch, kernel, page):
+    """``decode.GLUON_SPLIT``: a split decode's partials from the Gluon kernel (merged by the
+    Triton combine) against the Triton split's, the entries' key chunk patched to 2048 keys:
+    sequences of 3, 2 and 1 chunks (odd ends), every decode split; d128 (decode_ws' entries)."""
+    _on_sm90()
+    patch_key_chunk(monkeypatch, True, 2048, ws=True)
+    monkeypatch.setattr(decode, "SPLIT_BELOW_PROGRAMS", 1 << 30)
+    seen = _kernels_run(monkeypatch)
+    case = _case(128, page, 1, seed=3, lens=(5000, 2049, 777, 4096, 1))
+    ref = _decoded(*case, 1, kernel)
+    assert ("decode_split", "attn_decode_kernel") in seen
+    monkeypatch.setattr(decode, "GLUON_SPLIT", True)
+    plan.forget_problems()
+    seen.clear()
+    got = _decoded(*case, 1, kernel)
+    plan.forget_problems()
+    assert seen[:2] == [("decode_split", "attn_decode_ws_kernel"),
+                        ("decode_combine", "attn_decode_kernel")]  # fmt: skip
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])

@@ -250,6 +250,9 @@ def decode_fits(problem: VarlenProblem) -> bool:
 SPLIT_BELOW_PROGRAMS = 264
 # ... where the partials' workspace stays within this (float32 [slots, rows, Hq, BLOCK_DV + 4]).
 SPLIT_MAX_BYTES = 1 << 28
+# Whether a split decode's partials run as the Gluon kernel where the unsplit decode would
+# (``decode_ws``' entries): off until its GPU check (tests/test_decode_ws.py, ci/gluon_split_ab.py).
+GLUON_SPLIT = False
 
 
 def split_slots(problem: VarlenProblem) -> int:
@@ -305,10 +308,10 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
     stages = ("decode_split", "decode_combine") if slots else ("decode",)
     stages += ("decode_repair",) * p.has_unseen_keys
     launches = []
-    if not slots and gluon_decode_applies(p, q, k, v):  # the Gluon kernel, the same bits
-        launches.append(_gluon_launch(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                      block_table))  # fmt: skip
-        stages = stages[1:]
+    if gluon_decode_applies(p, q, k, v, slots):  # the Gluon kernel, the same bits
+        launches.append(_gluon_launch(stages[0], p, q, k, v, out, lse, cu_seqlens_q,
+                                      cu_seqlens_k, block_table, partials, slots))  # fmt: skip
+        stages = stages[1:]  # it runs the decode, or the split's partials
     for stage in stages:
         key = (stage, p.page_size, sinks is None)
         static = p.memo.get(key)
@@ -320,14 +323,16 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
     return tuple(launches), partials
 
 
-def gluon_decode_applies(p: VarlenProblem, q, k, v) -> bool:
-    """Whether the unsplit decode runs as the Gluon kernel (``decode_ws.py``): the entry selects
-    it (``decode_ws``) and ``plan.gluon_applies``' rule holds (the descriptor path: rows
-    16-byte aligned, a paged cache's pages one after the other), and the call is in its scope:
-    no chunk merge in the key loop, one head-dim chunk, a GQA group in one tile, pages it
-    copies (``decode_ws.pages_fit``). Else ``attn_decode_kernel`` runs it, with the same bits."""
+def gluon_decode_applies(p: VarlenProblem, q, k, v, slots: int = 0) -> bool:
+    """Whether the decode (``slots`` > 0: the partials of a split one, :data:`GLUON_SPLIT`)
+    runs as the Gluon kernel (``decode_ws.py``): the entry selects it (``decode_ws``) and
+    ``plan.gluon_applies``' rule holds (the descriptor path: rows 16-byte aligned, a paged
+    cache's pages one after the other), and the call is in its scope: no chunk merge in the key
+    loop (a split program's chunk is its loop), one head-dim chunk, a GQA group in one tile,
+    pages it copies (``decode_ws.pages_fit``). Else ``attn_decode_kernel`` runs it, with the
+    same bits."""
     cfg = p.cfg
-    if not cfg.decode_ws:
+    if not cfg.decode_ws or slots and not GLUON_SPLIT:
         return False
     tiles = cfg.decode_tiles()
     tma = rows_aligned(q, k, v) and (not p.page_size or pages_contiguous(k) and pages_contiguous(v))
@@ -335,25 +340,30 @@ def gluon_decode_applies(p: VarlenProblem, q, k, v) -> bool:
     kernel = decode_ws.attn_decode_ws_kernel if decode_ws else None
     if not gluon_applies("decode_ws", True, kernel, supports, tiles, p, tma):
         return False
-    return (not p.chunk_flags() and cfg.fwd_chunks == 1 and heads_per_tile(p) >= p.group
+    return ((slots > 0 or not p.chunk_flags()) and cfg.fwd_chunks == 1
+            and heads_per_tile(p) >= p.group
             and decode_ws.pages_fit(p.page_size, tiles.block_n))  # fmt: skip
 
 
-def _gluon_launch(p: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                  block_table) -> KernelLaunch:  # fmt: skip
-    """The Gluon decode's launch (``gluon_decode_applies``): the unsplit grid, k and v as
-    ragged descriptors (a paged cache's as its token rows)."""
+def _gluon_launch(stage: str, p: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                  block_table, partials, slots: int) -> KernelLaunch:  # fmt: skip
+    """The Gluon decode's launch (``gluon_decode_applies``): the unsplit grid (split: its kv
+    heads times the ``slots`` chunks, the partials into ``partials``), k and v as ragged
+    descriptors (a paged cache's as its token rows)."""
     tiles = p.cfg.decode_tiles()
-    static = p.memo.get(("decode_ws", p.page_size))
+    static = p.memo.get(("decode_ws", p.page_size, slots))
     if static is None:  # the grid, parameters and descriptors: the problem's alone
+        chunk = p.cfg.key_chunk if slots else 0
         params = decode_ws.decode_ws_params(p.head_dim, tiles, heads_per_tile(p), p.page_size,
-                                            p.causal, p.split_p)  # fmt: skip
+                                            p.causal, p.split_p, chunk)  # fmt: skip
         reads = decode_ws.decode_ws_reads(tiles.block_n, p.page_size, p.head_dim)
-        static = p.memo[("decode_ws", p.page_size)] = (_decode_grid(p, tiles)[:2], params, reads)
+        blocks, heads, _ = _decode_grid(p, tiles)
+        grid = (blocks, heads * max(slots, 1))
+        static = p.memo[("decode_ws", p.page_size, slots)] = (grid, params, reads)
     grid, params, reads = static
     args = decode_ws.decode_ws_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
-                                    p.batch, p.group, p.scale_log2)  # fmt: skip
-    return KernelLaunch("decode", decode_ws.attn_decode_ws_kernel, grid, args, params,
+                                    p.batch, p.group, p.scale_log2, partials)  # fmt: skip
+    return KernelLaunch(stage, decode_ws.attn_decode_ws_kernel, grid, args, params,
                         descriptors=reads)
 
 

@@ -22,12 +22,18 @@ forward's bits; ``normalize_rows``). Which rows share a tile does not enter a ro
 arithmetic. The GPU checks are ``tests/test_decode_ws.py`` and ``ci/gluon_decode_ab.py``
 (bitwise against ``decode.py``; the second also times both).
 
-Scope (the rest runs ``decode.py``): no window, softcap or sinks, no key chunk (a sequence of
-at most ``key_chunk`` keys, or an entry without one), no repair pass, whole GQA groups of at
-most 64 heads, head dims 64 and 128, pages of at least 8 rows that divide the key tile or that
-it divides. The planner runs it where the entry sets ``decode_ws`` and the call is in this
-scope (``decode.gluon_decode_applies``): the sm90 d128 entries of both kernels (d64 stays on
-``decode.py``, which was faster there: perf-notes row 122).
+Split decode (``KEY_CHUNK`` > 0; design §3.1): one program per (tile, kv head, key chunk)
+writes the chunk's partial (acc, m, l) to ``attn_decode_kernel``'s workspace (``partial_rows``'
+layout), which its combine (``SPLIT`` 2) merges: the consumer runs the chunk's tiles as a
+loop of their own (key positions, ``seqlen_k``, ``diag`` and ``t_full`` counted from the chunk's
+first key, which moves no mask), the producer copies them at their own positions.
+
+Scope (the rest runs ``decode.py``): no window, softcap or sinks, no chunk merge in the key
+loop, no repair pass, whole GQA groups of at most 64 heads, head dims 64 and 128, pages of at
+least 8 rows that divide the key tile or that it divides. The planner runs it where the entry
+sets ``decode_ws`` and the call is in this scope (``decode.gluon_decode_applies``): the sm90
+d128 entries of both kernels (d64 stays on ``decode.py``, which was faster there: perf-notes
+row 122); the split decode only where ``decode.GLUON_SPLIT`` is set (off until its GPU check).
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ PRODUCER_REGS = gl.constexpr(48)
 class _Decode(NamedTuple):
     """The runtime state of one decode program, read by name by both partitions and by
     ``forward_ws``'s steps (which read the ring, its barriers, ``t_full``, ``seqlen_k``,
-    ``diag`` and ``scale_log2``)."""
+    ``diag`` and ``scale_log2``: a split program's counted from its chunk's first key)."""
 
     q_smem: gl.shared_memory_descriptor  # [64, HEAD_DIM]: the tile's Q rows
     k_ring: gl.shared_memory_descriptor  # [STAGES, BLOCK_N, HEAD_DIM]
@@ -78,11 +84,18 @@ class _Decode(NamedTuple):
     n_heads_q: gl.tensor
     scale_log2: gl.tensor
     # The producer's: K / V ragged descriptors, the sequence's first key row (packed), its
-    # block-table row (paged).
+    # block-table row (paged), its keys and the first key the program reads (split: its
+    # chunk's; else 0).
     k_desc: tma.tensor_descriptor
     v_desc: tma.tensor_descriptor
     bos_k: gl.tensor
     pages: gl.tensor
+    keys: gl.tensor
+    key_off: gl.tensor
+    # A split program's: the workspace, the call's query rows (its layout) and the chunk.
+    partials: gl.tensor
+    n_rows: gl.tensor
+    i_c: gl.tensor
 
 
 @gluon.constexpr_function
@@ -104,17 +117,24 @@ def _tile_heads(m_start, seqlen_q, i_hk, group, HEADS: gl.constexpr, layout: gl.
 
 @gluon.jit
 def _consume(st, cfg):
-    """The consumer warp group: the key loop (``forward_ws._consume``'s without chunks), then
-    the rows' out and lse by pointer stores."""
-    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
-    BLOCK_N: gl.constexpr = cfg.BLOCK_N
-    s_layout: gl.constexpr = ws.acc_layout(BLOCK_N)
-    o_layout: gl.constexpr = ws.acc_layout(HEAD_DIM)
+    """The consumer warp group: the key loop (``forward_ws.all_keys``), then the rows' out and
+    lse (or a split program's partial) by pointer stores."""
+    s_layout: gl.constexpr = ws.acc_layout(cfg.BLOCK_N)
+    o_layout: gl.constexpr = ws.acc_layout(cfg.HEAD_DIM)
     p_layout: gl.constexpr = ws.operand_layout(o_layout)
-    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     b_acc, b_m, b_l = all_keys(st.q_smem, st, cfg, st.m_start, s_layout, o_layout, p_layout)
-    b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [64, D], [64]
+    if cfg.KEY_CHUNK > 0:  # the chunk's partial, merged by attn_decode_kernel's combine
+        _store_partial(st, cfg, b_acc, b_m, b_l, o_layout)
+    else:
+        _store_rows(st, cfg, b_acc, b_m, b_l, o_layout)
 
+
+@gluon.jit
+def _store_rows(st, cfg, b_acc, b_m, b_l, o_layout: gl.constexpr):
+    """The tile's rows normalised: out [64, D] and lse [64] of its (position, head) rows."""
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [64, D], [64]
     o_q, i_h, m_row = _tile_heads(st.m_start, st.seqlen_q, st.i_hk, st.group, cfg.HEADS,
                                   row_layout)
     o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
@@ -122,6 +142,24 @@ def _consume(st, cfg):
     p_o = st.o + o_rows * st.stride_ot + i_h[:, None] * st.stride_oh + o_d[None, :]
     gl.store(p_o, b_out.to(st.o.dtype.element_ty), mask=m_row[:, None] & (o_d < HEAD_DIM)[None, :])
     gl.store(st.lse + (st.bos_q + o_q.to(gl.int64)) * st.n_heads_q + i_h, b_lse, mask=m_row)
+
+
+@gluon.jit
+def _store_partial(st, cfg, b_acc, b_m, b_l, o_layout: gl.constexpr):
+    """The tile's rows' (acc [64, D], m [64], l [64]) of chunk ``st.i_c`` into the workspace
+    float32 [slots, n_rows, Hq, D + 4] (``decode.partial_rows``: acc, then m and l)."""
+    RECORD: gl.constexpr = cfg.HEAD_DIM + 4
+    o_t = gl.arange(0, ws.GROUP_ROWS, layout=gl.SliceLayout(1, o_layout))
+    o_g = o_t % cfg.HEADS
+    m_row = (st.m_start + o_t // cfg.HEADS < st.seqlen_q) & (o_g < st.group)
+    first = (st.i_c * st.n_rows + st.bos_q + st.m_start) * st.n_heads_q + st.i_hk * st.group
+    p_part = st.partials + first * RECORD  # int64 once, then int32 offsets
+    o_part = ((o_t // cfg.HEADS) * st.n_heads_q + o_g) * RECORD
+    o_d = gl.arange(0, cfg.HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    gl.store(p_part + (o_part[:, None] + o_d[None, :]), b_acc,
+             mask=m_row[:, None] & (o_d < cfg.HEAD_DIM)[None, :])
+    gl.store(p_part + (o_part + cfg.HEAD_DIM), b_m, mask=m_row)
+    gl.store(p_part + (o_part + cfg.HEAD_DIM + 1), b_l, mask=m_row)
 
 
 @gluon.jit
@@ -136,13 +174,16 @@ def _copy_keys(desc, st, cfg, key0, bar, tile):
     tile's: session 47's H100 run)."""
     BLOCK_N: gl.constexpr = cfg.BLOCK_N
     PAGE_SIZE: gl.constexpr = cfg.PAGE_SIZE
+    keys = st.seqlen_k
+    if cfg.KEY_CHUNK > 0:  # the consumer's seqlen_k counts from the chunk's first key
+        keys = st.keys
     if PAGE_SIZE == 0:
-        ws.ragged_load(desc, st.bos_k, st.seqlen_k, key0, st.i_hk, bar, tile)
+        ws.ragged_load(desc, st.bos_k, keys, key0, st.i_hk, bar, tile)
     elif PAGE_SIZE >= BLOCK_N:
         page = gl.load(st.pages + key0 // PAGE_SIZE)
         first = key0 // PAGE_SIZE * PAGE_SIZE  # the page's first key
         ws.ragged_load(desc, page.to(gl.int64) * PAGE_SIZE,
-                       gl.minimum(st.seqlen_k - first, PAGE_SIZE), key0 - first, st.i_hk, bar,
+                       gl.minimum(keys - first, PAGE_SIZE), key0 - first, st.i_hk, bar,
                        tile)
     else:
         HALVES: gl.constexpr = cfg.HEAD_DIM // 64
@@ -151,8 +192,8 @@ def _copy_keys(desc, st, cfg, key0, bar, tile):
             first = key0 + i * PAGE_SIZE
             # A page past the sequence's keys is not in its block-table row: page 0's rows,
             # read as none (0 rows), keep the copy's byte count.
-            page = gl.load(st.pages + first // PAGE_SIZE, mask=first < st.seqlen_k, other=0)
-            rows = gl.maximum(gl.minimum(st.seqlen_k - first, PAGE_SIZE), 0)
+            page = gl.load(st.pages + first // PAGE_SIZE, mask=first < keys, other=0)
+            rows = gl.maximum(gl.minimum(keys - first, PAGE_SIZE), 0)
             for c in gl.static_range(HALVES):
                 ws.ragged_load(desc, page.to(gl.int64) * PAGE_SIZE, rows, 0, st.i_hk, bar,
                                halves.slice(c * BLOCK_N + i * PAGE_SIZE, PAGE_SIZE), c * 64)
@@ -167,11 +208,11 @@ def _produce(st, cfg):
         slot = i_tile % STAGES
         ws.wait_free(st.free_bars, i_tile, STAGES)
         mbarrier.expect(st.k_bars.index(slot), st.k_desc.block_type.nbytes * COPIES)
-        _copy_keys(st.k_desc, st, cfg, i_tile * cfg.BLOCK_N, st.k_bars.index(slot),
-                   st.k_ring.index(slot))
+        _copy_keys(st.k_desc, st, cfg, st.key_off + i_tile * cfg.BLOCK_N,
+                   st.k_bars.index(slot), st.k_ring.index(slot))
         mbarrier.expect(st.v_bars.index(slot), st.v_desc.block_type.nbytes * COPIES)
-        _copy_keys(st.v_desc, st, cfg, i_tile * cfg.BLOCK_N, st.v_bars.index(slot),
-                   st.v_ring.index(slot))
+        _copy_keys(st.v_desc, st, cfg, st.key_off + i_tile * cfg.BLOCK_N,
+                   st.v_bars.index(slot), st.v_ring.index(slot))
 
 
 @gluon.constexpr_function
@@ -185,7 +226,7 @@ def copies_per_tile(block_n, page_size, head_dim):
 
 @gluon.jit
 def attn_decode_ws_kernel(
-    q, k, v, o, lse, block_table,
+    q, k, v, o, lse, block_table, partials,
     cu_seqlens_q, cu_seqlens_k,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     batch, n_heads_q, group, scale_log2,
@@ -196,10 +237,13 @@ def attn_decode_ws_kernel(
     CAUSAL: gl.constexpr,
     SPLIT_P: gl.constexpr,
     STAGES: gl.constexpr,
+    KEY_CHUNK: gl.constexpr = 0,
 ):
-    """Program ids: 0 = (position tile, sequence) as ``tile_index`` decodes it; 1 = kv head.
-    q [total_q, Hq, D] (pointer loads); k, v: ragged host descriptors of the packed K/V or of
-    the paged caches as token rows; block_table int32 [B, pages] (paged; else not read)."""
+    """Program ids: 0 = (position tile, sequence) as ``tile_index`` decodes it; 1 = kv head
+    (``KEY_CHUNK`` > 0: times the key chunks, slowest, as ``attn_decode_kernel``'s ``SPLIT``
+    1). q [total_q, Hq, D] (pointer loads); k, v: ragged host descriptors of the packed K/V or
+    of the paged caches as token rows; block_table int32 [B, pages] (paged; else not read);
+    partials: the split's workspace (else None)."""
     ROWS: gl.constexpr = ws.GROUP_ROWS // HEADS  # query positions per tile
     i_b, i_m = tile_index(batch, CAUSAL)
     i_hk = gl.program_id(1)
@@ -210,6 +254,19 @@ def attn_decode_ws_kernel(
         return
     diag, t_full, n_tiles = ws.query_key_tiles(m_start, seqlen_q, seqlen_k, ROWS, BLOCK_N,
                                                CAUSAL)
+    keys, key_off, n_rows, i_c = None, 0, 0, 0  # a split program's (module docstring)
+    if KEY_CHUNK > 0:  # chunk i_c's tiles, counted from its first key (module docstring)
+        CHUNK_TILES: gl.constexpr = KEY_CHUNK // BLOCK_N
+        i_c = i_hk // (n_heads_q // group)
+        i_hk = i_hk % (n_heads_q // group)
+        t_lo = i_c * CHUNK_TILES
+        if t_lo >= n_tiles:  # a chunk past the tile's keys: no partial (the combine skips it)
+            return
+        key_off = t_lo * BLOCK_N
+        keys, seqlen_k, diag = seqlen_k, seqlen_k - key_off, diag - key_off
+        t_full = gl.maximum(t_full - t_lo, 0)
+        n_tiles = gl.minimum(n_tiles - t_lo, CHUNK_TILES)
+        n_rows = gl.load(cu_seqlens_q + batch).to(gl.int64)
 
     # Q rows gathered into shared memory (wgmma's A operand) before the partitions fork.
     q_layout: gl.constexpr = _rows_layout(HEAD_DIM)
@@ -234,13 +291,14 @@ def attn_decode_ws_kernel(
         free_bars=free_bars, o=o, lse=lse, stride_ot=stride_ot, stride_oh=stride_oh,
         bos_q=bos_q, seqlen_q=seqlen_q, seqlen_k=seqlen_k, diag=diag, t_full=t_full,
         n_tiles=n_tiles, m_start=m_start, i_hk=i_hk, group=group, n_heads_q=n_heads_q,
-        scale_log2=scale_log2, k_desc=k, v_desc=v, bos_k=bos_k, pages=pages)
+        scale_log2=scale_log2, k_desc=k, v_desc=v, bos_k=bos_k, pages=pages, keys=keys,
+        key_off=key_off, partials=partials, n_rows=n_rows, i_c=i_c)
     # The Config built in the calls: assigned to a local, its constexprs would become tensors.
     gl.warp_specialize([
         (_consume, (program, ws.Config(HEAD_DIM, ws.GROUP_ROWS, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
-                                       HEADS=HEADS, PAGE_SIZE=PAGE_SIZE))),
+                                       KEY_CHUNK=KEY_CHUNK, HEADS=HEADS, PAGE_SIZE=PAGE_SIZE))),
         (_produce, (program, ws.Config(HEAD_DIM, ws.GROUP_ROWS, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
-                                       HEADS=HEADS, PAGE_SIZE=PAGE_SIZE))),
+                                       KEY_CHUNK=KEY_CHUNK, HEADS=HEADS, PAGE_SIZE=PAGE_SIZE))),
     ], [1], [PRODUCER_REGS])
 
 
@@ -273,22 +331,25 @@ def decode_ws_launch_options() -> dict[str, int]:
 
 
 def decode_ws_params(head_dim: int, tiles: Tiles, heads: int, page_size: int, causal: bool,
-                     split_p: bool) -> dict:  # fmt: skip
+                     split_p: bool, key_chunk: int = 0) -> dict:  # fmt: skip
     """The compile-time parameters and launch options of a launch at the entry's decode
-    ``tiles`` (its key tile, ``num_stages`` ring slots)."""
+    ``tiles`` (its key tile, ``num_stages`` ring slots); ``key_chunk`` > 0: a split decode's
+    partials (``KEY_CHUNK``; left out unsplit: the kernel's default)."""
+    split = {"KEY_CHUNK": key_chunk} if key_chunk else {}
     return dict(HEAD_DIM=head_dim, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
-                CAUSAL=causal, SPLIT_P=split_p, STAGES=tiles.num_stages,
+                CAUSAL=causal, SPLIT_P=split_p, STAGES=tiles.num_stages, **split,
                 **decode_ws_launch_options())  # fmt: skip
 
 
 def decode_ws_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table, batch: int,
-                   group: int, scale_log2: float) -> tuple:  # fmt: skip
-    """The kernel's arguments, k and v as tensors (``decode_ws_reads`` names them)."""
+                   group: int, scale_log2: float, partials=None) -> tuple:  # fmt: skip
+    """The kernel's arguments, k and v as tensors (``decode_ws_reads`` names them);
+    ``partials``: a split decode's workspace (``decode.plan_decode``'s), else None."""
     if block_table is None:
         table, stride_bt = cu_seqlens_k, 0  # not read
     else:
         table, stride_bt = block_table, block_table.stride(0)
-    return (q, k, v, out, lse, table, cu_seqlens_q, cu_seqlens_k,
+    return (q, k, v, out, lse, table, partials, cu_seqlens_q, cu_seqlens_k,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), stride_bt,
             batch, q.shape[1], group, scale_log2)  # fmt: skip
 
