@@ -128,7 +128,8 @@ def test_gives_the_triton_decode_bits(monkeypatch, kernel, head_dim, page, rows)
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("page", [0, 16, 64, 256])
-def test_split_decode_gives_the_triton_split_bits(monkeypatch, kernel, page):
+@pytest.mark.parametrize("rows", [1, 4])
+def test_split_decode_gives_the_triton_split_bits(monkeypatch, kernel, page, rows):
     """``decode.GLUON_SPLIT``: a split decode's partials from the Gluon kernel (merged by the
     Triton combine) against the Triton split's, the entries' key chunk patched to 2048 keys:
     sequences of 3, 2 and 1 chunks (odd ends), every decode split; d128 (decode_ws' entries)."""
@@ -136,13 +137,13 @@ def test_split_decode_gives_the_triton_split_bits(monkeypatch, kernel, page):
     patch_key_chunk(monkeypatch, True, 2048, ws=True)
     monkeypatch.setattr(decode, "SPLIT_BELOW_PROGRAMS", 1 << 30)
     seen = _kernels_run(monkeypatch)
-    case = _case(128, page, 1, seed=3, lens=(5000, 2049, 777, 4096, 1))
-    ref = _decoded(*case, 1, kernel)
+    case = _case(128, page, rows, seed=3, lens=(5000, 2049, 777, 4096, 4))
+    ref = _decoded(*case, rows, kernel)
     assert ("decode_split", "attn_decode_kernel") in seen
     monkeypatch.setattr(decode, "GLUON_SPLIT", True)
     plan.forget_problems()
     seen.clear()
-    got = _decoded(*case, 1, kernel)
+    got = _decoded(*case, rows, kernel)
     plan.forget_problems()
     assert seen[:2] == [("decode_split", "attn_decode_ws_kernel"),
                         ("decode_combine", "attn_decode_kernel")]  # fmt: skip
