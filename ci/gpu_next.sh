@@ -10,7 +10,10 @@
 #    `python3 -m portattn golden verify --family sm90`.
 # 2. The eager host time (issue 37): session 48 measured ~100 us a paged call on the device's
 #    host (`benchmarks/host_overhead.py --gpu`), ~35 us for the same code stubbed on the CPU
-#    machine; transformers_llama decode 0.85x SDPA (d128), 0.92x (d64).
+#    machine; transformers_llama decode 0.85x SDPA (d128), 0.92x (d64): 4.17 against 3.53 ms
+#    a 2-layer step, more than two calls' host time. `bash ci/gpu_next.sh llama` (~2 min):
+#    ci/llama_decode_profile.py (host / GPU / wall time of a step, syncs, the step's CUDA
+#    kernels and host functions, both implementations) says where the 0.6 ms go.
 # Session 48 ran (H100, ~1,600 s held): `bash ci/gpu_decode_ws.sh ab` (bits equal on every row),
 # the sm90 d128 decode switched to the Gluon kernel (golden refresh same bits, verify 32/32,
 # 306 + 514 GPU tests passed), `bash ci/gpu_decode_ws.sh bench` (perf-notes row 122).
@@ -226,7 +229,7 @@
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|odd|even}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|odd|even}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -289,6 +292,11 @@ elif [ "$PART" = first ]; then
   grep -E "^\|" "$OUT/ceiling.log"
   step gluon 200 python3 ci/gluon_decode_ab.py
   grep -E "^\|" "$OUT/gluon.log" | tail -n +19
+elif [ "$PART" = llama ]; then
+  step llama_prof 240 python3 ci/llama_decode_profile.py
+  head -n 4 "$OUT/llama_prof.log"
+  step llama_prof64 200 python3 ci/llama_decode_profile.py --head-dim 64
+  head -n 4 "$OUT/llama_prof64.log"
 elif [ "$PART" = host ]; then
   step host 150 python3 benchmarks/host_overhead.py --gpu --n 1000
   grep -E "^\|" "$OUT/host.log"
