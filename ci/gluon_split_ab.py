@@ -7,7 +7,11 @@ shuffled pool; the entries' key chunk of 16,384: two chunks a sequence) and both
 planned decode with the switch off and on, each captured in a CUDA graph after its own plan:
 whether out is equal bitwise (it must be: the same chunks through the same steps), which
 kernels ran, and each one's graph-replay TB/s (K/V bytes read once), best of two alternating
-passes; FA4 det paged (the workload's peer) beside them.
+passes; FA4 det paged (the workload's peer) beside them. Then the short rows of
+``bench_decode`` (B1, B8: 512..8,192 keys) with the block table an engine keeps, 512 pages
+(32k keys) a sequence: the split follows the table's capacity (``kvcache``: the call's
+``max_seqlen_k``), so these rows split too; the same rows with a table of their own width
+(unsplit) beside them.
 
 CPU (``--compile``): the split kernel's sm90 compile under the installed Triton (registers,
 spills, shared memory), the first check before any GPU time.
@@ -58,17 +62,33 @@ def planned(bd, w, inp, kernel: str, gluon: bool):
     return graph, out, sorted(set(seen))
 
 
+def workloads(bd) -> list:
+    """(workload, block-table pages a sequence or None: the workload's own width)."""
+    long = [bd.DecodeWorkload(f"decode B{b} 32k gqa32/8 d128", (KEYS,) * b, 1, 32, 8, 128)
+            for b in BATCHES]  # fmt: skip
+    short = [w for w in bd.default_workloads() if w.name in SHORT]
+    return [(w, None) for w in long] + [(w, n) for w in short for n in (None, KEYS // 64)]
+
+
+SHORT = ("decode B1 gqa32/8 d128", "decode B8 gqa32/8 d128")
+
+
 def gpu() -> int:
+    import dataclasses
+
     from benchmarks import bench_decode as bd
 
-    print("| workload | kernel | Triton split graph TB/s | Gluon split graph TB/s | bits | "
-          "kernels (Gluon) | FA4 det paged TB/s |")  # fmt: skip
-    print("| --- | --- | ---: | ---: | --- | --- | ---: |")
+    print("| workload | table | kernel | Triton split graph TB/s | Gluon split graph TB/s | bits "
+          "| kernels (Gluon) | FA4 det paged TB/s |")  # fmt: skip
+    print("| --- | --- | --- | ---: | ---: | --- | --- | ---: |")
     with torch.no_grad():
-        for batch in BATCHES:
-            w = bd.DecodeWorkload(f"decode B{batch} 32k gqa32/8 d128", (KEYS,) * batch, 1, 32,
-                                  8, 128)  # fmt: skip
+        for w, width in workloads(bd):
             inp = bd.make_inputs(w)
+            table = "own"
+            if width is not None:  # an engine's table (pages of 64): unused entries 0, unread
+                pad = width - inp.block_table.shape[1]
+                wide = torch.nn.functional.pad(inp.block_table, (0, pad))
+                inp, table = dataclasses.replace(inp, block_table=wide), f"{width} pages"
             peer = "-"
             impl, error = attempt(lambda w=w, inp=inp: bd.graphed(bd.fa4_impl(w, inp, True, True)))
             if error is None:
@@ -85,7 +105,7 @@ def gpu() -> int:
                         best[name] = min(best[name], bd.gpu_timer(fn)[0])
                 tbps = {name: w.kv_bytes() / ms / 1e9 for name, ms in best.items()}
                 names = ", ".join(f"{stage}: {fn}" for stage, fn in kernels)
-                print(f"| {w.name} | {kernel} | {tbps['ref']:.2f} | {tbps['new']:.2f} | "
+                print(f"| {w.name} | {table} | {kernel} | {tbps['ref']:.2f} | {tbps['new']:.2f} | "
                       f"{'equal' if same else f'DIFF {diff:.1e}'} | {names} | {peer} |",
                       flush=True)  # fmt: skip
     return 0
