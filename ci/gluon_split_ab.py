@@ -41,7 +41,7 @@ KEYS = 32768
 def planned(bd, w, inp, kernel: str, gluon: bool):
     """The decode planned with ``decode.GLUON_SPLIT = gluon``: (graphed impl, out, the
     (stage, kernel) of each launch planned)."""
-    decode.GLUON_SPLIT = gluon
+    shipped, decode.GLUON_SPLIT = decode.GLUON_SPLIT, gluon
     plan.forget_problems()
     seen: list[tuple[str, str]] = []
     real = forward.plan_decode
@@ -58,7 +58,7 @@ def planned(bd, w, inp, kernel: str, gluon: bool):
         graph = bd.graphed(impl)
     finally:
         forward.plan_decode = real
-        decode.GLUON_SPLIT = False
+        decode.GLUON_SPLIT = shipped
     return graph, out, sorted(set(seen))
 
 

@@ -3,11 +3,13 @@
 # hold-offs; name kind nvidia-h100-x1 when the H200 is held off: the sm90 bits are the family's):
 # 1. `bash ci/gpu_decode_ws.sh split` (carry .fa4, ~5 min): the Gluon split decode's bits against
 #    the Triton split's (tests/test_decode_ws.py) and ci/gluon_split_ab.py (B1-B8 x 32k). If the
-#    bits hold and it is faster: `decode.GLUON_SPLIT = True`, then on the CPU `python -m
-#    ci.golden_dev fingerprints --update --family sm90` under 3.6 and 3.9 (the split stage's
-#    kernel changes), and on the GPU `python3 -m ci.golden_dev refresh --family sm90` (timeout
-#    420: its fingerprint compile outlasted 200 s in session 48; expect "same bits") and
-#    `python3 -m portattn golden verify --family sm90`.
+#    bits hold and it is faster, at once (warm): `bash ci/gpu_decode_ws.sh split_ship`
+#    (ci/patches/gluon_split_on.diff: the switch with golden/sm90.json's keys and fingerprints
+#    for it under 3.6 and 3.9, made in session 48 on main 0358ce8+; if it no longer applies,
+#    remake it: set GLUON_SPLIT = True, `python -m ci.golden_dev fingerprints --update --family
+#    sm90` under both Tritons, `git diff > ci/patches/gluon_split_on.diff`): golden refresh of
+#    sm90 (expect "same bits" on the 13 d128 cases), verify, the split paths' tests. Then `git
+#    apply` the patch here, copy $OUT's sm90.json in, commit.
 # 2. The eager host time (issue 37): session 48 measured ~100 us a paged call on the device's
 #    host (`benchmarks/host_overhead.py --gpu`), ~35 us for the same code stubbed on the CPU
 #    machine; transformers_llama decode 0.85x SDPA (d128), 0.92x (d64): 4.17 against 3.53 ms

@@ -136,6 +136,7 @@ def test_split_decode_gives_the_triton_split_bits(monkeypatch, kernel, page, row
     _on_sm90()
     patch_key_chunk(monkeypatch, True, 2048, ws=True)
     monkeypatch.setattr(decode, "SPLIT_BELOW_PROGRAMS", 1 << 30)
+    monkeypatch.setattr(decode, "GLUON_SPLIT", False)  # the reference: the Triton split
     seen = _kernels_run(monkeypatch)
     case = _case(128, page, rows, seed=3, lens=(5000, 2049, 777, 4096, 4))
     ref = _decoded(*case, rows, kernel)

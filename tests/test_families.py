@@ -15,6 +15,7 @@ import portattn
 from portattn import configs, families
 from portattn.configs import DTYPES, HEAD_DIMS, INTERPRETER, KERNELS, KernelConfig, Tiles, rows
 from portattn.families import FAMILIES, family_from_properties, nearest_family
+from portattn.kernels import decode
 from portattn.tools import compilecheck
 from portattn.tools.compile_artifacts import MMA_PATTERNS
 from portattn.tools.compile_launches import CHECKED_STAGES, entry_stages
@@ -281,6 +282,7 @@ WS_BY_STAGE = {
     "bwd_dkdv": ("attn_bwd_dkdv_ws_kernel", "bwd_ws"),
     "bwd_dq": ("attn_bwd_dq_ws_kernel", "dq_ws"),
     "decode": ("attn_decode_ws_kernel", "decode_ws"),
+    "decode_split": ("attn_decode_ws_kernel", "decode_ws"),  # where decode.GLUON_SPLIT is on
 }
 
 
@@ -307,11 +309,13 @@ def test_launchers_take_parameters_from_table(fam, kernel):
                 # a decode with chunk merges is decode.py's (outside the Gluon decode's scope)
                 base = stage if stage.startswith("decode") else stage.removesuffix("_chunked")
                 ws_kernel, ws_field = WS_BY_STAGE.get(base, (None, None))
+                gluon = bool(ws_field and getattr(cfg, ws_field))
+                gluon &= base != "decode_split" or decode.GLUON_SPLIT
                 if launch.fn.__name__ == ws_kernel:  # Gluon: power-of-2 head dims
-                    assert getattr(cfg, ws_field) and d == triton_next_pow2(d), (entry, stage)
+                    assert gluon and d == triton_next_pow2(d), (entry, stage)
                 else:
                     assert launch.args["BLOCK_D"] == triton_next_pow2(d)
-                    assert not (ws_field and getattr(cfg, ws_field)), (entry, stage)
+                    assert not gluon, (entry, stage)
 
 
 def triton_next_pow2(n: int) -> int:
