@@ -5,7 +5,7 @@
 #    the Triton split's (tests/test_decode_ws.py) and ci/gluon_split_ab.py (B1-B8 x 32k). If the
 #    bits hold and it is faster, at once (warm): `bash ci/gpu_decode_ws.sh split_ship`
 #    (ci/patches/gluon_split_on.diff: the switch with golden/sm90.json's keys and fingerprints
-#    for it under 3.6 and 3.9, made in session 48 on main 0358ce8+; if it no longer applies,
+#    for it under 3.6 and 3.9, made in session 48 on main c9948ec; if it no longer applies,
 #    remake it: set GLUON_SPLIT = True, `python -m ci.golden_dev fingerprints --update --family
 #    sm90` under both Tritons, `git diff > ci/patches/gluon_split_on.diff`): golden refresh of
 #    sm90 (expect "same bits" on the 13 d128 cases), verify, the split paths' tests. Then `git
