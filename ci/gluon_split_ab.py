@@ -23,6 +23,7 @@ spills, shared memory), the first check before any GPU time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -38,11 +39,10 @@ BATCHES = (1, 2, 4, 8)
 KEYS = 32768
 
 
-def planned(bd, w, inp, kernel: str, gluon: bool):
-    """The decode planned with ``decode.GLUON_SPLIT = gluon``: (graphed impl, out, the
-    (stage, kernel) of each launch planned)."""
-    shipped, decode.GLUON_SPLIT = decode.GLUON_SPLIT, gluon
-    plan.forget_problems()
+@contextlib.contextmanager
+def decode_kernels_planned():
+    """A list of the (stage, kernel name) of each decode launch planned in the block (a spy on
+    ``forward.plan_decode``, put back after it); tests/test_decode_ws.py uses it too."""
     seen: list[tuple[str, str]] = []
     real = forward.plan_decode
 
@@ -53,11 +53,22 @@ def planned(bd, w, inp, kernel: str, gluon: bool):
 
     forward.plan_decode = spy
     try:
-        impl = bd.portattn_impl(w, inp, kernel, paged=True)
-        out = impl.fn().clone()
-        graph = bd.graphed(impl)
+        yield seen
     finally:
         forward.plan_decode = real
+
+
+def planned(bd, w, inp, kernel: str, gluon: bool):
+    """The decode planned with ``decode.GLUON_SPLIT = gluon``: (graphed impl, out, the
+    (stage, kernel) of each launch planned)."""
+    shipped, decode.GLUON_SPLIT = decode.GLUON_SPLIT, gluon
+    plan.forget_problems()
+    try:
+        with decode_kernels_planned() as seen:
+            impl = bd.portattn_impl(w, inp, kernel, paged=True)
+            out = impl.fn().clone()
+            graph = bd.graphed(impl)
+    finally:
         decode.GLUON_SPLIT = shipped
     return graph, out, sorted(set(seen))
 

@@ -16,8 +16,9 @@ from helpers import KERNELS, patch_key_chunk
 
 import portattn
 from ci.gluon_decode_ab import compile_variant, variants
+from ci.gluon_split_ab import decode_kernels_planned
 from ci.golden_dev.keys import in_compiler_process
-from portattn.kernels import decode, forward, plan
+from portattn.kernels import decode, plan
 from portattn.kernels.decode_ws import copies_per_tile, launch_decode_ws, plan_decode_ws
 
 LENS = (4, 17, 63, 113, 1000, 130)
@@ -83,20 +84,6 @@ def _decoded(q, k, v, cu_q, cu_k, table, lens, rows: int, kernel: str):
     return ref, ref_lse
 
 
-def _kernels_run(monkeypatch) -> list[tuple[str, str]]:
-    """(stage, kernel name) of each decode launch planned from here on."""
-    seen: list[tuple[str, str]] = []
-    real = forward.plan_decode
-
-    def spy(*args, **kw):
-        launches, partials = real(*args, **kw)
-        seen.extend((launch.stage, launch.kernel.fn.__name__) for launch in launches)
-        return launches, partials
-
-    monkeypatch.setattr(forward, "plan_decode", spy)
-    return seen
-
-
 def _on_sm90() -> None:
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("decode_ws is a Hopper (sm90) kernel")
@@ -137,14 +124,14 @@ def test_split_decode_gives_the_triton_split_bits(monkeypatch, kernel, page, row
     patch_key_chunk(monkeypatch, True, 2048, ws=True)
     monkeypatch.setattr(decode, "SPLIT_BELOW_PROGRAMS", 1 << 30)
     monkeypatch.setattr(decode, "GLUON_SPLIT", False)  # the reference: the Triton split
-    seen = _kernels_run(monkeypatch)
     case = _case(128, page, rows, seed=3, lens=(5000, 2049, 777, 4096, 4))
-    ref = _decoded(*case, rows, kernel)
+    with decode_kernels_planned() as seen:
+        ref = _decoded(*case, rows, kernel)
     assert ("decode_split", "attn_decode_kernel") in seen
     monkeypatch.setattr(decode, "GLUON_SPLIT", True)
     plan.forget_problems()
-    seen.clear()
-    got = _decoded(*case, rows, kernel)
+    with decode_kernels_planned() as seen:
+        got = _decoded(*case, rows, kernel)
     plan.forget_problems()
     assert seen[:2] == [("decode_split", "attn_decode_ws_kernel"),
                         ("decode_combine", "attn_decode_kernel")]  # fmt: skip
