@@ -33,7 +33,7 @@ events around them), whether a warm call waits for the GPU
 events around ``--n`` replays).
 
 Usage: python benchmarks/host_overhead.py [--gpu] [--n 2000] [--profile] [--cases a,b]
-[--aten-append] [--plan-backward]
+[--aten-append] [--plan-backward] [--no-kept-maps]
 """
 
 from __future__ import annotations
@@ -209,7 +209,13 @@ def main() -> int:
     parser.add_argument("--aten-append", action="store_true", help=help_aten)
     help_plan = "plan every backward (backward_replay.REPLAYED_BACKWARDS off), for an A/B"
     parser.add_argument("--plan-backward", action="store_true", help=help_plan)
+    help_maps = "make TMA maps every launch (launcher.KEPT_MAPS off), for an A/B"
+    parser.add_argument("--no-kept-maps", action="store_true", help=help_maps)
     args = parser.parse_args()
+    if args.no_kept_maps:
+        from portattn.kernels import launcher
+
+        launcher.KEPT_MAPS = False
     if args.aten_append:
         from portattn import kvcache_append
 

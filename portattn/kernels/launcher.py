@@ -42,12 +42,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from portattn.kernels.descriptors import HostDescriptor, host_descriptor, with_descriptors
+from portattn.kernels.kept_maps import RawLaunch, raw_launch_of
 
 if TYPE_CHECKING:
     from portattn.kernels.plan import KernelLaunch
 
 # Off only for tests and measurements: every launch then goes through ``kernel[grid](...)``.
 PREPARED_LAUNCHES = True
+# Off only for tests and measurements: direct launches then make their descriptors per call
+# and pass them through the compiled launcher's wrapper (kept_maps).
+KEPT_MAPS = True
 
 Picker = Callable[[tuple], tuple]
 
@@ -139,6 +143,7 @@ class DirectLaunch:
     knobs: tuple  # run's options read from Triton's knobs
     generation: int
     descriptors: tuple[HostDescriptor, ...] = ()  # the launch's (KernelLaunch.descriptors)
+    raw: RawLaunch | None = None  # with descriptors: their maps kept (kept_maps)
 
     def run(self, args: tuple, knobs: Any) -> bool:
         """Launch with ``args`` (a bind of the template: its tensors at ``positions``, its
@@ -172,16 +177,30 @@ class DirectLaunch:
         values = list(self.values)
         for position, address in zip(self.positions, addresses, strict=True):
             values[position] = address
-        if self.descriptors:  # those tensors go as their descriptors, not as addresses
-            at = dict(zip(self.positions, tensors, strict=True))
+        if not self.descriptors:
+            return values
+        # those tensors go as their descriptors, not as addresses
+        at = dict(zip(self.positions, tensors, strict=True))
+        if self.raw is None:
             for spec in self.descriptors:
                 values[spec.position] = host_descriptor(at[spec.position], spec)
-        return values
+            return values
+        expanded, start = [], 0  # as the launcher's wrapper expands them, maps kept
+        for spec in self.descriptors:  # in position order (ragged_arguments')
+            expanded += values[start : spec.position]
+            expanded += self.raw.expanded(at[spec.position], spec)
+            start = spec.position + 1
+        expanded += values[start:]
+        return expanded
 
     def launch(self, values: list, knobs: Any) -> None:
         """Launch on the current stream with ``values`` (:meth:`values_for`'s)."""
-        kept, grid = self.prepared, self.grid
+        kept, grid, raw = self.prepared, self.grid, self.raw
         stream = driver_stream(self.device)
+        if raw is not None:  # the compiled module's launch, as the launcher calls it
+            raw.launch(grid[0], grid[1], grid[2], stream, kept.function, raw.cooperative, raw.pdl,
+                       None, None, kept.packed_metadata, None, None, None, *values)  # fmt: skip
+            return
         kept.launcher(grid[0], grid[1], grid[2], stream, kept.function, kept.packed_metadata,
                       None, None, None, *values)  # fmt: skip
 
@@ -216,9 +235,12 @@ def _direct_launch(launch: KernelLaunch, key: tuple, template: _Template) -> Dir
         values[position] = None
     grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
     _, device, debug, instrumentation, _, _, dtypes, aligned = key
-    return DirectLaunch(_KEPT[key], grid, tuple(values), positions, _picker(list(positions)),
+    prepared = _KEPT[key]
+    descriptors = tuple(sorted(launch.descriptors))  # by position
+    raw = raw_launch_of(prepared.launcher) if descriptors and KEPT_MAPS else None
+    return DirectLaunch(prepared, grid, tuple(values), positions, _picker(list(positions)),
                         dtypes, aligned, device, (debug, instrumentation),
-                        _generation[0], launch.descriptors)  # fmt: skip
+                        _generation[0], descriptors, raw)  # fmt: skip
 
 
 def launch_kernel(launch: KernelLaunch) -> None:
