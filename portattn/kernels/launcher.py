@@ -26,7 +26,9 @@ launcher as ints: it then neither calls ``data_ptr`` nor asks the driver about e
 
 A launch whose kernel takes some tensors as ragged host descriptors (``KernelLaunch.descriptors``)
 keeps them as tensors in its signature (with which ones and their tiles' rows); the descriptors
-are made from the call's tensors right before the launcher is called, on every path.
+are made from the call's tensors right before the launcher is called, on every path. A direct
+launch under Triton 3.6 passes, instead, the TMA maps its launcher's wrapper would encode from
+them, kept by what they encode (``kept_maps``: a decode loop's cache is one map call after call).
 
 The kernels are module-level objects, never freed: tables here know them by ``id``.
 """
