@@ -1,21 +1,20 @@
 #!/usr/bin/env bash
-# Session 49 (30 device-minutes; check `status` first: refused starts cost 90 s each plus
-# hold-offs; name kind nvidia-h100-x1 when the H200 is held off: the sm90 bits are the family's):
-# 1. `bash ci/gpu_decode_ws.sh split` (carry .fa4, ~5 min): the Gluon split decode's bits against
-#    the Triton split's (tests/test_decode_ws.py) and ci/gluon_split_ab.py (B1-B8 x 32k). If the
-#    bits hold and it is faster, at once (warm): `bash ci/gpu_decode_ws.sh split_ship`
-#    (ci/patches/gluon_split_on.diff: the switch with golden/sm90.json's keys and fingerprints
-#    for it under 3.6 and 3.9, made in session 48 on main c9948ec; if it no longer applies,
-#    remake it: set GLUON_SPLIT = True, `python -m ci.golden_dev fingerprints --update --family
-#    sm90` under both Tritons, `git diff > ci/patches/gluon_split_on.diff`): golden refresh of
-#    sm90 (expect "same bits" on the 13 d128 cases), verify, the split paths' tests. Then `git
-#    apply` the patch here, copy $OUT's sm90.json in, commit.
-# 2. The eager host time (issue 37): session 48 measured ~100 us a paged call on the device's
-#    host (`benchmarks/host_overhead.py --gpu`), ~35 us for the same code stubbed on the CPU
-#    machine; transformers_llama decode 0.85x SDPA (d128), 0.92x (d64): 4.17 against 3.53 ms
-#    a 2-layer step, more than two calls' host time. `bash ci/gpu_next.sh llama` (~2 min):
-#    ci/llama_decode_profile.py (host / GPU / wall time of a step, syncs, the step's CUDA
-#    kernels and host functions, both implementations) says where the 0.6 ms go.
+# Session 50 (30 device-minutes; check `status` first: refused starts cost 90-180 s each; in
+# session 49 six of them and a machine taken back mid-call cost 1,092 device-s):
+# 1. `bash ci/gpu_decode_ws.sh split_ship` (no carry, ~5 min; limit 560): the Gluon split on
+#    (ci/patches/gluon_split_on.diff, applied on the device: the switch with golden/sm90.json's
+#    keys and fingerprints for it under 3.6 and 3.9, made on main c9948ec; if it no longer
+#    applies, remake it: set GLUON_SPLIT = True, `python -m ci.golden_dev fingerprints --update
+#    --family sm90` under both Tritons, `git diff > ci/patches/gluon_split_on.diff`): golden
+#    refresh of sm90 (expect "same bits" on the 13 d128 cases), verify, the split paths' tests.
+#    Then `git apply` the patch here, copy $OUT's sm90.json in, commit. Session 49 measured
+#    its bits (equal to the Triton split's) and speed (faster on every row; perf-notes row 123).
+# 2. `bash ci/gpu_next.sh llama` (~1.5 min): ci/llama_decode_profile.py now prints where each
+#    sync of a decode step is (portattn 2, sdpa 1 in session 49; transformers' mask builders
+#    make one each).
+# Session 49 ran (H200): `bash ci/gpu_next.sh s49` (kept maps' GPU tests 75 passed, the Gluon
+# split's bits 16 passed, host A/B lost in the host's noise, the llama profile) and
+# `ci/gluon_split_ab.py` (perf-notes row 123).
 # Session 48 ran (H100, ~1,600 s held): `bash ci/gpu_decode_ws.sh ab` (bits equal on every row),
 # the sm90 d128 decode switched to the Gluon kernel (golden refresh same bits, verify 32/32,
 # 306 + 514 GPU tests passed), `bash ci/gpu_decode_ws.sh bench` (perf-notes row 122).

@@ -56,8 +56,9 @@ def step_times(step) -> dict[str, float]:
             "wall": wall * 1e6}  # fmt: skip
 
 
-def syncs(step) -> int:
-    """The synchronizing CUDA calls one step makes (``set_sync_debug_mode("warn")``)."""
+def syncs(step) -> list[str]:
+    """Where one step synchronizes with the GPU (``set_sync_debug_mode("warn")``): the Python
+    line that made each synchronizing CUDA call."""
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -66,7 +67,7 @@ def syncs(step) -> int:
             step()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
 
 
 def kernels(step) -> str:
@@ -112,7 +113,9 @@ def main() -> int:
         old = rows.get(impl)
         rows[impl] = got if old is None else {k: min(v, old[k]) for k, v in got.items()}
     for impl in IMPLS:
-        rows[impl]["syncs"] = syncs(steps[impl])
+        where = syncs(steps[impl])
+        rows[impl]["syncs"] = len(where)
+        details += [f"## {impl}: synchronizing calls of one step", *where]
         details += [
             f"## {impl}: CUDA kernels of one step",
             kernels(steps[impl]),
