@@ -11,7 +11,11 @@
 #    its bits (equal to the Triton split's) and speed (faster on every row; perf-notes row 123).
 # 2. `bash ci/gpu_next.sh llama` (~1.5 min): ci/llama_decode_profile.py now prints where each
 #    sync of a decode step is (portattn 2, sdpa 1 in session 49; transformers' mask builders
-#    make one each).
+#    make one each; on the CPU with transformers 5.25 each makes one Python-level sync, the
+#    mask builder's, so look below Python or at the device's transformers 5.17).
+# 3. On an H200, once the split is on (carry .fa4, ~6 min): `bash ci/gpu_decode_ws.sh bench`
+#    (docs/bench-decode-h200.* is still session 46's Triton decode; issue 37 asks its table
+#    from one H200 run).
 # Session 49 ran (H200): `bash ci/gpu_next.sh s49` (kept maps' GPU tests 75 passed, the Gluon
 # split's bits 16 passed, host A/B lost in the host's noise, the llama profile) and
 # `ci/gluon_split_ab.py` (perf-notes row 123).
