@@ -234,7 +234,7 @@
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|maps|s49|odd|even}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|odd|even}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -297,27 +297,10 @@ elif [ "$PART" = first ]; then
   grep -E "^\|" "$OUT/ceiling.log"
   step gluon 200 python3 ci/gluon_decode_ab.py
   grep -E "^\|" "$OUT/gluon.log" | tail -n +19
-elif [ "$PART" = maps ]; then
-  # session 49: kept TMA maps (portattn/kernels/kept_maps.py): the kept and direct launch
-  # paths' GPU tests, the host time A/B (KEPT_MAPS on / off, alternating), then where
-  # transformers' decode step loses to sdpa (ci/llama_decode_profile.py, d128)
-  step tests 200 python3 -m pytest tests/test_kvcache_replay.py tests/test_direct_calls.py \
-    tests/test_forward_replay.py tests/test_kept_maps.py tests/test_launcher.py -n 8 \
-    -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
-  tail -n 3 "$OUT/tests.log"
-  cases=paged,dense,attention_decode,paged_append_t,varlen_nograd
-  for i in 1 2; do
-    step host_on$i 70 python3 benchmarks/host_overhead.py --gpu --n 500 --cases $cases
-    step host_off$i 70 python3 benchmarks/host_overhead.py --gpu --n 500 --cases $cases \
-      --no-kept-maps
-  done
-  for f in host_on1 host_off1 host_on2 host_off2; do echo "$f"; grep -E "^\| [a-z]" "$OUT/$f.log"; done
-  step llama_prof 200 python3 ci/llama_decode_profile.py
-  head -n 4 "$OUT/llama_prof.log"
 elif [ "$PART" = s49 ]; then
-  # session 49's one call (refused starts left ~880 device-s): `maps` trimmed (the GPU tests
-  # of the kept and direct launches, host A/B of KEPT_MAPS alternating), the Gluon split's
-  # bits (tests/test_decode_ws.py -k split), then ci/llama_decode_profile.py (d128)
+  # session 49's first call (refused starts had left 708 device-s): the GPU tests of the kept
+  # and direct launches with the kept maps, a host A/B of KEPT_MAPS (alternating), the Gluon
+  # split's bits (tests/test_decode_ws.py -k split), then ci/llama_decode_profile.py (d128)
   step tests 170 python3 -m pytest tests/test_kvcache_replay.py tests/test_direct_calls.py \
     tests/test_forward_replay.py tests/test_kept_maps.py tests/test_launcher.py -n 8 \
     -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q

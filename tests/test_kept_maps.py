@@ -60,8 +60,9 @@ def maps_made(monkeypatch):
     kept_maps.forget_maps()
 
 
-def launches(jit: Jit, tensors) -> None:
-    """A kept template's binds of ``tensors`` in turn (``forward_replay.LaunchTemplate``)."""
+def launches(jit: Jit, tensors):
+    """A kept template's binds of ``tensors`` in turn; returns the template
+    (``forward_replay.LaunchTemplate``)."""
     from portattn.forward_replay import LaunchTemplate, tensor_indexes
 
     planned = KernelLaunch("fwd", jit, (8, 2), (tensors[0], 32, 0.5), dict(BLOCK=64),
@@ -82,6 +83,9 @@ def test_raw_launch_only_for_the_36_wrapper():
     scratch = WrappedLaunch()
     scratch.global_scratch_size = 128  # a kernel with global scratch: the wrapper's way
     assert kept_maps.raw_launch_of(scratch) is None
+    flagless = WrappedLaunch()
+    del flagless.launch_pdl  # a launcher without 3.6's launch flags: the wrapper's way
+    assert kept_maps.raw_launch_of(flagless) is None
     assert kept_maps.raw_launch_of(lambda *args: None) is None
 
 

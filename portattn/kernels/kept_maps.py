@@ -66,6 +66,9 @@ def raw_launch_of(run: Any) -> RawLaunch | None:
         return None
     if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
         return None
+    flags = (getattr(run, "launch_cooperative_grid", None), getattr(run, "launch_pdl", None))
+    if None in flags:  # not the layout this module knows
+        return None
     found = dict(zip(code.co_freevars, (cell.cell_contents for cell in cells), strict=True))
     metas = list(found["tensordesc_meta"])
     positions = sorted(found["tensordesc_indices"])
@@ -76,7 +79,7 @@ def raw_launch_of(run: Any) -> RawLaunch | None:
                  m["fp4_padded"]) for m in metas]  # fmt: skip
     except (KeyError, TypeError):
         return None
-    return RawLaunch(found["launcher"], bool(run.launch_cooperative_grid), bool(run.launch_pdl),
+    return RawLaunch(found["launcher"], bool(flags[0]), bool(flags[1]),
                      dict(zip(positions, metas, strict=True)),
                      dict(zip(positions, keys, strict=True)))  # fmt: skip
 
