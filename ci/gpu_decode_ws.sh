@@ -8,22 +8,18 @@
 #                                    # ci/gluon_decode_ab.py (B1, B8; then B64, B256, append16,
 #                                    # GQA 8/1, d64), FA4 det paged beside it
 #   bash ci/gpu_decode_ws.sh split   # carry .fa4 (~5 min): the Gluon split decode
-#                                    # (decode.GLUON_SPLIT, off): the kernel's GPU tests (split
+#                                    # (decode.GLUON_SPLIT): the kernel's GPU tests (split
 #                                    # bits against the Triton split's included), then
 #                                    # ci/gluon_split_ab.py (B1-B8 x 32k, bits and graph TB/s)
-#   bash ci/gpu_decode_ws.sh split_ship  # (~5 min) once `split` holds: decode.GLUON_SPLIT on
-#                                    # (ci/patches/gluon_split_on.diff: the switch and
-#                                    # golden/sm90.json's keys and fingerprints with it, 3.6 and
-#                                    # 3.9, applied on the device unless in the tree), golden
-#                                    # refresh of sm90 (expect "same bits"; copied to $OUT),
-#                                    # verify, the split paths' GPU tests
 #   bash ci/gpu_decode_ws.sh bench   # carry .fa4 (~6 min): the decode benchmark
 #                                    # (docs/bench-decode-<card>.*), the eager host time and
 #                                    # transformers_llama
-# Session 48 ran all three (the third part, `ship`, removed since: the sm90 d128 entries select
-# the Gluon decode in the tree; golden refresh same bits, perf-notes row 122).
+# Session 48 ran `ab`, `ship` and `bench` (`ship` removed since: the sm90 d128 entries select
+# the Gluon decode in the tree; golden refresh same bits, perf-notes row 122). Session 50 ran
+# `split_ship` (removed since: decode.GLUON_SPLIT is on in the tree; golden refresh same bits,
+# perf-notes row 124) and `bench`.
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_decode_ws.sh ab|split|split_ship|bench}
+PART=${1:?usage: bash ci/gpu_decode_ws.sh ab|split|bench}
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 if [ "$PART" = ab ]; then
   gpu_setup fa4
@@ -41,25 +37,6 @@ elif [ "$PART" = split ]; then
   tail -n 4 "$OUT/tests.log"
   step split_ab 240 python3 ci/gluon_split_ab.py
   grep -E "^\||Error" "$OUT/split_ab.log"
-elif [ "$PART" = split_ship ]; then
-  gpu_setup
-  patch=ci/patches/gluon_split_on.diff
-  if git apply --check "$patch" 2>/dev/null; then
-    git apply "$patch" && echo "GLUON_SPLIT on (patched on the device)"
-  elif git apply -R --check "$patch" 2>/dev/null; then
-    echo "GLUON_SPLIT on (in the tree)"
-  else
-    echo "$patch applies neither way"; exit 2
-  fi
-  step refresh 420 python3 -m ci.golden_dev refresh --family sm90
-  cp golden/sm90.json "$OUT/"
-  grep -vE "^\[" "$OUT/refresh.log" | tail -n 20
-  step verify 120 python3 -m portattn golden verify --family sm90
-  tail -n 3 "$OUT/verify.log"
-  step tests 200 python3 -m pytest tests/test_key_chunk.py tests/test_kvcache.py \
-    tests/test_decode_ws.py tests/test_cuda_graphs.py -n 12 -p no:cacheprovider \
-    -W ignore::DeprecationWarning -rfE -q
-  tail -n 4 "$OUT/tests.log"
 elif [ "$PART" = bench ]; then
   gpu_setup fa4
   step decode 300 python3 benchmarks/bench.py --decode --docs

@@ -251,8 +251,8 @@ SPLIT_BELOW_PROGRAMS = 264
 # ... where the partials' workspace stays within this (float32 [slots, rows, Hq, BLOCK_DV + 4]).
 SPLIT_MAX_BYTES = 1 << 28
 # Whether a split decode's partials run as the Gluon kernel where the unsplit decode would
-# (``decode_ws``' entries): off until its GPU check (tests/test_decode_ws.py, ci/gluon_split_ab.py).
-GLUON_SPLIT = False
+# (``decode_ws``' entries): the Triton split's bits, faster (perf-notes rows 123-124).
+GLUON_SPLIT = True
 
 
 def split_slots(problem: VarlenProblem) -> int:

@@ -33,7 +33,7 @@ loop, no repair pass, whole GQA groups of at most 64 heads, head dims 64 and 128
 least 8 rows that divide the key tile or that it divides. The planner runs it where the entry
 sets ``decode_ws`` and the call is in this scope (``decode.gluon_decode_applies``): the sm90
 d128 entries of both kernels (d64 stays on ``decode.py``, which was faster there: perf-notes
-row 122); the split decode only where ``decode.GLUON_SPLIT`` is set (off until its GPU check).
+row 122); the split decode too where ``decode.GLUON_SPLIT`` is set (on: the same bits).
 """
 
 from __future__ import annotations
