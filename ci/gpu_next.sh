@@ -234,7 +234,7 @@
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|odd|even}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|odd|even}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -317,6 +317,27 @@ elif [ "$PART" = s49 ]; then
   tail -n 3 "$OUT/split.log"
   step llama_prof 150 python3 ci/llama_decode_profile.py
   head -n 4 "$OUT/llama_prof.log"
+elif [ "$PART" = s50 ]; then
+  # session 50's second call (carry .fa4): golden verify of sm90 in a call of its own (its
+  # refresh with the Gluon split on ran in the first), the decode benchmark where the card is
+  # an H200 (issue 37 asks docs/bench-decode-h200.* from one run), then the GPU tests of
+  # decode == prefill, rollout and replay in the time left
+  t0=$(date +%s)
+  step verify 120 python3 -m portattn golden verify --family sm90
+  tail -n 2 "$OUT/verify.log"
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    source .fa4/install.sh >"$OUT/fa4_install.log" 2>&1
+    step decode 300 python3 benchmarks/bench.py --decode --docs
+    cp docs/bench-decode-* "$OUT/"
+    grep -E "^\|" "$OUT/decode.log" | head -n 22
+    step host 60 python3 benchmarks/host_overhead.py --gpu --n 1000
+    grep -E "^\|" "$OUT/host.log"
+  fi
+  left=$(( 570 - $(date +%s) + t0 ))
+  step tests "$left" python3 -m pytest tests/test_invariance_gpu.py tests/test_rollout_gpu.py \
+    tests/test_kvcache_replay.py tests/test_page_block.py tests/test_append.py -n 12 \
+    -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
+  tail -n 4 "$OUT/tests.log"
 elif [ "$PART" = llama ]; then
   step llama_prof 240 python3 ci/llama_decode_profile.py
   head -n 4 "$OUT/llama_prof.log"
