@@ -323,7 +323,7 @@ elif [ "$PART" = s50 ]; then
   # an H200 (issue 37 asks docs/bench-decode-h200.* from one run), then the GPU tests of
   # decode == prefill, rollout and replay in the time left
   t0=$(date +%s)
-  step verify 120 python3 -m portattn golden verify --family sm90
+  step verify 240 python3 -m portattn golden verify --family sm90  # cold: 120 s was too short
   tail -n 2 "$OUT/verify.log"
   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
     source .fa4/install.sh >"$OUT/fa4_install.log" 2>&1
