@@ -1,21 +1,19 @@
 #!/usr/bin/env bash
-# Session 50 (30 device-minutes; check `status` first: refused starts cost 90-180 s each; in
-# session 49 six of them and a machine taken back mid-call cost 1,092 device-s):
-# 1. `bash ci/gpu_decode_ws.sh split_ship` (no carry, ~5 min; limit 560): the Gluon split on
-#    (ci/patches/gluon_split_on.diff, applied on the device: the switch with golden/sm90.json's
-#    keys and fingerprints for it under 3.6 and 3.9, made on main c9948ec; if it no longer
-#    applies, remake it: set GLUON_SPLIT = True, `python -m ci.golden_dev fingerprints --update
-#    --family sm90` under both Tritons, `git diff > ci/patches/gluon_split_on.diff`): golden
-#    refresh of sm90 (expect "same bits" on the 13 d128 cases), verify, the split paths' tests.
-#    Then `git apply` the patch here, copy $OUT's sm90.json in, commit. Session 49 measured
-#    its bits (equal to the Triton split's) and speed (faster on every row; perf-notes row 123).
-# 2. `bash ci/gpu_next.sh llama` (~1.5 min): ci/llama_decode_profile.py now prints where each
-#    sync of a decode step is (portattn 2, sdpa 1 in session 49; transformers' mask builders
-#    make one each; on the CPU with transformers 5.25 each makes one Python-level sync, the
-#    mask builder's, so look below Python or at the device's transformers 5.17).
-# 3. On an H200, once the split is on (carry .fa4, ~6 min): `bash ci/gpu_decode_ws.sh bench`
-#    (docs/bench-decode-h200.* is still session 46's Triton decode; issue 37 asks its table
-#    from one H200 run).
+# Session 51 (30 device-minutes; check `status` first: refused starts cost 90-180 s each):
+# 1. On an H200 (carry .fa4; name kind nvidia-h200 and look at the reply's `cards`):
+#    `bash ci/gpu_next.sh s50` (~8 min): golden verify of sm90, then, where the card is an H200,
+#    the decode benchmark (docs/bench-decode-h200.* is still session 46's Triton decode; issue
+#    37 asks its table from one H200 run, now with the Gluon decode and the Gluon split), the
+#    eager host time, and the decode/rollout/replay GPU tests in the time left. On an H100 it
+#    runs only the verify and the tests (session 50 re-recorded docs/bench-decode-h100.*).
+# 2. The GPU suite in two halves after the Gluon split's machine-code change
+#    (`bash ci/gpu_next.sh odd` / `even`; run -n 12: test_gpu.py's int32-offset and d256 cases
+#    ran out of memory under 14 workers in session 50 and passed alone).
+# Session 50 ran (H100 both times; one refused start): `bash ci/gpu_decode_ws.sh split_ship`
+# (the Gluon split on: refresh same bits on 13 d128 cases), `bash ci/gpu_next.sh llama` (the
+# "second sync" was the sync-debug prototype warning), `bash ci/gpu_decode_ws.sh bench`
+# (docs/bench-decode-h100.*), `bash ci/gpu_next.sh s50` (verify 32/32 rerun alone; 288 tests
+# passed) and 4 feature/compat test files (179 passed); perf-notes row 124.
 # Session 49 ran (H200): `bash ci/gpu_next.sh s49` (kept maps' GPU tests 75 passed, the Gluon
 # split's bits 16 passed, host A/B lost in the host's noise, the llama profile) and
 # `ci/gluon_split_ab.py` (perf-notes row 123).
