@@ -6,7 +6,9 @@
 #    37 asks its table from one H200 run, now with the Gluon decode and the Gluon split), the
 #    eager host time, and the decode/rollout/replay GPU tests in the time left. On an H100 it
 #    runs only the verify and the tests (session 50 re-recorded docs/bench-decode-h100.*).
-# 2. The GPU suite in two halves after the Gluon split's machine-code change
+# 2. `bash ci/gpu_next.sh d64ab` (~6 min; make .old244 first, see the part): main's d64
+#    training steps against session 43's tree, alternating, three rounds (perf-notes row 125).
+# 3. The GPU suite in two halves after the Gluon split's machine-code change
 #    (`bash ci/gpu_next.sh odd` / `even`; run -n 12: test_gpu.py's int32-offset and d256 cases
 #    ran out of memory under 14 workers in session 50 and passed alone).
 # Session 50 ran (H100 both times; one refused start): `bash ci/gpu_decode_ws.sh split_ship`
@@ -232,7 +234,7 @@
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|odd|even}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|d64ab|odd|even}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -336,6 +338,28 @@ elif [ "$PART" = s50 ]; then
     tests/test_kvcache_replay.py tests/test_page_block.py tests/test_append.py -n 12 \
     -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
   tail -n 4 "$OUT/tests.log"
+elif [ "$PART" = d64ab ]; then
+  # perf-notes row 125: main's d64 training steps against session 43's tree (244bb29), which
+  # must be in .old244 first (here: `mkdir .old244 && git archive 244bb29 portattn benchmarks |
+  # tar -x -C .old244`; untracked, so it travels with the tree; delete it after). Alternating
+  # processes, three rounds: transformers_llama at d64, then bench.py's d64 rows (kernels alone)
+  [ -d .old244 ] || { echo ".old244 missing"; exit 2; }
+  for tree in "$PWD" "$PWD/.old244"; do
+    sed 's/for head_dim in (64, 128)/for head_dim in (64,)/' "$tree/benchmarks/transformers_llama.py" \
+      >"$tree/benchmarks/tl64.py"
+  done
+  for round in 1 2 3; do
+    for tree in "$PWD" "$PWD/.old244"; do
+      name=$([ "$tree" = "$PWD" ] && echo main || echo old)$round
+      (cd "$tree" && PYTHONPATH=$tree step "$name" 80 python3 benchmarks/tl64.py)
+      echo "== $name"; grep -E "^d64" "$OUT/$name.log"
+    done
+  done
+  for tree in "$PWD" "$PWD/.old244"; do
+    name=$([ "$tree" = "$PWD" ] && echo main || echo old)_kernels
+    (cd "$tree" && PYTHONPATH=$tree step "$name" 150 python3 benchmarks/bench.py --workloads "2x8192 h16 d64" --impls "portattn varlen" --passes 2)
+    echo "== $name"; grep -E "d64" "$OUT/$name.log" | head -n 8
+  done
 elif [ "$PART" = llama ]; then
   step llama_prof 240 python3 ci/llama_decode_profile.py
   head -n 4 "$OUT/llama_prof.log"
