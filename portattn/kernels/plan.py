@@ -35,6 +35,7 @@ from portattn.configs import (
     interpreter_active,
     resolve_config,
 )
+from portattn.families import override_setting
 from portattn.kernels.buffers import descriptor_scratch
 from portattn.kernels.descriptors import HostDescriptor
 from portattn.kernels.host_checks import checks_at_launch
@@ -334,6 +335,8 @@ def _override_arch(device: torch.device) -> int | None:
     """The compute capability whose PTX the launches run as (``$PORTATTN_FAMILY_OVERRIDE``),
     or None: no override, a CPU tensor, or the interpreter (where a value that names no NVIDIA
     family still raises, ``families.check_override_name``)."""
+    if not override_setting():  # unset (read once a process): nothing to check or run as
+        return None
     from portattn.families import FAMILIES, check_override_name, family_override
 
     if device.type != "cuda" or interpreter_active():
