@@ -15,6 +15,10 @@ Cases (B=1 decode, Hq 32 / Hkv 8, d128, page 64, bfloat16; varlen: 4 x 256 token
 * ``varlen_grad``: the same forward with q/k/v requiring grad (forward only);
 * ``varlen_train``: that forward and its backward (``out.backward(dout)``), as a training step
   calls them;
+* ``attention_step``: a transformers decode step of ``LAYERS`` (32) ``attention_decode``
+  calls whose cache grows by a token a step as transformers' ``DynamicCache`` grows it (a new
+  contiguous ``[B, H, S + 1, D]`` tensor: new shapes and strides, a new call signature each
+  step, called by every layer of the step). Its times and aten ops are per call;
 * ``paged_append_step`` / ``paged_append_step_i``: a decode step of ``LAYERS`` (32)
   ``paged_append_t`` / ``paged_append_i`` calls sharing one ``cache_seqlens``, which grows by
   one after the step (in place for the tensor, as engines do): the calls after a step's first
@@ -69,6 +73,7 @@ CASES = (
     "varlen_nograd",
     "varlen_grad",
     "varlen_train",
+    "attention_step",
     "paged_append_step",
     "paged_append_step_i",
 )
@@ -125,6 +130,24 @@ def make_case(name: str, device: str, dtype=torch.bfloat16):
                 return portattn.attention(*views, causal=True)
 
         return layer
+    if name == "attention_step":  # attention_decode's shapes, the cache a token longer a step
+        qh, grown = rand(8, 16, 1, D), 2049 + 2 * MAX_STEPS + 32
+        k_store, v_store = rand(8 * 4 * grown * D), rand(8 * 4 * grown * D)
+        tokens = {"n": 2049}
+
+        def decode_step():
+            n = tokens["n"] = 2049 + (tokens["n"] - 2049 + 1) % (grown - 2049)
+            # contiguous [B, Hkv, n, D], as DynamicCache's torch.cat leaves it (no copy here)
+            kh, vh = (
+                x.as_strided((8, 4, n, D), (4 * n * D, n * D, D, 1)) for x in (k_store, v_store)
+            )
+            for _ in range(LAYERS):
+                with torch.no_grad():
+                    out = portattn.attention(qh.transpose(1, 2), kh.transpose(1, 2),
+                                             vh.transpose(1, 2), causal=True)  # fmt: skip
+            return out
+
+        return decode_step
     q = rand(B, 1, HQ, D)
     if name == "attention_growing":
         cache = rand(B, PAGES * PAGE, HKV, D)

@@ -157,12 +157,10 @@ def run_kept_forward(
     the options; :func:`kept_slot` and :func:`kept_stamp` hold the rest. ``check_values``: as
     :func:`run_forward`'s (the value checks of ``cu_seqlens`` right before the launch)."""
     q, k, v, cu_seqlens_q, cu_seqlens_k, block_table = inputs
-    # A signature's first call keeps nothing (one of a transformers cache that grows by a token
-    # a step is called by that step's layers only: its first layer's call pays nothing more).
-    first = _SEEN not in kept
-    if first or needs_grad(q, k, v) or options.sinks is not None or not eager_plain(q, False):
-        if first:
-            kept[_SEEN] = None
+    # A signature's first call keeps its launches too: a transformers cache that grows by a
+    # token a step is a new signature each step, called by each of the step's layers (the
+    # first layer keeping them spares the second a plan; session 50, perf-notes row 126).
+    if needs_grad(q, k, v) or options.sinks is not None or not eager_plain(q, False):
         return run_forward(
             *inputs[:5],
             max_seqlen_q,
@@ -206,7 +204,6 @@ def run_kept_forward(
 
 
 KEPT_SLOTS = 64  # kept templates per call signature
-_SEEN = object()  # the key that marks a signature called before
 
 
 def kept_value(kept: dict, name: str, make: Callable[[], T]) -> T:

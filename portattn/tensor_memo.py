@@ -151,9 +151,12 @@ def forget_derived() -> None:
 # Ramps ``0, step, 2 * step, ...`` (int32) by (length, step, device, stream): cu_seqlens of
 # equal sequences (dense calls, a decode batch's queries) and the default cache rows are the
 # same few per model, made once in eager mode instead of by two aten ops a call. They are only
-# ever read. Keyed by stream, a ramp is read only after its own making, in stream order; none
-# is ever dropped (once full, new ones are not kept), so no kernel can read a freed one. While
-# a CUDA graph is captured (or torch.compile traces) they are made anew.
+# ever read. Keyed by stream, a ramp is read only after its own making, in stream order. Once
+# full, the oldest is dropped for a new one (a transformers cache that grows by a token a step
+# needs a new cu_seqlens_k ramp each step; keeping none past 256 steps cost every layer's call
+# two aten ops): its memory goes back to the caching allocator, which reuses it only in its
+# stream's order, after the kernels already queued there that read it. While a CUDA graph is
+# captured (or torch.compile traces) they are made anew.
 _RAMPS: dict[tuple, torch.Tensor] = {}
 _RAMPS_MAX = 256
 
@@ -168,6 +171,7 @@ def ramp(length: int, step: int, device: torch.device, capturing: bool) -> torch
     kept = _RAMPS.get(key)
     if kept is None:
         kept = torch.arange(length, dtype=torch.int32, device=device) * step
-        if len(_RAMPS) < _RAMPS_MAX:
-            _RAMPS[key] = kept
+        if len(_RAMPS) >= _RAMPS_MAX:
+            del _RAMPS[next(iter(_RAMPS))]  # the oldest (dicts keep insertion order)
+        _RAMPS[key] = kept
     return kept

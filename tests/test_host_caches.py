@@ -456,3 +456,21 @@ def test_a_repeated_decode_call_issues_three_aten_ops(monkeypatch, append):
     ops = top_level_aten_ops(call)
     alloc = "aten::full" if buffers.POISON else "aten::empty"  # NaN-filled under the tests
     assert sorted(ops) == sorted([alloc, "aten::reshape", "aten::view"]), ops
+
+
+def test_ramps_keep_the_newest_once_full(monkeypatch):
+    """``tensor_memo.ramp`` keeps its newest ramps once full (a cache growing by a token a step
+    asks for a new ``cu_seqlens_k`` each step, and each layer of the step reads it again): the
+    oldest goes, a new one is kept, every ramp holds ``arange(length) * step``."""
+    from portattn import tensor_memo
+
+    monkeypatch.setattr(tensor_memo, "_RAMPS", {})
+    monkeypatch.setattr(tensor_memo, "_RAMPS_MAX", 4)
+    device = torch.device(DEVICE)
+    made = [tensor_memo.ramp(2, step, device, False) for step in range(1, 7)]
+    assert len(tensor_memo._RAMPS) == 4
+    assert tensor_memo.ramp(2, 6, device, False) is made[-1]  # the newest: kept
+    assert tensor_memo.ramp(2, 1, device, False) is not made[0]  # the oldest: made again
+    for step, r in enumerate(made, start=1):
+        assert r.dtype == torch.int32 and r.tolist() == [0, step]
+    assert tensor_memo.ramp(2, 6, device, True) is not made[-1]  # capturing: never kept
