@@ -151,7 +151,7 @@ def run_kept_forward(
     """:func:`run_forward` of an eager call (not traced, not captured, no sinks, nothing that
     requires grad) of ``inputs`` (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table) whose entry
     point keeps a record per call signature, and ``kept`` a dict of that record: the forward's
-    launches (``forward_replay``'s template) are kept there after the signature's first call and
+    launches (``forward_replay``'s template) are kept there by the signature's first call and
     launched from the next one on, past the lookups of ``run_forward`` (issue 37: host time per
     call). The signature must hold q's, k's and v's shapes, strides, dtypes and devices and
     the options; :func:`kept_slot` and :func:`kept_stamp` hold the rest. ``check_values``: as
