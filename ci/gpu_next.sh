@@ -346,12 +346,12 @@ elif [ "$PART" = d64ab ]; then
   [ -d .old244 ] || { echo ".old244 missing"; exit 2; }
   for tree in "$PWD" "$PWD/.old244"; do
     sed 's/for head_dim in (64, 128)/for head_dim in (64,)/' "$tree/benchmarks/transformers_llama.py" \
-      >"$tree/benchmarks/tl64.py"
+      >"$tree/tl64.py"  # the package and benchmarks/ from PYTHONPATH
   done
   for round in 1 2 3; do
     for tree in "$PWD" "$PWD/.old244"; do
       name=$([ "$tree" = "$PWD" ] && echo main || echo old)$round
-      (cd "$tree" && PYTHONPATH=$tree step "$name" 80 python3 benchmarks/tl64.py)
+      (cd "$tree" && PYTHONPATH=$tree step "$name" 80 python3 tl64.py)
       echo "== $name"; grep -E "^d64" "$OUT/$name.log"
     done
   done
