@@ -6,8 +6,9 @@
 #    37 asks its table from one H200 run, now with the Gluon decode and the Gluon split), the
 #    eager host time, and the decode/rollout/replay GPU tests in the time left. On an H100 it
 #    runs only the verify and the tests (session 50 re-recorded docs/bench-decode-h100.*).
-# 2. `bash ci/gpu_next.sh d64ab` (~6 min; make .old244 first, see the part): main's d64
-#    training steps against session 43's tree, alternating, three rounds (perf-notes row 125).
+# 2. `bash ci/gpu_next.sh d64ab` (~7 min; make .old244 first, see the part): main's d64
+#    training steps against session 43's tree and with the kept maps off, alternating, two
+#    rounds, then the d64 kernels alone (perf-notes row 125; limit 590).
 # 3. The GPU suite in two halves after the Gluon split's machine-code change
 #    (`bash ci/gpu_next.sh odd` / `even`; run -n 12: test_gpu.py's int32-offset and d256 cases
 #    ran out of memory under 14 workers in session 50 and passed alone).
@@ -342,18 +343,24 @@ elif [ "$PART" = d64ab ]; then
   # perf-notes row 125: main's d64 training steps against session 43's tree (244bb29), which
   # must be in .old244 first (here: `mkdir .old244 && git archive 244bb29 portattn benchmarks |
   # tar -x -C .old244`; untracked, so it travels with the tree; delete it after). Alternating
-  # processes, three rounds: transformers_llama at d64, then bench.py's d64 rows (kernels alone)
+  # processes, two rounds: transformers_llama at d64, then bench.py's d64 rows (kernels alone)
   [ -d .old244 ] || { echo ".old244 missing"; exit 2; }
   for tree in "$PWD" "$PWD/.old244"; do
     sed 's/for head_dim in (64, 128)/for head_dim in (64,)/' "$tree/benchmarks/transformers_llama.py" \
       >"$tree/tl64.py"  # the package and benchmarks/ from PYTHONPATH
   done
-  for round in 1 2 3; do
+  # main with the kept TMA maps off (session 49's launcher.KEPT_MAPS: the one launch-path change
+  # since 244bb29 that every training launch with host descriptors takes)
+  nomaps="import runpy, portattn.kernels.launcher as l; l.KEPT_MAPS = False; \
+runpy.run_path('tl64.py', run_name='__main__')"
+  for round in 1 2; do
     for tree in "$PWD" "$PWD/.old244"; do
       name=$([ "$tree" = "$PWD" ] && echo main || echo old)$round
       (cd "$tree" && PYTHONPATH=$tree step "$name" 80 python3 tl64.py)
       echo "== $name"; grep -E "^d64" "$OUT/$name.log"
     done
+    step "nomaps$round" 80 python3 -c "$nomaps"
+    echo "== nomaps$round"; grep -E "^d64" "$OUT/nomaps$round.log"
   done
   for tree in "$PWD" "$PWD/.old244"; do
     name=$([ "$tree" = "$PWD" ] && echo main || echo old)_kernels
