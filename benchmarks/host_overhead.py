@@ -62,6 +62,8 @@ from benchmarks.call_times import gpu_times, profile  # noqa: E402
 
 B, HQ, HKV, D, PAGE, PAGES, CACHED = 1, 32, 8, 128, 64, 64, 1000
 LAYERS = 32  # calls per step of the *_step cases
+# transformers' decode layout of the attention_* decode cases: batch, query / kv heads, keys
+HF_B, HF_HQ, HF_HKV, HF_KEYS = 8, 16, 4, 2049
 MAX_STEPS = (PAGES * PAGE - CACHED - 30) // 2  # timed steps of a step case (see main)
 CASES = (
     "paged_append_t",
@@ -122,7 +124,8 @@ def make_case(name: str, device: str, dtype=torch.bfloat16):
 
         return train if name == "varlen_train" else call
     if name == "attention_decode":  # transformers' layout: [B, H, S, D] memory, BSHD views
-        qh, kh, vh = rand(8, 16, 1, D), rand(8, 4, 2049, D), rand(8, 4, 2049, D)
+        qh = rand(HF_B, HF_HQ, 1, D)
+        kh, vh = rand(HF_B, HF_HKV, HF_KEYS, D), rand(HF_B, HF_HKV, HF_KEYS, D)
         views = tuple(x.transpose(1, 2) for x in (qh, kh, vh))
 
         def layer():
@@ -131,16 +134,15 @@ def make_case(name: str, device: str, dtype=torch.bfloat16):
 
         return layer
     if name == "attention_step":  # attention_decode's shapes, the cache a token longer a step
-        qh, grown = rand(8, 16, 1, D), 2049 + 2 * MAX_STEPS + 32
-        k_store, v_store = rand(8 * 4 * grown * D), rand(8 * 4 * grown * D)
-        tokens = {"n": 2049}
+        qh, grown = rand(HF_B, HF_HQ, 1, D), HF_KEYS + 2 * MAX_STEPS + 32
+        k_store, v_store = (rand(HF_B * HF_HKV * grown * D) for _ in range(2))
+        tokens = {"n": HF_KEYS}
 
         def decode_step():
-            n = tokens["n"] = 2049 + (tokens["n"] - 2049 + 1) % (grown - 2049)
+            n = tokens["n"] = HF_KEYS + (tokens["n"] - HF_KEYS + 1) % (grown - HF_KEYS)
             # contiguous [B, Hkv, n, D], as DynamicCache's torch.cat leaves it (no copy here)
-            kh, vh = (
-                x.as_strided((8, 4, n, D), (4 * n * D, n * D, D, 1)) for x in (k_store, v_store)
-            )
+            shape, strides = (HF_B, HF_HKV, n, D), (HF_HKV * n * D, n * D, D, 1)
+            kh, vh = (x.as_strided(shape, strides) for x in (k_store, v_store))
             for _ in range(LAYERS):
                 with torch.no_grad():
                     out = portattn.attention(qh.transpose(1, 2), kh.transpose(1, 2),

@@ -250,8 +250,8 @@ def decode_fits(problem: VarlenProblem) -> bool:
 SPLIT_BELOW_PROGRAMS = 264
 # ... where the partials' workspace stays within this (float32 [slots, rows, Hq, BLOCK_DV + 4]).
 SPLIT_MAX_BYTES = 1 << 28
-# Whether a split decode's partials run as the Gluon kernel where the unsplit decode would
-# (``decode_ws``' entries): the Triton split's bits, faster (perf-notes rows 123-124).
+# Off only for tests and measurements (tests/test_decode_ws.py): a split decode's partials run as
+# the Gluon kernel where the unsplit one would, the Triton split's bits (perf-notes 123-124).
 GLUON_SPLIT = True
 
 
