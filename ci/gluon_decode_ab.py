@@ -34,6 +34,10 @@ WORKLOADS = ("decode B1 gqa32/8 d128", "decode B8 gqa32/8 d128", "decode B64 gqa
              "decode B256 gqa32/8 d128", "append16 B8 gqa32/8 d128", "decode B64 gqa8/1 d128",
              "decode B64 gqa32/8 d64", "decode B256 gqa32/8 d64")  # fmt: skip
 PAGES = (0, 16, 64, 256)  # 0: packed K/V
+# --swap: the short rows the swapped consumer is for, then the rest of its scope
+SWAP_WORKLOADS = ("decode B1 gqa32/8 d128", "decode B8 gqa32/8 d128", "decode B1 32k gqa32/8 d128",
+                  "decode B64 gqa8/1 d128", "decode B64 gqa32/8 d128", "append16 B8 gqa32/8 d128",
+                  "decode B64 gqa32/8 d64", "decode B256 gqa32/8 d128")  # fmt: skip
 
 
 def variants(kernel: str, head_dim: int) -> tuple[int, list[int]]:
@@ -61,8 +65,9 @@ def shipped(inp, w, page: int, kernel: str):
     return out, lse.reshape(out.shape[0], w.n_heads_q)
 
 
-def gluon_call(inp, w, page: int, kernel: str, block_n: int, stages: int):
-    """A zero-argument call of the Gluon decode on the same rows, and its (out, lse)."""
+def gluon_call(inp, w, page: int, kernel: str, block_n: int, stages: int, swap: bool = False):
+    """A zero-argument call of the Gluon decode on the same rows, and its (out, lse);
+    ``swap``: its swapped consumer (``decode_swap.py``: 16-row tiles)."""
     q_rows = inp.q.reshape(-1, w.n_heads_q, w.head_dim)
     out = torch.full_like(q_rows, float("nan"))
     lse = torch.full(q_rows.shape[:2], float("nan"), device=q_rows.device)
@@ -73,7 +78,7 @@ def gluon_call(inp, w, page: int, kernel: str, block_n: int, stages: int):
         cu_k = torch.nn.functional.pad(inp.seqlens.cumsum(0), (1, 0)).int()
     launch = plan_decode_ws(q_rows, k, v, out, lse, inp.cu_q, cu_k, w.q_len, table,
                             w.head_dim**-0.5, True, kernel == "fixed_order", block_n,
-                            stages)  # fmt: skip
+                            stages, swap=swap)  # fmt: skip
 
     def run():
         launch_decode_ws(launch)
@@ -82,25 +87,33 @@ def gluon_call(inp, w, page: int, kernel: str, block_n: int, stages: int):
     return run, out, lse
 
 
-def gpu_row(bd, w, kernel: str, page: int) -> str:
-    """One table row: the shipped decode's graph TB/s, the Gluon decode's at each slot count,
-    and whether each gives the shipped bits."""
+def gpu_row(bd, w, kernel: str, page: int, swap: bool = False) -> str:
+    """One table row: the shipped decode's graph TB/s, the Gluon decode's at each slot count
+    (``swap``: at the entry's slots, unswapped then swapped), and whether each gives the
+    shipped bits."""
     block_n, slots = variants(kernel, w.head_dim)
+    stages = Entry("sm90", kernel, w.head_dim, "bf16").config().decode_tiles().num_stages
+    runs = [(stages, False), (stages, True)] if swap else [(n, False) for n in slots]
     bd.PAGE_SIZE = page or 64  # make_inputs lays the pages out at this size
     inp = bd.make_inputs(w)
     ref_out, ref_lse = shipped(inp, w, page, kernel)
     ref = bd.graphed(bd.DecodeImpl(lambda: shipped(inp, w, page, kernel), lambda o: o[0])).fn
     cells, bits = [], []
-    for n in slots:
-        run, out, lse = gluon_call(inp, w, page, kernel, block_n, n)
-        run()
+    for n, swapped in runs:
+        try:
+            run, out, lse = gluon_call(inp, w, page, kernel, block_n, n, swapped)
+            run()
+        except Exception as err:  # noqa: BLE001 - a variant that fails: its row says so
+            bits.append("error: " + str(err).splitlines()[-1][:80])
+            cells.append(f"- ({n}{' swap' if swapped else ''})")
+            continue
         torch.cuda.synchronize()
         same = torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
         diff = (out.float() - ref_out.float()).abs().nan_to_num(1e9).max().item()
         bits.append("equal" if same else f"DIFF {diff:.1e}")
         fn = bd.graphed(bd.DecodeImpl(run, lambda o: o)).fn
         ms = min(bd.gpu_timer(fn)[0] for _ in range(2))
-        cells.append(f"{w.kv_bytes() / ms / 1e9:.2f} ({n})")
+        cells.append(f"{w.kv_bytes() / ms / 1e9:.2f} ({n}{' swap' if swapped else ''})")
     ms_ref = min(bd.gpu_timer(ref)[0] for _ in range(2))
     peer = "-"
     if page == 64 and kernel == "varlen":  # FA4 det on the same pages (bench_decode's peer)
@@ -112,23 +125,25 @@ def gpu_row(bd, w, kernel: str, page: int) -> str:
             f"{' / '.join(cells)} | {' / '.join(bits)} | {peer} |")  # fmt: skip
 
 
-def gpu(quick: bool) -> int:
+def gpu(quick: bool, swap: bool = False) -> int:
     from benchmarks import bench_decode as bd
 
     wanted = WORKLOADS[:2] if quick else WORKLOADS[2:]
+    if swap:
+        wanted = SWAP_WORKLOADS
     workloads = [w for w in bd.default_workloads() if w.name in wanted]
     print("| workload | kernel | K/V | shipped graph TB/s | gluon TB/s (slots) | bits | FA4 det "
           "paged TB/s |")  # fmt: skip
     print("| --- | --- | --- | ---: | --- | --- | ---: |")
     with torch.no_grad():
         for w in workloads:
-            for kernel in ("varlen", "fixed_order"):
-                for page in PAGES:
-                    print(gpu_row(bd, w, kernel, page), flush=True)
+            for kernel in ("varlen",) if swap else ("varlen", "fixed_order"):
+                for page in PAGES[:3] if swap else PAGES:
+                    print(gpu_row(bd, w, kernel, page, swap), flush=True)
     return 0
 
 
-def compile_variant(kernel: str, d: int, page: int, slots: int) -> dict:
+def compile_variant(kernel: str, d: int, page: int, slots: int, swap: bool = False) -> dict:
     """The sm90 compile of one variant on this machine (CPU tensors; nothing runs): its
     registers, spill bytes, shared memory, TMA copies and wgmma instructions in the PTX.
     Module-level and JSON in, JSON out, for ``ci.golden_dev.keys.in_compiler_process``."""
@@ -152,7 +167,7 @@ def compile_variant(kernel: str, d: int, page: int, slots: int) -> dict:
         k, table = torch.randn(256, hk, d, dtype=torch.bfloat16), None
     cu = torch.tensor([0, 1, 2], dtype=torch.int32)
     plan = plan_decode_ws(q, k, k.clone(), out, lse, cu, cu * 100, 1, table, d**-0.5, True,
-                          kernel == "fixed_order", block_n, slots)  # fmt: skip
+                          kernel == "fixed_order", block_n, slots, swap=swap)  # fmt: skip
     launch = bind_launch(
         "decode_ws", attn_decode_ws_kernel, plan.args, plan.params, plan.descriptors
     )
@@ -162,6 +177,43 @@ def compile_variant(kernel: str, d: int, page: int, slots: int) -> dict:
     return dict(registers=use["regs"], spills=use["spills"], shared=art.shared,
                 tma_copies=art.asm.count("cp.async.bulk.tensor"),
                 wgmma=art.asm.count("wgmma.mma_async"))  # fmt: skip
+
+
+def layout_probe(block_n: int) -> int:
+    """Compile (sm90; for tests/test_decode_ws.py) a kernel that converts a [64, block_n]
+    tile in ``ws.acc_layout`` to ``decode_swap.prefill_rows_layout``'s bases with the 64-row
+    layout's warps, asserting the conversion moves nothing; returns its shared stores."""
+    import tempfile
+
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    from portattn.families import FAMILIES
+    from portattn.kernels import ws_common as ws
+    from portattn.kernels.decode_swap import prefill_rows_layout
+    from portattn.tools.compile_inputs import pinned_knobs
+    from portattn.tools.compile_launches import bind_launch
+    from portattn.tools.compilecheck import compile_launch
+
+    @gluon.constexpr_function
+    def rows64(n):
+        one = prefill_rows_layout(n)
+        return gl.DistributedLinearLayout(one.reg_bases, one.lane_bases, [[16, 0], [32, 0]],
+                                          [], [64, n])  # fmt: skip
+
+    @gluon.jit
+    def probe(x, y, BLOCK_N: gl.constexpr):
+        s_layout: gl.constexpr = ws.acc_layout(BLOCK_N)
+        o_r = gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+        o_c = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        b_x = gl.load(x + o_r[:, None] * BLOCK_N + o_c[None, :])
+        b_y = gl.convert_layout(b_x, rows64(BLOCK_N), assert_trivial=True)
+        gl.store(y + gl.arange(0, 64, layout=gl.SliceLayout(1, rows64(BLOCK_N))), gl.sum(b_y, 1))
+
+    x, y = torch.zeros(64, block_n), torch.zeros(64)
+    launch = bind_launch("probe", probe, (x, y), {"BLOCK_N": block_n, "num_warps": 4}, ())
+    with tempfile.TemporaryDirectory() as cache, pinned_knobs(cache):
+        return compile_launch(launch, FAMILIES["sm90"]).asm.count("st.shared")
 
 
 def compile_sm90() -> int:
@@ -186,8 +238,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compile", action="store_true", help="sm90 compile on this machine")
     parser.add_argument("--quick", action="store_true", help="B1 and B8 only (else the rest)")
+    parser.add_argument(
+        "--swap",
+        action="store_true",
+        help="the entry's slots unswapped and swapped (decode_swap.py)",
+    )
     args = parser.parse_args()
-    return compile_sm90() if args.compile else gpu(args.quick)
+    return compile_sm90() if args.compile else gpu(args.quick, args.swap)
 
 
 if __name__ == "__main__":

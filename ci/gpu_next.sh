@@ -235,7 +235,7 @@
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|d64ab|odd|even}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|d64ab|swap|odd|even}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -367,6 +367,12 @@ runpy.run_path('tl64.py', run_name='__main__')"
     (cd "$tree" && PYTHONPATH=$tree step "$name" 150 python3 benchmarks/bench.py --workloads "2x8192 h16 d64" --impls "portattn varlen" --passes 2)
     echo "== $name"; grep -E "d64" "$OUT/$name.log" | head -n 8
   done
+elif [ "$PART" = swap ]; then
+  # session 51: the swapped Gluon decode (portattn/kernels/decode_swap.py, off in every entry):
+  # its out and lse against the shipped decode's, bitwise, and graph TB/s beside the unswapped
+  # Gluon decode at the entry's slots (varlen; packed and pages of 16 / 64)
+  step swap_ab "${SWAP_LIMIT:-420}" python3 ci/gluon_decode_ab.py --swap
+  grep -E "^\||rror" "$OUT/swap_ab.log" | head -n 40
 elif [ "$PART" = llama ]; then
   step llama_prof 240 python3 ci/llama_decode_profile.py
   head -n 4 "$OUT/llama_prof.log"

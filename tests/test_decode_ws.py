@@ -15,7 +15,7 @@ import torch
 from helpers import KERNELS, patch_key_chunk
 
 import portattn
-from ci.gluon_decode_ab import compile_variant, variants
+from ci.gluon_decode_ab import compile_variant, layout_probe, variants
 from ci.gluon_split_ab import decode_kernels_planned
 from ci.golden_dev.keys import in_compiler_process
 from portattn.kernels import decode, plan
@@ -36,6 +36,25 @@ def test_sm90_compile(kernel, head_dim, page, slots):
         per_tile = head_dim // 64
     assert got["spills"] == 0 and got["wgmma"] > 0
     assert got["tma_copies"] == 2 * per_tile  # K and V
+
+
+@pytest.mark.parametrize(
+    ("kernel", "head_dim", "page"),
+    [("varlen", 128, 0), ("varlen", 128, 16), ("varlen", 64, 64)],
+)
+def test_sm90_compile_swapped(kernel, head_dim, page):
+    """The swapped consumer (``decode_swap.py``) compiles without spills, with wgmma."""
+    slots = variants(kernel, head_dim)[1][-1]
+    got = in_compiler_process(compile_variant, kernel, head_dim, page, slots, True)
+    assert got["spills"] == 0 and got["wgmma"] > 0
+
+
+@pytest.mark.parametrize("block_n", [64, 128])
+def test_swapped_row_sums_take_the_prefill_layout(block_n):
+    """The swapped consumer sums P in ``prefill_rows_layout``: the prefill's score layout
+    (``ws.acc_layout``) on 16 rows. With the 64-row layout's warp bases it is that layout: the
+    conversion compiles as a trivial one (Triton raises otherwise) and moves nothing."""
+    assert in_compiler_process(layout_probe, block_n) == 0
 
 
 def _case(head_dim: int, page: int, rows: int, seed: int = 0, lens=LENS):
@@ -108,6 +127,30 @@ def test_gives_the_triton_decode_bits(monkeypatch, kernel, head_dim, page, rows)
     block_n, slots = variants(kernel, head_dim)
     launch = plan_decode_ws(q, k, v, out, lse, cu_q, cu_k, rows, table, head_dim**-0.5, True,
                             kernel == "fixed_order", block_n, slots[-1])  # fmt: skip
+    launch_decode_ws(launch)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("page", [0, 16, 64, 256])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_swapped_gives_the_triton_decode_bits(monkeypatch, head_dim, page, rows):
+    """The swapped consumer (``decode_swap.py``, 16-row tiles, varlen) launched directly,
+    against the decode planned without the Gluon kernel."""
+    kernel = "varlen"
+    _on_sm90()
+    q, k, v, cu_q, cu_k, table, lens = _case(head_dim, page, rows)
+    with monkeypatch.context() as mp:
+        mp.setattr(decode, "gluon_decode_applies", lambda *args, **kw: False)
+        plan.forget_problems()
+        ref, ref_lse = _decoded(q, k, v, cu_q, cu_k, table, lens, rows, kernel)
+    plan.forget_problems()
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+    block_n, slots = variants(kernel, head_dim)
+    launch = plan_decode_ws(q, k, v, out, lse, cu_q, cu_k, rows, table, head_dim**-0.5, True,
+                            kernel == "fixed_order", block_n, slots[-1], swap=True)  # fmt: skip
     launch_decode_ws(launch)
     assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
 

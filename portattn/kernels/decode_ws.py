@@ -47,10 +47,11 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from portattn.configs import Tiles
 from portattn.kernels import ws_common as ws
 from portattn.kernels.addressing import seq_bounds, tile_index
+from portattn.kernels.decode_rows import gather_q, store_tile
+from portattn.kernels.decode_swap import SWAP_ROWS, consume_swapped, p_tiles_shape
 from portattn.kernels.descriptors import ragged_arguments, with_descriptors
 from portattn.kernels.forward_ws import all_keys
 from portattn.kernels.plan import LOG2E, decode_grid, tile_heads
-from portattn.kernels.row_state import normalize_rows
 
 # The producer warp's registers: its per-page copies (pages of 16 rows: 16 a tile) spilled at
 # the forward's 24; with one consumer group a program has registers to spare.
@@ -62,7 +63,7 @@ class _Decode(NamedTuple):
     ``forward_ws``'s steps (which read the ring, its barriers, ``t_full``, ``seqlen_k``,
     ``diag`` and ``scale_log2``: a split program's counted from its chunk's first key)."""
 
-    q_smem: gl.shared_memory_descriptor  # [64, HEAD_DIM]: the tile's Q rows
+    q_smem: gl.shared_memory_descriptor  # [BLOCK_M, HEAD_DIM]: the tile's Q rows
     k_ring: gl.shared_memory_descriptor  # [STAGES, BLOCK_N, HEAD_DIM]
     v_ring: gl.shared_memory_descriptor
     k_bars: gl.shared_memory_descriptor
@@ -96,23 +97,8 @@ class _Decode(NamedTuple):
     partials: gl.tensor
     n_rows: gl.tensor
     i_c: gl.tensor
-
-
-@gluon.constexpr_function
-def _rows_layout(head_dim):
-    """A blocked layout of a [64, head_dim] 16-bit tile for 4 warps, 16 bytes a thread."""
-    cols = head_dim // 8
-    return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // cols, cols],
-                            warps_per_cta=[4, 1], order=[1, 0])
-
-
-@gluon.jit
-def _tile_heads(m_start, seqlen_q, i_hk, group, HEADS: gl.constexpr, layout: gl.constexpr):
-    """The tile's rows: (o_q [64] positions, i_h [64] query heads (int64), valid [64])."""
-    o_t = gl.arange(0, ws.GROUP_ROWS, layout=layout)
-    o_q = m_start + o_t // HEADS
-    o_g = o_t % HEADS
-    return o_q, (i_hk * group + o_g).to(gl.int64), (o_q < seqlen_q) & (o_g < group)
+    # The swapped consumer's (``SWAP``): P^T tiles for P V's B operand (``decode_swap.py``).
+    p_smem: gl.shared_memory_descriptor
 
 
 @gluon.jit
@@ -123,43 +109,7 @@ def _consume(st, cfg):
     o_layout: gl.constexpr = ws.acc_layout(cfg.HEAD_DIM)
     p_layout: gl.constexpr = ws.operand_layout(o_layout)
     b_acc, b_m, b_l = all_keys(st.q_smem, st, cfg, st.m_start, s_layout, o_layout, p_layout)
-    if cfg.KEY_CHUNK > 0:  # the chunk's partial, merged by attn_decode_kernel's combine
-        _store_partial(st, cfg, b_acc, b_m, b_l, o_layout)
-    else:
-        _store_rows(st, cfg, b_acc, b_m, b_l, o_layout)
-
-
-@gluon.jit
-def _store_rows(st, cfg, b_acc, b_m, b_l, o_layout: gl.constexpr):
-    """The tile's rows normalised: out [64, D] and lse [64] of its (position, head) rows."""
-    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
-    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-    b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [64, D], [64]
-    o_q, i_h, m_row = _tile_heads(st.m_start, st.seqlen_q, st.i_hk, st.group, cfg.HEADS,
-                                  row_layout)
-    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    o_rows = (st.bos_q + o_q.to(gl.int64))[:, None]
-    p_o = st.o + o_rows * st.stride_ot + i_h[:, None] * st.stride_oh + o_d[None, :]
-    gl.store(p_o, b_out.to(st.o.dtype.element_ty), mask=m_row[:, None] & (o_d < HEAD_DIM)[None, :])
-    gl.store(st.lse + (st.bos_q + o_q.to(gl.int64)) * st.n_heads_q + i_h, b_lse, mask=m_row)
-
-
-@gluon.jit
-def _store_partial(st, cfg, b_acc, b_m, b_l, o_layout: gl.constexpr):
-    """The tile's rows' (acc [64, D], m [64], l [64]) of chunk ``st.i_c`` into the workspace
-    float32 [slots, n_rows, Hq, D + 4] (``decode.partial_rows``: acc, then m and l)."""
-    RECORD: gl.constexpr = cfg.HEAD_DIM + 4
-    o_t = gl.arange(0, ws.GROUP_ROWS, layout=gl.SliceLayout(1, o_layout))
-    o_g = o_t % cfg.HEADS
-    m_row = (st.m_start + o_t // cfg.HEADS < st.seqlen_q) & (o_g < st.group)
-    first = (st.i_c * st.n_rows + st.bos_q + st.m_start) * st.n_heads_q + st.i_hk * st.group
-    p_part = st.partials + first * RECORD  # int64 once, then int32 offsets
-    o_part = ((o_t // cfg.HEADS) * st.n_heads_q + o_g) * RECORD
-    o_d = gl.arange(0, cfg.HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    gl.store(p_part + (o_part[:, None] + o_d[None, :]), b_acc,
-             mask=m_row[:, None] & (o_d < cfg.HEAD_DIM)[None, :])
-    gl.store(p_part + (o_part + cfg.HEAD_DIM), b_m, mask=m_row)
-    gl.store(p_part + (o_part + cfg.HEAD_DIM + 1), b_l, mask=m_row)
+    store_tile(st, cfg, b_acc, b_m, b_l, o_layout)
 
 
 @gluon.jit
@@ -238,13 +188,16 @@ def attn_decode_ws_kernel(
     SPLIT_P: gl.constexpr,
     STAGES: gl.constexpr,
     KEY_CHUNK: gl.constexpr = 0,
+    SWAP: gl.constexpr = False,
 ):
     """Program ids: 0 = (position tile, sequence) as ``tile_index`` decodes it; 1 = kv head
     (``KEY_CHUNK`` > 0: times the key chunks, slowest, as ``attn_decode_kernel``'s ``SPLIT``
     1). q [total_q, Hq, D] (pointer loads); k, v: ragged host descriptors of the packed K/V or
     of the paged caches as token rows; block_table int32 [B, pages] (paged; else not read);
-    partials: the split's workspace (else None)."""
-    ROWS: gl.constexpr = ws.GROUP_ROWS // HEADS  # query positions per tile
+    partials: the split's workspace (else None). ``SWAP``: the tile's 16 rows through the
+    swapped products (``decode_swap.py``), else its 64 rows through ``forward_ws``'s steps."""
+    TILE_ROWS: gl.constexpr = SWAP_ROWS if SWAP else ws.GROUP_ROWS
+    ROWS: gl.constexpr = TILE_ROWS // HEADS  # query positions per tile
     i_b, i_m = tile_index(batch, CAUSAL)
     i_hk = gl.program_id(1)
     bos_q, seqlen_q = seq_bounds(cu_seqlens_q, i_b)
@@ -268,21 +221,19 @@ def attn_decode_ws_kernel(
         n_tiles = gl.minimum(n_tiles - t_lo, CHUNK_TILES)
         n_rows = gl.load(cu_seqlens_q + batch).to(gl.int64)
 
-    # Q rows gathered into shared memory (wgmma's A operand) before the partitions fork.
-    q_layout: gl.constexpr = _rows_layout(HEAD_DIM)
-    o_q, i_h, m_row = _tile_heads(m_start, seqlen_q, i_hk, group, HEADS,
-                                  gl.SliceLayout(1, q_layout))
-    o_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
-    p_q = q + (bos_q + o_q.to(gl.int64))[:, None] * stride_qt + i_h[:, None] * stride_qh
-    b_q = gl.load(p_q + o_d[None, :], mask=m_row[:, None] & (o_d < HEAD_DIM)[None, :],
-                  other=0.0)
+    # Q rows gathered into shared memory (a wgmma operand) before the partitions fork.
+    b_q = gather_q(q, bos_q, seqlen_q, m_start, i_hk, group, stride_qt, stride_qh, TILE_ROWS,
+                   HEADS, HEAD_DIM)
     dtype: gl.constexpr = q.dtype.element_ty
-    q_smem = gl.allocate_shared_memory(dtype, [ws.GROUP_ROWS, HEAD_DIM], ws.SWIZZLED_128B, b_q)
+    q_smem = gl.allocate_shared_memory(dtype, [TILE_ROWS, HEAD_DIM], ws.SWIZZLED_128B, b_q)
     k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], ws.SWIZZLED_128B)
     v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], ws.SWIZZLED_128B)
     k_bars = ws.barriers(STAGES, 1)
     v_bars = ws.barriers(STAGES, 1)
     free_bars = ws.barriers(STAGES, 1)  # one consumer group
+    p_smem = None
+    if SWAP:
+        p_smem = gl.allocate_shared_memory(dtype, p_tiles_shape(BLOCK_N), ws.SWIZZLED_128B)
     fence_async_shared()
 
     pages = block_table + i_b.to(gl.int64) * stride_bt
@@ -292,14 +243,26 @@ def attn_decode_ws_kernel(
         bos_q=bos_q, seqlen_q=seqlen_q, seqlen_k=seqlen_k, diag=diag, t_full=t_full,
         n_tiles=n_tiles, m_start=m_start, i_hk=i_hk, group=group, n_heads_q=n_heads_q,
         scale_log2=scale_log2, k_desc=k, v_desc=v, bos_k=bos_k, pages=pages, keys=keys,
-        key_off=key_off, partials=partials, n_rows=n_rows, i_c=i_c)
+        key_off=key_off, partials=partials, n_rows=n_rows, i_c=i_c, p_smem=p_smem)
     # The Config built in the calls: assigned to a local, its constexprs would become tensors.
-    gl.warp_specialize([
-        (_consume, (program, ws.Config(HEAD_DIM, ws.GROUP_ROWS, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
-                                       KEY_CHUNK=KEY_CHUNK, HEADS=HEADS, PAGE_SIZE=PAGE_SIZE))),
-        (_produce, (program, ws.Config(HEAD_DIM, ws.GROUP_ROWS, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
-                                       KEY_CHUNK=KEY_CHUNK, HEADS=HEADS, PAGE_SIZE=PAGE_SIZE))),
-    ], [1], [PRODUCER_REGS])
+    if SWAP:
+        gl.warp_specialize([
+            (consume_swapped, (program, ws.Config(HEAD_DIM, TILE_ROWS, BLOCK_N, CAUSAL, SPLIT_P,
+                                                  STAGES, KEY_CHUNK=KEY_CHUNK, HEADS=HEADS,
+                                                  PAGE_SIZE=PAGE_SIZE))),
+            (_produce, (program, ws.Config(HEAD_DIM, TILE_ROWS, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
+                                           KEY_CHUNK=KEY_CHUNK, HEADS=HEADS,
+                                           PAGE_SIZE=PAGE_SIZE))),
+        ], [1], [PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consume, (program, ws.Config(HEAD_DIM, TILE_ROWS, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
+                                           KEY_CHUNK=KEY_CHUNK, HEADS=HEADS,
+                                           PAGE_SIZE=PAGE_SIZE))),
+            (_produce, (program, ws.Config(HEAD_DIM, TILE_ROWS, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
+                                           KEY_CHUNK=KEY_CHUNK, HEADS=HEADS,
+                                           PAGE_SIZE=PAGE_SIZE))),
+        ], [1], [PRODUCER_REGS])
 
 
 def decode_ws_supports(tiles: Tiles, head_dim: int) -> bool:
@@ -331,13 +294,16 @@ def decode_ws_launch_options() -> dict[str, int]:
 
 
 def decode_ws_params(head_dim: int, tiles: Tiles, heads: int, page_size: int, causal: bool,
-                     split_p: bool, key_chunk: int = 0) -> dict:  # fmt: skip
+                     split_p: bool, key_chunk: int = 0, swap: bool = False) -> dict:  # fmt: skip
     """The compile-time parameters and launch options of a launch at the entry's decode
     ``tiles`` (its key tile, ``num_stages`` ring slots); ``key_chunk`` > 0: a split decode's
-    partials (``KEY_CHUNK``; left out unsplit: the kernel's default)."""
-    split = {"KEY_CHUNK": key_chunk} if key_chunk else {}
+    partials (``KEY_CHUNK``), ``swap``: the swapped consumer (``SWAP``); each left out when
+    off (the kernel's default)."""
+    extra = {"KEY_CHUNK": key_chunk} if key_chunk else {}
+    if swap:
+        extra["SWAP"] = True
     return dict(HEAD_DIM=head_dim, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
-                CAUSAL=causal, SPLIT_P=split_p, STAGES=tiles.num_stages, **split,
+                CAUSAL=causal, SPLIT_P=split_p, STAGES=tiles.num_stages, **extra,
                 **decode_ws_launch_options())  # fmt: skip
 
 
@@ -374,23 +340,27 @@ class DecodeWsLaunch(NamedTuple):
 
 def plan_decode_ws(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                    block_table, scale: float, causal: bool, split_p: bool, block_n: int,
-                   stages: int) -> DecodeWsLaunch:  # fmt: skip
+                   stages: int, swap: bool = False) -> DecodeWsLaunch:  # fmt: skip
     """The launch of a decode (see the module's scope) writing ``out`` [total_q, Hq, D] and
     ``lse`` float32 [total_q, Hq]: q [total_q, Hq, D]; k, v packed [total_k, Hkv, D]
     (``block_table`` None) or paged caches [num_pages, page_size, Hkv, D] whose pages lie one
-    after the other (``block_table`` int32 [B, pages a sequence])."""
+    after the other (``block_table`` int32 [B, pages a sequence]); ``swap``: 16-row tiles
+    through the swapped consumer (``decode_swap.py``)."""
     head_dim = q.shape[2]
     page_size = 0 if block_table is None else k.shape[1]
     group = q.shape[1] // k.shape[-2]
-    heads = tile_heads(group, ws.GROUP_ROWS.value)
+    if swap and split_p:
+        raise ValueError("the swapped decode consumer has no split-P (decode_swap.py)")
+    rows = SWAP_ROWS.value if swap else ws.GROUP_ROWS.value
+    heads = tile_heads(group, rows)
     if heads < group:
         raise ValueError(f"a GQA group of {group} query heads does not fit one decode tile")
     batch = cu_seqlens_q.shape[0] - 1
-    grid = decode_grid(max_seqlen_q, batch, k.shape[-2], group, ws.GROUP_ROWS.value)[:2]
-    tiles = Tiles(ws.GROUP_ROWS.value, block_n, ws.GROUP_WARPS.value, stages)
+    grid = decode_grid(max_seqlen_q, batch, k.shape[-2], group, rows)[:2]
+    tiles = Tiles(rows, block_n, ws.GROUP_WARPS.value, stages)
     args = decode_ws_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table, batch,
                           group, scale * LOG2E)  # fmt: skip
-    params = decode_ws_params(head_dim, tiles, heads, page_size, causal, split_p)
+    params = decode_ws_params(head_dim, tiles, heads, page_size, causal, split_p, swap=swap)
     return DecodeWsLaunch(grid, args, params, decode_ws_reads(block_n, page_size, head_dim))
 
 
