@@ -371,8 +371,11 @@ elif [ "$PART" = swap ]; then
   # session 51: the swapped Gluon decode (portattn/kernels/decode_swap.py, off in every entry):
   # its out and lse against the shipped decode's, bitwise, and graph TB/s beside the unswapped
   # Gluon decode at the entry's slots (varlen; packed and pages of 16 / 64)
-  step swap_ab "${SWAP_LIMIT:-420}" python3 ci/gluon_decode_ab.py --swap
+  step swap_ab "${SWAP_LIMIT:-330}" python3 ci/gluon_decode_ab.py --swap
   grep -E "^\||rror" "$OUT/swap_ab.log" | head -n 40
+  step swap_tests 150 python3 -m pytest tests/test_decode_ws.py -k swapped -n 8 \
+    -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
+  tail -n 4 "$OUT/swap_tests.log"
 elif [ "$PART" = llama ]; then
   step llama_prof 240 python3 ci/llama_decode_profile.py
   head -n 4 "$OUT/llama_prof.log"

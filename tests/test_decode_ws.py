@@ -179,3 +179,28 @@ def test_split_decode_gives_the_triton_split_bits(monkeypatch, kernel, page, row
     assert seen[:2] == [("decode_split", "attn_decode_ws_kernel"),
                         ("decode_combine", "attn_decode_kernel")]  # fmt: skip
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [0, 16, 64])
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("split", [False, True])
+def test_swapped_decode_as_planned(monkeypatch, page, rows, split):
+    """``decode.SWAP_DECODE`` on: the planned decode (``split``: its partials, the entries' key
+    chunk patched to 2048 keys) runs the swapped consumer, with the bits it has off."""
+    _on_sm90()
+    lens = (5000, 2049, 777, 4096, 4) if split else LENS
+    if split:
+        patch_key_chunk(monkeypatch, True, 2048, ws=True)
+        monkeypatch.setattr(decode, "SPLIT_BELOW_PROGRAMS", 1 << 30)
+    case = _case(128, page, rows, seed=5, lens=lens)
+    plan.forget_problems()
+    ref = _decoded(*case, rows, "varlen")
+    swapped, chosen = decode.swapped_decode, []
+    monkeypatch.setattr(decode, "swapped_decode", lambda p: chosen.append(swapped(p)) or chosen[-1])
+    monkeypatch.setattr(decode, "SWAP_DECODE", True)
+    plan.forget_problems()
+    got = _decoded(*case, rows, "varlen")
+    plan.forget_problems()
+    assert chosen and all(chosen)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])

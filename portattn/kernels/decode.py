@@ -63,11 +63,30 @@ from portattn.kernels.ws_kernels import decode_ws
 
 @triton.jit
 def attn_decode_kernel(
-    q, k, v, o, lse, block_table, partials,
-    cu_seqlens_q, cu_seqlens_k,
-    stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-    stride_ot, stride_oh, stride_bt,
-    batch, n_heads_q, group, scale_log2,
+    q,
+    k,
+    v,
+    o,
+    lse,
+    block_table,
+    partials,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    stride_qt,
+    stride_qh,
+    stride_kp,
+    stride_kt,
+    stride_kh,
+    stride_vp,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    batch,
+    n_heads_q,
+    group,
+    scale_log2,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
@@ -133,8 +152,12 @@ def attn_decode_kernel(
     if REPAIR:  # before any load (the forward's)
         o_rv, m_rv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)
         o_rc, m_rc, _ = head_dim_chunk(o_rv, m_rv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
-        p_first = (o + (bos_q + o_q.to(tl.int64))[:, None] * stride_ot
-                   + i_h[:, None] * stride_oh + o_rc[None, :])
+        p_first = (
+            o
+            + (bos_q + o_q.to(tl.int64))[:, None] * stride_ot
+            + i_h[:, None] * stride_oh
+            + o_rc[None, :]
+        )
         # One row stands for the tile (repair_check_rows; the tile is one slab, its rows are
         # (position, head) pairs): the valid row of the latest position.
         m_check = m_row & (o_t == tl.max(tl.where(m_row, o_t, 0), 0))
@@ -153,8 +176,7 @@ def attn_decode_kernel(
         p_pages = block_table + i_b.to(tl.int64) * stride_bt
         src_k = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
         src_v = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
-    n_lo, n_full, n_hi = visited_key_range(m_start, seqlen_k, diag, ROWS, BLOCK_N, CAUSAL,
-                                           FEATURES)
+    n_lo, n_full, n_hi = visited_key_range(m_start, seqlen_k, diag, ROWS, BLOCK_N, CAUSAL, FEATURES)
 
     if SPLIT == 1:  # chunk i_c's partial, where the tile visits it (design §3.1); no output
         c_lo = i_c * KEY_CHUNK
@@ -162,42 +184,129 @@ def attn_decode_kernel(
             lo, mid, hi = chunk_range(c_lo, n_lo, n_full, n_hi, KEY_CHUNK)
             c_acc, c_m, c_l = empty_rows(BLOCK_M, BLOCK_DC)
             c_acc, c_m, c_l = key_range_tiles(  # [BLOCK_M, BLOCK_DC], [BLOCK_M], [BLOCK_M]
-                c_acc, c_m, c_l, b_q, src_k, src_v, stride_kt, stride_vt,
-                o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, lo, mid, hi,
-                KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, FEATURES,
-                        PAGE_SIZE, REPAIR, PAGE_BLOCK, KEY_CHUNK),
-                p_pages, stride_kp, stride_vp,
+                c_acc,
+                c_m,
+                c_l,
+                b_q,
+                src_k,
+                src_v,
+                stride_kt,
+                stride_vt,
+                o_q,
+                o_d,
+                m_d,
+                o_dc,
+                m_dc,
+                c_v,
+                seqlen_k,
+                diag,
+                scale_log2,
+                lo,
+                mid,
+                hi,
+                KeyLoop(
+                    BLOCK_M,
+                    BLOCK_N,
+                    CAUSAL,
+                    SPLIT_P,
+                    INTERPRET,
+                    False,
+                    FEATURES,
+                    PAGE_SIZE,
+                    REPAIR,
+                    PAGE_BLOCK,
+                    KEY_CHUNK,
+                ),
+                p_pages,
+                stride_kp,
+                stride_vp,
             )
             n_rows = tl.load(cu_seqlens_q + batch).to(tl.int64)  # after the loop: no live int64
-            p_part, o_part = partial_rows(partials, n_rows, i_c, bos_q + m_start, i_hk * group,
-                                          o_t, o_g, n_heads_q, HEADS, BLOCK_DV)
+            p_part, o_part = partial_rows(
+                partials,
+                n_rows,
+                i_c,
+                bos_q + m_start,
+                i_hk * group,
+                o_t,
+                o_g,
+                n_heads_q,
+                HEADS,
+                BLOCK_DV,
+            )
             if (D_CHUNKS == 1) or (tl.program_id(2) == 0):
                 tl.store(p_part + (o_part + BLOCK_DV), c_m, mask=m_row)
                 tl.store(p_part + (o_part + BLOCK_DV + 1), c_l, mask=m_row)
-            tl.store(p_part + (o_part[:, None] + o_dc[None, :]), c_acc,
-                     mask=m_row[:, None] & m_dc[None, :])
+            tl.store(
+                p_part + (o_part[:, None] + o_dc[None, :]),
+                c_acc,
+                mask=m_row[:, None] & m_dc[None, :],
+            )
     else:
         b_sink = tl.load(sinks + i_h, mask=m_row, other=0.0) if HAS_SINK else None  # [BLOCK_M]
         if SPLIT == 2:  # the partials of the chunks the tile visits, merged in order
             b_acc, b_m, b_l = empty_rows(BLOCK_M, BLOCK_DC)
             n_rows = tl.load(cu_seqlens_q + batch).to(tl.int64)  # the workspace's rows
             for c_lo in range((n_lo // KEY_CHUNK) * KEY_CHUNK, n_hi, KEY_CHUNK):
-                p_part, o_part = partial_rows(partials, n_rows, c_lo // KEY_CHUNK,
-                                              bos_q + m_start, i_hk * group, o_t, o_g,
-                                              n_heads_q, HEADS, BLOCK_DV)
-                c_acc = tl.load(p_part + (o_part[:, None] + o_dc[None, :]),
-                                mask=m_row[:, None] & m_dc[None, :], other=0.0)
+                p_part, o_part = partial_rows(
+                    partials,
+                    n_rows,
+                    c_lo // KEY_CHUNK,
+                    bos_q + m_start,
+                    i_hk * group,
+                    o_t,
+                    o_g,
+                    n_heads_q,
+                    HEADS,
+                    BLOCK_DV,
+                )
+                c_acc = tl.load(
+                    p_part + (o_part[:, None] + o_dc[None, :]),
+                    mask=m_row[:, None] & m_dc[None, :],
+                    other=0.0,
+                )
                 c_m = tl.load(p_part + (o_part + BLOCK_DV), mask=m_row, other=float("-inf"))
                 c_l = tl.load(p_part + (o_part + BLOCK_DV + 1), mask=m_row, other=0.0)
                 b_acc, b_m, b_l = merge_partial(b_acc, b_m, b_l, c_acc, c_m, c_l)
             b_out, b_lse = finish_rows(b_acc, b_m, b_l, b_sink, HAS_SINK)
         else:
             b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
-                b_q, src_k, src_v, stride_kt, stride_vt,
-                o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
-                KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, FEATURES,
-                        PAGE_SIZE, REPAIR, PAGE_BLOCK, KEY_CHUNK),
-                BLOCK_DC, p_pages, stride_kp, stride_vp, b_sink, HAS_SINK,
+                b_q,
+                src_k,
+                src_v,
+                stride_kt,
+                stride_vt,
+                o_q,
+                o_d,
+                m_d,
+                o_dc,
+                m_dc,
+                c_v,
+                seqlen_k,
+                diag,
+                scale_log2,
+                n_lo,
+                n_full,
+                n_hi,
+                KeyLoop(
+                    BLOCK_M,
+                    BLOCK_N,
+                    CAUSAL,
+                    SPLIT_P,
+                    INTERPRET,
+                    False,
+                    FEATURES,
+                    PAGE_SIZE,
+                    REPAIR,
+                    PAGE_BLOCK,
+                    KEY_CHUNK,
+                ),
+                BLOCK_DC,
+                p_pages,
+                stride_kp,
+                stride_vp,
+                b_sink,
+                HAS_SINK,
             )
 
         o_rows = (bos_q + o_q.to(tl.int64))[:, None]
@@ -211,8 +320,18 @@ def attn_decode_kernel(
 
 
 @triton.jit
-def partial_rows(partials, n_rows, i_c, first_row, first_head, o_t, o_g, n_heads_q,
-                 HEADS: tl.constexpr, BLOCK_DV: tl.constexpr):
+def partial_rows(
+    partials,
+    n_rows,
+    i_c,
+    first_row,
+    first_head,
+    o_t,
+    o_g,
+    n_heads_q,
+    HEADS: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     """The records of a tile's rows in chunk slot ``i_c`` of the split decode's workspace
     (float32 [slots, n_rows, Hq, BLOCK_DV + 4]: the chunk's acc in the first columns, its m and
     l at ``BLOCK_DV`` and ``BLOCK_DV + 1``; ``n_rows`` = the pack's query rows,
@@ -253,6 +372,10 @@ SPLIT_MAX_BYTES = 1 << 28
 # Off only for tests and measurements (tests/test_decode_ws.py): a split decode's partials run as
 # the Gluon kernel where the unsplit one would, the Triton split's bits (perf-notes 123-124).
 GLUON_SPLIT = True
+# Off until the GPU has checked its bits and time (session 51): the Gluon decode's swapped
+# consumer (decode_swap.py: 16-row tiles, the products swapped) where it applies
+# (:func:`swapped_decode`).
+SWAP_DECODE = False
 
 
 def split_slots(problem: VarlenProblem) -> int:
@@ -270,8 +393,9 @@ def split_slots(problem: VarlenProblem) -> int:
     return slots
 
 
-def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                block_table, sinks=None) -> tuple[tuple[KernelLaunch, ...], torch.Tensor | None]:
+def plan_decode(
+    problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table, sinks=None
+) -> tuple[tuple[KernelLaunch, ...], torch.Tensor | None]:
     """The decode's launches writing ``out`` / ``lse`` (see ``forward.plan_forward``), and the
     workspace of its partials: one launch, or where :func:`split_slots` splits it the chunks'
     partials then their combine (design §3.1); then, where the problem has unseen keys, the
@@ -299,11 +423,30 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
         stride_vp, stride_vt, stride_vh = 0, v.stride(0), v.stride(1)
         table, stride_bt = cu_seqlens_k, 0  # not read
     args = (
-        q, k, v, out, lse, table, partials,
-        cu_seqlens_q, cu_seqlens_k,
-        q.stride(0), q.stride(1), stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
-        stride_vh, out.stride(0), out.stride(1), stride_bt,
-        p.batch, p.n_heads_q, p.group, p.scale_log2,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        table,
+        partials,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        q.stride(0),
+        q.stride(1),
+        stride_kp,
+        stride_kt,
+        stride_kh,
+        stride_vp,
+        stride_vt,
+        stride_vh,
+        out.stride(0),
+        out.stride(1),
+        stride_bt,
+        p.batch,
+        p.n_heads_q,
+        p.group,
+        p.scale_log2,
     )
     stages = ("decode_split", "decode_combine") if slots else ("decode",)
     stages += ("decode_repair",) * p.has_unseen_keys
@@ -318,8 +461,11 @@ def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seql
         if static is None:  # the grid and compile-time parameters: the problem's alone
             static = p.memo[key] = _decode_static(p, p.page_size, sinks is not None, stage, slots)
         grid, params = static
-        launches.append(KernelLaunch(stage, attn_decode_kernel, grid, args,
-                                     dict(params, sinks=sinks), tma=False))
+        launches.append(
+            KernelLaunch(
+                stage, attn_decode_kernel, grid, args, dict(params, sinks=sinks), tma=False
+            )
+        )
     return tuple(launches), partials
 
 
@@ -345,30 +491,47 @@ def gluon_decode_applies(p: VarlenProblem, q, k, v, slots: int = 0) -> bool:
             and decode_ws.pages_fit(p.page_size, tiles.block_n))  # fmt: skip
 
 
+def swapped_decode(p: VarlenProblem) -> bool:
+    """Whether the Gluon decode of ``p`` runs its swapped consumer (:data:`SWAP_DECODE`): not
+    split-P, and each sequence's query rows (its GQA group times its positions) in one 16-row
+    tile."""
+    if not SWAP_DECODE or p.split_p:
+        return False
+    rows = decode_ws.SWAP_ROWS.value
+    heads = tile_heads(p.group, rows)
+    return heads >= p.group and p.grid_rows_q <= rows // heads
+
+
 def _gluon_launch(stage: str, p: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                   block_table, partials, slots: int) -> KernelLaunch:  # fmt: skip
     """The Gluon decode's launch (``gluon_decode_applies``): the unsplit grid (split: its kv
     heads times the ``slots`` chunks, the partials into ``partials``), k and v as ragged
     descriptors (a paged cache's as its token rows)."""
     tiles = p.cfg.decode_tiles()
-    static = p.memo.get(("decode_ws", p.page_size, slots))
+    swap = swapped_decode(p)
+    static = p.memo.get(("decode_ws", p.page_size, slots, swap))
     if static is None:  # the grid, parameters and descriptors: the problem's alone
         chunk = p.cfg.key_chunk if slots else 0
-        params = decode_ws.decode_ws_params(p.head_dim, tiles, heads_per_tile(p), p.page_size,
-                                            p.causal, p.split_p, chunk)  # fmt: skip
+        rows = decode_ws.SWAP_ROWS.value if swap else tiles.block_m
+        params = decode_ws.decode_ws_params(p.head_dim, tiles, tile_heads(p.group, rows),
+                                            p.page_size, p.causal, p.split_p, chunk,
+                                            swap)  # fmt: skip
         reads = decode_ws.decode_ws_reads(tiles.block_n, p.page_size, p.head_dim)
-        blocks, heads, _ = _decode_grid(p, tiles)
+        blocks, heads, _ = decode_grid(p.grid_rows_q, p.batch, p.n_heads_k, p.group, rows,
+                                       p.cfg.fwd_chunks)  # fmt: skip
         grid = (blocks, heads * max(slots, 1))
-        static = p.memo[("decode_ws", p.page_size, slots)] = (grid, params, reads)
+        static = p.memo[("decode_ws", p.page_size, slots, swap)] = (grid, params, reads)
     grid, params, reads = static
     args = decode_ws.decode_ws_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
                                     p.batch, p.group, p.scale_log2, partials)  # fmt: skip
-    return KernelLaunch(stage, decode_ws.attn_decode_ws_kernel, grid, args, params,
-                        descriptors=reads)
+    return KernelLaunch(
+        stage, decode_ws.attn_decode_ws_kernel, grid, args, params, descriptors=reads
+    )
 
 
-def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool, stage: str = "decode",
-                   slots: int = 0) -> tuple[tuple, dict]:
+def _decode_static(
+    p: VarlenProblem, page_size: int, has_sink: bool, stage: str = "decode", slots: int = 0
+) -> tuple[tuple, dict]:
     """A decode launch's grid and its compile-time parameters but ``sinks`` (a tensor):
     ``stage`` decode (the whole key loop), decode_split (``slots`` chunks' partials),
     decode_combine (their merge) or decode_repair (design §3.2)."""
@@ -378,11 +541,22 @@ def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool, stage: str 
     heads = heads_per_tile(p)
     grid = _decode_grid(p, tiles)
     params = dict(
-        HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, **p.value_flags(),
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
+        HEAD_DIM=p.head_dim,
+        BLOCK_D=p.block_d,
+        **p.value_flags(),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        HEADS=heads,
+        PAGE_SIZE=page_size,
         PAGE_BLOCK=page_block_tiles(cfg.page_block, page_size),
-        CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret, D_CHUNKS=cfg.fwd_chunks,
-        **p.feature_flags(), HAS_SINK=has_sink, **tiles.launch_kwargs(), **p.chunk_flags(),
+        CAUSAL=p.causal,
+        SPLIT_P=p.split_p,
+        INTERPRET=p.interpret,
+        D_CHUNKS=cfg.fwd_chunks,
+        **p.feature_flags(),
+        HAS_SINK=has_sink,
+        **tiles.launch_kwargs(),
+        **p.chunk_flags(),
     )
     if repair:
         params.update(REPAIR=p.cfg.repair_products)
