@@ -63,30 +63,11 @@ from portattn.kernels.ws_kernels import decode_ws
 
 @triton.jit
 def attn_decode_kernel(
-    q,
-    k,
-    v,
-    o,
-    lse,
-    block_table,
-    partials,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    stride_qt,
-    stride_qh,
-    stride_kp,
-    stride_kt,
-    stride_kh,
-    stride_vp,
-    stride_vt,
-    stride_vh,
-    stride_ot,
-    stride_oh,
-    stride_bt,
-    batch,
-    n_heads_q,
-    group,
-    scale_log2,
+    q, k, v, o, lse, block_table, partials,
+    cu_seqlens_q, cu_seqlens_k,
+    stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    stride_ot, stride_oh, stride_bt,
+    batch, n_heads_q, group, scale_log2,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
@@ -152,12 +133,8 @@ def attn_decode_kernel(
     if REPAIR:  # before any load (the forward's)
         o_rv, m_rv = value_columns(o_d, m_d, HEAD_DIM, HEAD_DIM_V, BLOCK_DV)
         o_rc, m_rc, _ = head_dim_chunk(o_rv, m_rv, HEAD_DIM_V, BLOCK_DV, D_CHUNKS)
-        p_first = (
-            o
-            + (bos_q + o_q.to(tl.int64))[:, None] * stride_ot
-            + i_h[:, None] * stride_oh
-            + o_rc[None, :]
-        )
+        p_first = (o + (bos_q + o_q.to(tl.int64))[:, None] * stride_ot
+                   + i_h[:, None] * stride_oh + o_rc[None, :])
         # One row stands for the tile (repair_check_rows; the tile is one slab, its rows are
         # (position, head) pairs): the valid row of the latest position.
         m_check = m_row & (o_t == tl.max(tl.where(m_row, o_t, 0), 0))
@@ -176,7 +153,8 @@ def attn_decode_kernel(
         p_pages = block_table + i_b.to(tl.int64) * stride_bt
         src_k = k + bos_k * stride_kt + i_hk.to(tl.int64) * stride_kh
         src_v = v + bos_k * stride_vt + i_hk.to(tl.int64) * stride_vh
-    n_lo, n_full, n_hi = visited_key_range(m_start, seqlen_k, diag, ROWS, BLOCK_N, CAUSAL, FEATURES)
+    n_lo, n_full, n_hi = visited_key_range(m_start, seqlen_k, diag, ROWS, BLOCK_N, CAUSAL,
+                                           FEATURES)
 
     if SPLIT == 1:  # chunk i_c's partial, where the tile visits it (design §3.1); no output
         c_lo = i_c * KEY_CHUNK
@@ -184,129 +162,42 @@ def attn_decode_kernel(
             lo, mid, hi = chunk_range(c_lo, n_lo, n_full, n_hi, KEY_CHUNK)
             c_acc, c_m, c_l = empty_rows(BLOCK_M, BLOCK_DC)
             c_acc, c_m, c_l = key_range_tiles(  # [BLOCK_M, BLOCK_DC], [BLOCK_M], [BLOCK_M]
-                c_acc,
-                c_m,
-                c_l,
-                b_q,
-                src_k,
-                src_v,
-                stride_kt,
-                stride_vt,
-                o_q,
-                o_d,
-                m_d,
-                o_dc,
-                m_dc,
-                c_v,
-                seqlen_k,
-                diag,
-                scale_log2,
-                lo,
-                mid,
-                hi,
-                KeyLoop(
-                    BLOCK_M,
-                    BLOCK_N,
-                    CAUSAL,
-                    SPLIT_P,
-                    INTERPRET,
-                    False,
-                    FEATURES,
-                    PAGE_SIZE,
-                    REPAIR,
-                    PAGE_BLOCK,
-                    KEY_CHUNK,
-                ),
-                p_pages,
-                stride_kp,
-                stride_vp,
+                c_acc, c_m, c_l, b_q, src_k, src_v, stride_kt, stride_vt,
+                o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, lo, mid, hi,
+                KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, FEATURES,
+                        PAGE_SIZE, REPAIR, PAGE_BLOCK, KEY_CHUNK),
+                p_pages, stride_kp, stride_vp,
             )
             n_rows = tl.load(cu_seqlens_q + batch).to(tl.int64)  # after the loop: no live int64
-            p_part, o_part = partial_rows(
-                partials,
-                n_rows,
-                i_c,
-                bos_q + m_start,
-                i_hk * group,
-                o_t,
-                o_g,
-                n_heads_q,
-                HEADS,
-                BLOCK_DV,
-            )
+            p_part, o_part = partial_rows(partials, n_rows, i_c, bos_q + m_start, i_hk * group,
+                                          o_t, o_g, n_heads_q, HEADS, BLOCK_DV)
             if (D_CHUNKS == 1) or (tl.program_id(2) == 0):
                 tl.store(p_part + (o_part + BLOCK_DV), c_m, mask=m_row)
                 tl.store(p_part + (o_part + BLOCK_DV + 1), c_l, mask=m_row)
-            tl.store(
-                p_part + (o_part[:, None] + o_dc[None, :]),
-                c_acc,
-                mask=m_row[:, None] & m_dc[None, :],
-            )
+            tl.store(p_part + (o_part[:, None] + o_dc[None, :]), c_acc,
+                     mask=m_row[:, None] & m_dc[None, :])
     else:
         b_sink = tl.load(sinks + i_h, mask=m_row, other=0.0) if HAS_SINK else None  # [BLOCK_M]
         if SPLIT == 2:  # the partials of the chunks the tile visits, merged in order
             b_acc, b_m, b_l = empty_rows(BLOCK_M, BLOCK_DC)
             n_rows = tl.load(cu_seqlens_q + batch).to(tl.int64)  # the workspace's rows
             for c_lo in range((n_lo // KEY_CHUNK) * KEY_CHUNK, n_hi, KEY_CHUNK):
-                p_part, o_part = partial_rows(
-                    partials,
-                    n_rows,
-                    c_lo // KEY_CHUNK,
-                    bos_q + m_start,
-                    i_hk * group,
-                    o_t,
-                    o_g,
-                    n_heads_q,
-                    HEADS,
-                    BLOCK_DV,
-                )
-                c_acc = tl.load(
-                    p_part + (o_part[:, None] + o_dc[None, :]),
-                    mask=m_row[:, None] & m_dc[None, :],
-                    other=0.0,
-                )
+                p_part, o_part = partial_rows(partials, n_rows, c_lo // KEY_CHUNK,
+                                              bos_q + m_start, i_hk * group, o_t, o_g,
+                                              n_heads_q, HEADS, BLOCK_DV)
+                c_acc = tl.load(p_part + (o_part[:, None] + o_dc[None, :]),
+                                mask=m_row[:, None] & m_dc[None, :], other=0.0)
                 c_m = tl.load(p_part + (o_part + BLOCK_DV), mask=m_row, other=float("-inf"))
                 c_l = tl.load(p_part + (o_part + BLOCK_DV + 1), mask=m_row, other=0.0)
                 b_acc, b_m, b_l = merge_partial(b_acc, b_m, b_l, c_acc, c_m, c_l)
             b_out, b_lse = finish_rows(b_acc, b_m, b_l, b_sink, HAS_SINK)
         else:
             b_out, b_lse = forward_tile(  # [BLOCK_M, BLOCK_DC], [BLOCK_M]
-                b_q,
-                src_k,
-                src_v,
-                stride_kt,
-                stride_vt,
-                o_q,
-                o_d,
-                m_d,
-                o_dc,
-                m_dc,
-                c_v,
-                seqlen_k,
-                diag,
-                scale_log2,
-                n_lo,
-                n_full,
-                n_hi,
-                KeyLoop(
-                    BLOCK_M,
-                    BLOCK_N,
-                    CAUSAL,
-                    SPLIT_P,
-                    INTERPRET,
-                    False,
-                    FEATURES,
-                    PAGE_SIZE,
-                    REPAIR,
-                    PAGE_BLOCK,
-                    KEY_CHUNK,
-                ),
-                BLOCK_DC,
-                p_pages,
-                stride_kp,
-                stride_vp,
-                b_sink,
-                HAS_SINK,
+                b_q, src_k, src_v, stride_kt, stride_vt,
+                o_q, o_d, m_d, o_dc, m_dc, c_v, seqlen_k, diag, scale_log2, n_lo, n_full, n_hi,
+                KeyLoop(BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, INTERPRET, False, FEATURES,
+                        PAGE_SIZE, REPAIR, PAGE_BLOCK, KEY_CHUNK),
+                BLOCK_DC, p_pages, stride_kp, stride_vp, b_sink, HAS_SINK,
             )
 
         o_rows = (bos_q + o_q.to(tl.int64))[:, None]
@@ -320,18 +211,8 @@ def attn_decode_kernel(
 
 
 @triton.jit
-def partial_rows(
-    partials,
-    n_rows,
-    i_c,
-    first_row,
-    first_head,
-    o_t,
-    o_g,
-    n_heads_q,
-    HEADS: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-):
+def partial_rows(partials, n_rows, i_c, first_row, first_head, o_t, o_g, n_heads_q,
+                 HEADS: tl.constexpr, BLOCK_DV: tl.constexpr):
     """The records of a tile's rows in chunk slot ``i_c`` of the split decode's workspace
     (float32 [slots, n_rows, Hq, BLOCK_DV + 4]: the chunk's acc in the first columns, its m and
     l at ``BLOCK_DV`` and ``BLOCK_DV + 1``; ``n_rows`` = the pack's query rows,
@@ -393,9 +274,8 @@ def split_slots(problem: VarlenProblem) -> int:
     return slots
 
 
-def plan_decode(
-    problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table, sinks=None
-) -> tuple[tuple[KernelLaunch, ...], torch.Tensor | None]:
+def plan_decode(problem: VarlenProblem, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                block_table, sinks=None) -> tuple[tuple[KernelLaunch, ...], torch.Tensor | None]:
     """The decode's launches writing ``out`` / ``lse`` (see ``forward.plan_forward``), and the
     workspace of its partials: one launch, or where :func:`split_slots` splits it the chunks'
     partials then their combine (design §3.1); then, where the problem has unseen keys, the
@@ -423,30 +303,11 @@ def plan_decode(
         stride_vp, stride_vt, stride_vh = 0, v.stride(0), v.stride(1)
         table, stride_bt = cu_seqlens_k, 0  # not read
     args = (
-        q,
-        k,
-        v,
-        out,
-        lse,
-        table,
-        partials,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        q.stride(0),
-        q.stride(1),
-        stride_kp,
-        stride_kt,
-        stride_kh,
-        stride_vp,
-        stride_vt,
-        stride_vh,
-        out.stride(0),
-        out.stride(1),
-        stride_bt,
-        p.batch,
-        p.n_heads_q,
-        p.group,
-        p.scale_log2,
+        q, k, v, out, lse, table, partials,
+        cu_seqlens_q, cu_seqlens_k,
+        q.stride(0), q.stride(1), stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
+        stride_vh, out.stride(0), out.stride(1), stride_bt,
+        p.batch, p.n_heads_q, p.group, p.scale_log2,
     )
     stages = ("decode_split", "decode_combine") if slots else ("decode",)
     stages += ("decode_repair",) * p.has_unseen_keys
@@ -461,11 +322,8 @@ def plan_decode(
         if static is None:  # the grid and compile-time parameters: the problem's alone
             static = p.memo[key] = _decode_static(p, p.page_size, sinks is not None, stage, slots)
         grid, params = static
-        launches.append(
-            KernelLaunch(
-                stage, attn_decode_kernel, grid, args, dict(params, sinks=sinks), tma=False
-            )
-        )
+        launches.append(KernelLaunch(stage, attn_decode_kernel, grid, args,
+                                     dict(params, sinks=sinks), tma=False))
     return tuple(launches), partials
 
 
@@ -524,14 +382,12 @@ def _gluon_launch(stage: str, p: VarlenProblem, q, k, v, out, lse, cu_seqlens_q,
     grid, params, reads = static
     args = decode_ws.decode_ws_args(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table,
                                     p.batch, p.group, p.scale_log2, partials)  # fmt: skip
-    return KernelLaunch(
-        stage, decode_ws.attn_decode_ws_kernel, grid, args, params, descriptors=reads
-    )
+    return KernelLaunch(stage, decode_ws.attn_decode_ws_kernel, grid, args, params,
+                        descriptors=reads)
 
 
-def _decode_static(
-    p: VarlenProblem, page_size: int, has_sink: bool, stage: str = "decode", slots: int = 0
-) -> tuple[tuple, dict]:
+def _decode_static(p: VarlenProblem, page_size: int, has_sink: bool, stage: str = "decode",
+                   slots: int = 0) -> tuple[tuple, dict]:
     """A decode launch's grid and its compile-time parameters but ``sinks`` (a tensor):
     ``stage`` decode (the whole key loop), decode_split (``slots`` chunks' partials),
     decode_combine (their merge) or decode_repair (design §3.2)."""
@@ -541,22 +397,11 @@ def _decode_static(
     heads = heads_per_tile(p)
     grid = _decode_grid(p, tiles)
     params = dict(
-        HEAD_DIM=p.head_dim,
-        BLOCK_D=p.block_d,
-        **p.value_flags(),
-        BLOCK_M=tiles.block_m,
-        BLOCK_N=tiles.block_n,
-        HEADS=heads,
-        PAGE_SIZE=page_size,
+        HEAD_DIM=p.head_dim, BLOCK_D=p.block_d, **p.value_flags(),
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HEADS=heads, PAGE_SIZE=page_size,
         PAGE_BLOCK=page_block_tiles(cfg.page_block, page_size),
-        CAUSAL=p.causal,
-        SPLIT_P=p.split_p,
-        INTERPRET=p.interpret,
-        D_CHUNKS=cfg.fwd_chunks,
-        **p.feature_flags(),
-        HAS_SINK=has_sink,
-        **tiles.launch_kwargs(),
-        **p.chunk_flags(),
+        CAUSAL=p.causal, SPLIT_P=p.split_p, INTERPRET=p.interpret, D_CHUNKS=cfg.fwd_chunks,
+        **p.feature_flags(), HAS_SINK=has_sink, **tiles.launch_kwargs(), **p.chunk_flags(),
     )
     if repair:
         params.update(REPAIR=p.cfg.repair_products)
