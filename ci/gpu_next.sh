@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Session 51 (30 device-minutes; check `status` first: refused starts cost 90-180 s each):
-# 1. On an H200 (carry .fa4; name kind nvidia-h200 and look at the reply's `cards`):
-#    `bash ci/gpu_next.sh s50` (~8 min): golden verify of sm90, then, where the card is an H200,
-#    the decode benchmark (docs/bench-decode-h200.* is still session 46's Triton decode; issue
-#    37 asks its table from one H200 run, now with the Gluon decode and the Gluon split), the
-#    eager host time, and the decode/rollout/replay GPU tests in the time left. On an H100 it
-#    runs only the verify and the tests (session 50 re-recorded docs/bench-decode-h100.*).
-# 2. `bash ci/gpu_next.sh d64ab` (~7 min; make .old244 first, see the part): main's d64
-#    training steps against session 43's tree and with the kept maps off, alternating, two
-#    rounds, then the d64 kernels alone (perf-notes row 125; limit 590).
-# 3. The GPU suite in two halves after the Gluon split's machine-code change
-#    (`bash ci/gpu_next.sh odd` / `even`; run -n 12: test_gpu.py's int32-offset and d256 cases
-#    ran out of memory under 14 workers in session 50 and passed alone).
+# Session 52 (30 device-minutes; check `status` first: refused starts cost 90-180 s each, and
+# session 51 lost 991 device-s to eight of them):
+# 1. `bash ci/gpu_next.sh swap_ship` (~6 min): the swapped Gluon decode on
+#    (ci/patches/swap_decode_on.diff), golden refresh of sm90 (expect same bits), decode GPU
+#    tests; then, in a call of its own, `python3 -m portattn golden verify --family sm90`;
+#    then commit the patch with the refreshed golden/sm90.json ($OUT/sm90.json).
+# 2. On an H200 (carry .fa4): `bash ci/gpu_next.sh s50` (~8 min): verify, the H200 decode
+#    table (docs/bench-decode-h200.* is still session 46's Triton decode), the eager host
+#    time, the decode/rollout/replay tests. On an H100 it runs the verify and tests only.
+# 3. The GPU suite in two halves (`bash ci/gpu_next.sh odd` / `even`, -n 12).
+# Session 51 ran (H100, one cold start after eight refused ones): `bash ci/gpu_next.sh swap`
+# (the swapped decode: bits equal on every row, 33 tests passed; +10-12% B1, +3-5% B8 and
+# GQA 8/1: perf-notes row 127), `bash ci/gpu_next.sh d64ab` (no d64 regression since 244bb29:
+# row 128), then tests/test_decode_ws.py tests/test_kvcache.py (133 passed) and golden verify
+# of sm90 (32/32).
 # Session 50 ran (H100 both times; one refused start): `bash ci/gpu_decode_ws.sh split_ship`
 # (the Gluon split on: refresh same bits on 13 d128 cases), `bash ci/gpu_next.sh llama` (the
 # "second sync" was the sync-debug prototype warning), `bash ci/gpu_decode_ws.sh bench`
@@ -235,7 +237,7 @@
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|d64ab|swap|odd|even}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|d64ab|swap|swap_ship|odd|even}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -376,6 +378,28 @@ elif [ "$PART" = swap ]; then
   step swap_tests 150 python3 -m pytest tests/test_decode_ws.py -k swapped -n 8 \
     -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
   tail -n 4 "$OUT/swap_tests.log"
+elif [ "$PART" = swap_ship ]; then
+  # session 52's first call (perf-notes row 127): decode.SWAP_DECODE on
+  # (ci/patches/swap_decode_on.diff: the switch and golden/sm90.json's keys and fingerprints
+  # with it, 3.6 and 3.9; applied on the device unless in the tree), golden refresh of sm90
+  # (expect "same bits" on the varlen d128 decode cases; copied to $OUT), the decode paths'
+  # GPU tests. Verify in a call of its own after (`python3 -m portattn golden verify --family
+  # sm90`), then commit the patch with $OUT/sm90.json
+  patch=ci/patches/swap_decode_on.diff
+  if git apply --check "$patch" 2>/dev/null; then
+    git apply "$patch" && echo "SWAP_DECODE on (patched on the device)"
+  elif git apply -R --check "$patch" 2>/dev/null; then
+    echo "SWAP_DECODE on (in the tree)"
+  else
+    echo "$patch applies neither way"; exit 2
+  fi
+  step refresh 300 python3 -m ci.golden_dev refresh --family sm90
+  cp golden/sm90.json "$OUT/"
+  grep -vE "^\[" "$OUT/refresh.log" | tail -n 20
+  step tests 200 python3 -m pytest tests/test_decode_ws.py tests/test_kvcache.py \
+    tests/test_key_chunk.py tests/test_cuda_graphs.py tests/test_kvcache_replay.py -n 12 \
+    -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
+  tail -n 4 "$OUT/tests.log"
 elif [ "$PART" = llama ]; then
   step llama_prof 240 python3 ci/llama_decode_profile.py
   head -n 4 "$OUT/llama_prof.log"
