@@ -24,7 +24,7 @@ and tests/test_decode_ws.py, bitwise against the decode planned without it).
 Scope: varlen only. Split-P (fixed_order: two products of P a tile) built this way made ptxas
 (Triton 3.6's) crash with SIGSEGV at some ring depths (d64 with 4 slots, d128 with 2 or 3), so
 it is left out; the kernel asserts it. Off in every entry: ``plan_decode_ws(..., swap=True)``
-launches it directly (session 51; no GPU measurement yet).
+launches it directly (session 51; H100: perf-notes row 127).
 """
 
 from __future__ import annotations
