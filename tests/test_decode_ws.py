@@ -204,3 +204,23 @@ def test_swapped_decode_as_planned(monkeypatch, page, rows, split):
     plan.forget_problems()
     assert chosen and all(chosen)
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
+@pytest.mark.parametrize(
+    ("kernel", "hq", "rows", "swaps"),
+    [("varlen", 32, 1, True), ("varlen", 32, 4, True), ("varlen", 32, 5, False),
+     ("varlen", 128, 1, True), ("varlen", 256, 1, False), ("fixed_order", 32, 1, False)],
+)  # fmt: skip
+def test_swapped_decode_rule(monkeypatch, kernel, hq, rows, swaps):
+    """``decode.swapped_decode``: with ``SWAP_DECODE`` on, varlen only, and a sequence's rows
+    (its GQA group times its positions; 8 kv heads here) within one 16-row tile; off, never."""
+    from portattn.options import AttentionOptions
+
+    q = torch.randn(2 * rows, hq, 128, dtype=torch.bfloat16)
+    k = torch.randn(64, 8, 128, dtype=torch.bfloat16)
+    cu_q = torch.tensor([0, rows, 2 * rows], dtype=torch.int32)
+    problem = plan.plan_problem(q, k, cu_q, rows, 32, AttentionOptions(True, 0.125, kernel))
+    monkeypatch.setattr(decode, "SWAP_DECODE", False)
+    assert not decode.swapped_decode(problem)
+    monkeypatch.setattr(decode, "SWAP_DECODE", True)
+    assert decode.swapped_decode(problem) is swaps
