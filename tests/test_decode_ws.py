@@ -109,12 +109,15 @@ def _on_sm90() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize(("kernel", "swap"), [
+    ("varlen", False), ("fixed_order", False), pytest.param("varlen", True, id="varlen-swapped"),
+])  # fmt: skip
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("page", [0, 16, 64, 256])
 @pytest.mark.parametrize("rows", [1, 4])
-def test_gives_the_triton_decode_bits(monkeypatch, kernel, head_dim, page, rows):
-    """Launched directly, against the decode planned without it (``attn_decode_kernel``)."""
+def test_gives_the_triton_decode_bits(monkeypatch, kernel, swap, head_dim, page, rows):
+    """Launched directly, against the decode planned without it (``attn_decode_kernel``);
+    ``swap``: its swapped consumer (``decode_swap.py``, 16-row tiles, varlen only)."""
     _on_sm90()
     q, k, v, cu_q, cu_k, table, lens = _case(head_dim, page, rows)
     with monkeypatch.context() as mp:
@@ -126,31 +129,7 @@ def test_gives_the_triton_decode_bits(monkeypatch, kernel, head_dim, page, rows)
     lse = torch.full(q.shape[:2], float("nan"), device="cuda")
     block_n, slots = variants(kernel, head_dim)
     launch = plan_decode_ws(q, k, v, out, lse, cu_q, cu_k, rows, table, head_dim**-0.5, True,
-                            kernel == "fixed_order", block_n, slots[-1])  # fmt: skip
-    launch_decode_ws(launch)
-    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("page", [0, 16, 64, 256])
-@pytest.mark.parametrize("rows", [1, 4])
-def test_swapped_gives_the_triton_decode_bits(monkeypatch, head_dim, page, rows):
-    """The swapped consumer (``decode_swap.py``, 16-row tiles, varlen) launched directly,
-    against the decode planned without the Gluon kernel."""
-    kernel = "varlen"
-    _on_sm90()
-    q, k, v, cu_q, cu_k, table, lens = _case(head_dim, page, rows)
-    with monkeypatch.context() as mp:
-        mp.setattr(decode, "gluon_decode_applies", lambda *args, **kw: False)
-        plan.forget_problems()
-        ref, ref_lse = _decoded(q, k, v, cu_q, cu_k, table, lens, rows, kernel)
-    plan.forget_problems()
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
-    block_n, slots = variants(kernel, head_dim)
-    launch = plan_decode_ws(q, k, v, out, lse, cu_q, cu_k, rows, table, head_dim**-0.5, True,
-                            kernel == "fixed_order", block_n, slots[-1], swap=True)  # fmt: skip
+                            kernel == "fixed_order", block_n, slots[-1], swap=swap)  # fmt: skip
     launch_decode_ws(launch)
     assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
 

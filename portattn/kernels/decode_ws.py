@@ -102,6 +102,12 @@ class _Decode(NamedTuple):
 
 
 @gluon.jit
+def _consumer(consume: gl.constexpr, st, cfg):
+    """The consumer partition: ``consume`` (``_consume``, or ``SWAP``'s ``consume_swapped``)."""
+    consume(st, cfg)
+
+
+@gluon.jit
 def _consume(st, cfg):
     """The consumer warp group: the key loop (``forward_ws.all_keys``), then the rows' out and
     lse (or a split program's partial) by pointer stores."""
@@ -245,24 +251,14 @@ def attn_decode_ws_kernel(
         scale_log2=scale_log2, k_desc=k, v_desc=v, bos_k=bos_k, pages=pages, keys=keys,
         key_off=key_off, partials=partials, n_rows=n_rows, i_c=i_c, p_smem=p_smem)
     # The Config built in the calls: assigned to a local, its constexprs would become tensors.
-    if SWAP:
-        gl.warp_specialize([
-            (consume_swapped, (program, ws.Config(HEAD_DIM, TILE_ROWS, BLOCK_N, CAUSAL, SPLIT_P,
-                                                  STAGES, KEY_CHUNK=KEY_CHUNK, HEADS=HEADS,
-                                                  PAGE_SIZE=PAGE_SIZE))),
-            (_produce, (program, ws.Config(HEAD_DIM, TILE_ROWS, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
-                                           KEY_CHUNK=KEY_CHUNK, HEADS=HEADS,
-                                           PAGE_SIZE=PAGE_SIZE))),
-        ], [1], [PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consume, (program, ws.Config(HEAD_DIM, TILE_ROWS, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
-                                           KEY_CHUNK=KEY_CHUNK, HEADS=HEADS,
-                                           PAGE_SIZE=PAGE_SIZE))),
-            (_produce, (program, ws.Config(HEAD_DIM, TILE_ROWS, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
-                                           KEY_CHUNK=KEY_CHUNK, HEADS=HEADS,
-                                           PAGE_SIZE=PAGE_SIZE))),
-        ], [1], [PRODUCER_REGS])
+    consume: gl.constexpr = consume_swapped if SWAP else _consume
+    gl.warp_specialize([
+        (_consumer, (consume, program, ws.Config(HEAD_DIM, TILE_ROWS, BLOCK_N, CAUSAL, SPLIT_P,
+                                                 STAGES, KEY_CHUNK=KEY_CHUNK, HEADS=HEADS,
+                                                 PAGE_SIZE=PAGE_SIZE))),
+        (_produce, (program, ws.Config(HEAD_DIM, TILE_ROWS, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
+                                       KEY_CHUNK=KEY_CHUNK, HEADS=HEADS, PAGE_SIZE=PAGE_SIZE))),
+    ], [1], [PRODUCER_REGS])
 
 
 def decode_ws_supports(tiles: Tiles, head_dim: int) -> bool:
