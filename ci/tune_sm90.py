@@ -203,6 +203,19 @@ ROUNDS: dict[str, list[tuple[str, int, dict]]] = {
         ("varlen", 64, dict(fwd=(128, 64, 8, 2), fwd_ws=True)),
         ("varlen", 64, dict(fwd=(128, 128, 8, 3))),
     ],
+    # FA4's d64 forward shape itself (perf-notes row 129): 192 query rows in three consumer
+    # groups of 160 registers (row 65's two groups lost to the table's one-group Triton
+    # tiles). 64-key tiles keep the table's bits; 128-key ones give row 65's (128, 128)
+    # Gluon bits (the bits column tells).
+    "d64-three-groups": [
+        ("varlen", 64, {}),
+        ("varlen", 64, dict(fwd=(192, 64, 12, 3), fwd_ws=True)),
+        ("varlen", 64, dict(fwd=(192, 64, 12, 4), fwd_ws=True)),
+        ("varlen", 64, dict(fwd=(192, 128, 12, 2), fwd_ws=True)),
+        ("varlen", 64, dict(fwd=(192, 128, 12, 3), fwd_ws=True)),
+        ("varlen", 64, dict(fwd=(128, 128, 8, 3), fwd_ws=True)),
+        ("varlen", 64, dict(fwd=(64, 128, 4, 3))),
+    ],
     # d64, where the gap to FA4 deterministic is widest (perf-notes row 69: 0.73-0.74x of its
     # forward+backward): dK/dV (warp-specialised, 128 keys) at other query tiles and ring
     # depths, dQ tiles; then the table again for the spread. Session 24, not run yet; check
@@ -293,7 +306,7 @@ ROUNDS: dict[str, list[tuple[str, int, dict]]] = {
 }
 FORWARD_ONLY = {"row35-forward", "row40-forward", "row48-forward", "row51-forward"}
 FORWARD_ONLY |= {"fa4-d64-forward", "d64-forward", "row99-d64", "d64-forward-host"}
-FORWARD_ONLY |= {"fixed-order-ws"}
+FORWARD_ONLY |= {"fixed-order-ws", "d64-three-groups"}
 LATEST = "d64-backward"
 
 TABLE = dict(configs.config_table())  # the committed table, before any override
@@ -302,31 +315,42 @@ TABLE = dict(configs.config_table())  # the committed table, before any override
 def variant_config(kernel: str, head_dim: int, overrides: dict) -> configs.KernelConfig:
     """The committed sm90 bf16 entry with ``overrides`` (each variant starts from the table)."""
     base = TABLE[("sm90", kernel, head_dim, torch.bfloat16)]
-    fields = {
-        k: Tiles(*v) if isinstance(v, tuple) and k != "tma" else v for k, v in overrides.items()
+    fields = {  # tiles as tuples (lists from JSON)
+        k: Tiles(*v) if isinstance(v, (tuple, list)) and k != "tma" else v
+        for k, v in overrides.items()
     }
     return dataclasses.replace(base, **fields)
 
 
-def compile_round(variants: list[tuple[str, int, dict]]) -> int:
-    """``--compile``: each variant's kernels compiled for sm90 (``python -m portattn compile``'s
-    checks: shared memory, spills, wgmma); prints one line per kernel that fails or spills and
-    one per variant. Exit 1 if a variant fails."""
+def variant_problems(kernel: str, head_dim: int, overrides: dict) -> list[str]:
+    """A variant's compile check for sm90 (``python -m portattn compile``'s: shared memory,
+    spills, wgmma): one line per kernel that fails or spills, none if all pass. Arguments and
+    result are JSON, so tests run it through ``ci.golden_dev.keys.in_compiler_process``."""
     from portattn.tools.compile_launches import Entry
     from portattn.tools.compilecheck import check_entry
 
+    cfg = variant_config(kernel, head_dim, overrides)
+    results = check_entry(Entry("sm90", kernel, head_dim, "bf16"), cfg=cfg)
+    if not results:
+        return ["nothing compiled"]
+    return [
+        f"{r.stage}: regs {r.regs} spills {r.spills} shared {r.shared} {'; '.join(r.failures)}"
+        for r in results
+        if not r.ok or r.spills
+    ]
+
+
+def compile_round(variants: list[tuple[str, int, dict]]) -> int:
+    """``--compile``: each variant's kernels compiled for sm90 (``variant_problems``); prints
+    one line per kernel that fails or spills and one per variant. Exit 1 if a variant fails or
+    spills."""
     failed = 0
     for kernel, head_dim, overrides in variants:
-        cfg = variant_config(kernel, head_dim, overrides)
-        results = check_entry(Entry("sm90", kernel, head_dim, "bf16"), cfg=cfg)
-        bad = [r for r in results if not r.ok or r.spills]
-        failed += any(not r.ok for r in results)
-        for r in bad:
-            print(
-                f"  {r.stage}: regs {r.regs} spills {r.spills} shared {r.shared} "
-                f"{'; '.join(r.failures)}"
-            )
-        state = "ok" if all(r.ok for r in results) else "FAIL"
+        problems = variant_problems(kernel, head_dim, overrides)
+        for line in problems:
+            print(f"  {line}")
+        failed += bool(problems)
+        state = "FAIL" if problems else "ok"
         print(f"{kernel} d{head_dim} {overrides or 'table'}: {state}", flush=True)
     return 1 if failed else 0
 

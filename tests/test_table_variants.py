@@ -233,13 +233,47 @@ def test_fwd_ws_same_bits_as_triton_gpu(kernel, head_dim, causal, dtype, overrid
     _assert_ws_same_bits_as_triton(p, kernel, causal, override_entry, "fwd_ws", fields)
 
 
-def test_fwd_ws_falls_back_under_interpreter_cpu(override_entry):
+@_ws_gpu_matrix
+@pytest.mark.parametrize("tiles", [(192, 64, 12, 3), (192, 128, 12, 2)])
+def test_fwd_ws_three_groups_same_bits_as_triton_gpu(tiles, causal, dtype, override_entry):
+    """The d64 forward in three consumer groups of 64 rows (192-row tiles, FlashAttention-3/4's
+    d64 shape) gives the bits of the Triton forward at one group's tiles
+    (``KernelConfig.triton_fwd_tiles``: 64 rows, 4 warps, the same key tiles)."""
+    if _gpu_family() != "sm90":
+        pytest.skip("the warp-specialised forward is a Hopper kernel")
+    p = make_pack(WS_LENS_Q[:8], WS_LENS_K[:8], 8, 2, 64, dtype, seed=98)
+    fields = dict(fwd=configs.Tiles(*tiles), tma=configs.TMA_KERNELS)
+    _assert_ws_same_bits_as_triton(p, "varlen", causal, override_entry, "fwd_ws", fields)
+
+
+def test_three_group_tiles_cpu():
+    """192-row forward tiles are the Gluon forward's three groups, at d64 only; the Triton
+    forward (its fallback, the repair pass) and the decode run one group's 64 rows in 4 warps
+    at the same key tiles, and every stage compiles for sm90 without spills."""
+    from ci.golden_dev.keys import in_compiler_process
+    from ci.tune_sm90 import variant_problems
+
+    tiles = configs.Tiles(192, 64, 12, 3)
+    assert ws_supports(tiles, 64) and not ws_supports(tiles, 128)
+    assert not ws_supports(configs.Tiles(192, 64, 8, 3), 64)
+    base = configs.get_config("sm90", "varlen", 64, torch.bfloat16)
+    cfg = dataclasses.replace(base, fwd=tiles, fwd_ws=True)
+    assert cfg.triton_fwd_tiles() == configs.Tiles(64, 64, 4, 3)
+    assert cfg.decode_tiles() == configs.Tiles(64, 64, 4, 3)
+    assert base.triton_fwd_tiles() == base.fwd
+    # (192, 128) tiles compile without spills under Triton 3.6, not 3.9 (632 B): not checked
+    overrides = {"fwd": [192, 64, 12, 3], "fwd_ws": True}
+    assert in_compiler_process(variant_problems, "varlen", 64, overrides) == []
+
+
+@pytest.mark.parametrize("tiles", [(128, 64, 8, 2), (192, 64, 12, 2)])
+def test_fwd_ws_falls_back_under_interpreter_cpu(override_entry, tiles):
     """Gluon has no CPU interpreter: an entry with ``fwd_ws`` (and tiles the kernel supports)
     runs the Triton forward there, with the bits of the entry without it."""
     if HAS_GPU:
         pytest.skip("interpreter run; the GPU runs the test above")
     p = make_pack([0, 17, 63, 130], [9, 40, 50, 130], 4, 2, 64, torch.float16, seed=93)
-    tiles = configs.Tiles(128, 64, 8, 2)
+    tiles = configs.Tiles(*tiles)
     assert ws_supports(tiles, 64)
     override_entry("varlen", 64, torch.float16, fwd=tiles, tma=configs.TMA_KERNELS)
     plain = run_kernel(p, "varlen", causal=True)

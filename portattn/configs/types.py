@@ -180,6 +180,16 @@ class KernelConfig:
             return self.bwd_dv
         return self.bwd_dkdv
 
+    def triton_fwd_tiles(self) -> Tiles:
+        """Tiles of the Triton forward (``attn_fwd_kernel``: where the Gluon one does not
+        apply, and the repair pass): the forward's, but where those are the Gluon forward's
+        three groups (192 rows, 12 warps; ``triton.language.arange`` needs a power of two) one
+        group's 64 rows in 4 warps: the same key tiles and wgmma, so the same bits."""
+        fwd = self.fwd
+        if fwd.block_m == 192:
+            return dataclasses.replace(fwd, block_m=64, num_warps=4)
+        return fwd
+
     def decode_tiles(self) -> Tiles:
         """Tiles of the decode kernel (``kernels/decode.py``), derived from the forward's, so the
         content hash covers them: the same key tile (a row's bits depend on its key tiles), at
@@ -190,7 +200,7 @@ class KernelConfig:
             return self.decode
         derived = self.__dict__.get("_decode_tiles")  # made once per entry (planning reads it
         if derived is None:  # several times a call); not a field: no hash or equality sees it
-            fwd = self.fwd
+            fwd = self.triton_fwd_tiles()
             derived = dataclasses.replace(fwd, block_m=min(fwd.block_m, 64))
             object.__setattr__(self, "_decode_tiles", derived)
         return derived

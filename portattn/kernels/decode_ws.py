@@ -28,7 +28,7 @@ layout), which its combine (``SPLIT`` 2) merges: the consumer runs the chunk's t
 loop of their own (key positions, ``seqlen_k``, ``diag`` and ``t_full`` counted from the chunk's
 first key, which moves no mask), the producer copies them at their own positions.
 
-Scope (the rest runs ``decode.py``): no window, softcap or sinks, no chunk merge in the key
+Scope (the rest runs ``decode.py``): no window, score cap or sinks, no chunk merge in the key
 loop, no repair pass, whole GQA groups of at most 64 heads, head dims 64 and 128, pages of at
 least 8 rows that divide the key tile or that it divides. The planner runs it where the entry
 sets ``decode_ws`` and the call is in this scope (``decode.gluon_decode_applies``): the sm90

@@ -315,15 +315,18 @@ def _forward_static(p: VarlenProblem, store_o32: bool, tma: bool, has_sink: bool
     (``KernelLaunch.descriptors``); ``repair``: those of its repair pass (design §3.2), the
     Triton kernel of the same key tiles (``plan.repair_tiles``)."""
     cfg = p.cfg
-    tiles = repair_tiles(cfg.fwd) if repair else cfg.fwd
+    gluon = not repair and use_warp_specialized(p, tma)
+    tiles = cfg.fwd if gluon else cfg.triton_fwd_tiles()
+    if repair:
+        tiles = repair_tiles(tiles)
     # A repair program covers every head of its query tile (attn_fwd_kernel's REPAIR).
     heads = 1 if repair else p.n_heads_q
     grid = (triton.cdiv(p.grid_rows_q, tiles.block_m) * p.batch, heads, cfg.fwd_chunks)
     flags = dict(HEAD_DIM=p.head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                  CAUSAL=p.causal, SPLIT_P=p.split_p, STORE_O32=store_o32)
-    if not repair and use_warp_specialized(p, tma):
+    if gluon:
         # q, k, v and out as ragged descriptors, Q and out by the consumer groups' tiles
-        group_rows = tiles.block_m // 2
+        group_rows = 64  # forward_ws's consumer groups: two or three of 64 rows
         reads = ragged_arguments(attn_fwd_ws_kernel, q=group_rows, k=tiles.block_n,
                                  v=tiles.block_n, o=group_rows)  # fmt: skip
         return grid, True, dict(flags, STAGES=tiles.num_stages, **ws_launch_options(tiles),

@@ -68,15 +68,17 @@ from portattn.kernels.row_state import merge_partial, normalize_rows
 
 def ws_supports(tiles: Tiles, head_dim: int) -> bool:
     """Tiles and head dims this kernel is written for (the table test checks every entry that
-    selects it): 128 query rows in two groups (``ws.two_groups_fit``), 64 or 128 keys."""
-    return ws.two_groups_fit(tiles.block_m, tiles, head_dim) and tiles.block_n in (64, 128)
+    selects it): 128 query rows in two groups (``ws.two_groups_fit``), or at d64 192 rows in
+    three (FlashAttention-3/4's d64 shape, 160 registers a consumer thread), 64 or 128 keys."""
+    groups = 3 if head_dim == 64 and tiles.block_m == 3 * ws.GROUP_ROWS.value else 2
+    return ws.groups_fit(groups, tiles.block_m, tiles, head_dim) and tiles.block_n in (64, 128)
 
 
 class _Program(NamedTuple):
     """The runtime state of one forward program (a 128-row query tile of one head), which
     every partition reads by name (``ws.specialize``); its constexprs are a ``ws.Config``."""
 
-    # Shared memory: both groups' Q tiles [2, 64, HEAD_DIM], the K and V rings [STAGES,
+    # Shared memory: the groups' Q tiles [GROUPS, 64, HEAD_DIM], the K and V rings [STAGES,
     # BLOCK_N, HEAD_DIM]; the mbarriers of Q (one per group), of the ring's fills and frees.
     q_smem: gl.shared_memory_descriptor
     k_ring: gl.shared_memory_descriptor
@@ -346,9 +348,9 @@ def _consume(GROUP: gl.constexpr, st, cfg):
 
 @gluon.jit
 def _producer(st, cfg):
-    """One warp: both groups' Q tiles, then K and V tiles into the ring as slots free up."""
+    """One warp: the groups' Q tiles, then K and V tiles into the ring as slots free up."""
     STAGES: gl.constexpr = cfg.STAGES
-    for group in gl.static_range(2):
+    for group in gl.static_range(cfg.BLOCK_M // ws.GROUP_ROWS):
         mbarrier.expect(st.q_bars.index(group), st.q_desc.block_type.nbytes)
         ws.ragged_load(st.q_desc, st.bos_q, st.seqlen_q, st.m_tile + group * ws.GROUP_ROWS,
                        st.i_h, st.q_bars.index(group), st.q_smem.index(group))
@@ -380,11 +382,13 @@ def attn_fwd_ws_kernel(
     KEY_CHUNK: gl.constexpr = 0,
 ):
     """One program per (query tile of one sequence, query head), as ``attn_fwd_kernel``;
-    ``BLOCK_M`` = 128 (two consumer groups of 64 rows), ``STAGES`` K/V ring slots;
+    ``BLOCK_M`` = 128 or 192 (two or three consumer groups of 64 rows), ``STAGES`` K/V ring
+    slots;
     ``KEY_CHUNK``: the key chunk (design §3.1), each chunk's tiles from the empty state merged
     into a running state in order, as ``primitives.forward_tile``'s (its accumulator parked in
     ``o32``'s rows between merges)."""
-    gl.static_assert(BLOCK_M == 2 * ws.GROUP_ROWS)
+    GROUPS: gl.constexpr = BLOCK_M // ws.GROUP_ROWS
+    gl.static_assert((GROUPS == 2 or GROUPS == 3) and BLOCK_M == GROUPS * ws.GROUP_ROWS)
     i_b, i_h, i_hk, bos_q, seqlen_q, bos_k, seqlen_k, m_tile = query_tile(
         cu_seqlens_q, cu_seqlens_k, batch, group, BLOCK_M, CAUSAL)
     if m_tile >= seqlen_q:
@@ -394,13 +398,14 @@ def attn_fwd_ws_kernel(
 
     # q, k, v: ragged host descriptors (``descriptors.py``); a Q tile per group.
     dtype: gl.constexpr = q.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [2, ws.GROUP_ROWS, HEAD_DIM], ws.SWIZZLED_128B)
+    q_smem = gl.allocate_shared_memory(dtype, [GROUPS, ws.GROUP_ROWS, HEAD_DIM],
+                                       ws.SWIZZLED_128B)
     k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], ws.SWIZZLED_128B)
     v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], ws.SWIZZLED_128B)
-    q_bars = ws.barriers(2, 1)
+    q_bars = ws.barriers(GROUPS, 1)
     k_bars = ws.barriers(STAGES, 1)
     v_bars = ws.barriers(STAGES, 1)
-    free_bars = ws.barriers(STAGES, 2)  # one arrival per consumer group
+    free_bars = ws.barriers(STAGES, GROUPS)  # one arrival per consumer group
     fence_async_shared()
 
     # The runtime state, assigned as the positional tuples were (``ws.specialize``).
@@ -413,4 +418,4 @@ def attn_fwd_ws_kernel(
         scale_log2=scale_log2, q_desc=q, k_desc=k, v_desc=v, bos_k=bos_k, i_hk=i_hk)
     ws.specialize(program, ws.Config(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, SPLIT_P, STAGES,
                                      STORE_O32=STORE_O32, KEY_CHUNK=KEY_CHUNK), _consume,
-                  _producer)
+                  _producer, GROUPS)

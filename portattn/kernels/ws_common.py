@@ -41,18 +41,34 @@ tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_glob
 
 GROUP_WARPS = gl.constexpr(4)  # warps per consumer warp group
 GROUP_ROWS = gl.constexpr(64)  # rows (queries, or keys in dK/dV) per group: one wgmma M
-# Registers per thread: consumers get 240 and the producer warp group 24 (FlashAttention-3's
-# split); the kernel starts with MAXNREG over its 12 warps, which covers both.
+# Registers per thread: with two consumer groups they get 240 and the producer warp group 24
+# (FlashAttention-3's split); the kernel starts with MAXNREG over its 12 warps, which covers
+# both. With three (the forward at 192 query rows, FlashAttention-3/4's d64 shape) 160 and 32
+# over 16 warps: 3 * 128 * 160 + 128 * 32 = 65,536, the SM's register file.
 CONSUMER_REGS = gl.constexpr(240)
 PRODUCER_REGS = gl.constexpr(24)
 MAXNREG = 168
+THREE_GROUP_REGS = gl.constexpr(160)
+THREE_GROUP_PRODUCER_REGS = gl.constexpr(32)
+THREE_GROUP_MAXNREG = 128
 
 
 def ws_launch_options(tiles: Tiles) -> dict[str, int]:
-    """Launch options of a warp-specialised kernel for the table's tiles (8 warps):
-    ``num_warps`` counts the default partition, one consumer group; the other group and the
-    producer warp are added by ``gl.warp_specialize``."""
-    return {"num_warps": GROUP_WARPS.value, "num_stages": tiles.num_stages, "maxnreg": MAXNREG}
+    """Launch options of a warp-specialised kernel for the table's tiles (8 warps, or 12 for
+    the forward's three groups): ``num_warps`` counts the default partition, one consumer
+    group; the other groups and the producer warp are added by ``gl.warp_specialize``."""
+    maxnreg = THREE_GROUP_MAXNREG if tiles.num_warps == 3 * GROUP_WARPS.value else MAXNREG
+    return {"num_warps": GROUP_WARPS.value, "num_stages": tiles.num_stages, "maxnreg": maxnreg}
+
+
+def groups_fit(groups: int, rows: int, tiles: Tiles, head_dim: int) -> bool:
+    """``two_groups_fit`` for ``groups`` consumer groups (2, or 3 for the forward)."""
+    return (
+        rows == groups * GROUP_ROWS.value
+        and tiles.num_warps == groups * GROUP_WARPS.value
+        and tiles.num_stages >= 2
+        and head_dim in (64, 128)
+    )
 
 
 def two_groups_fit(rows: int, tiles: Tiles, head_dim: int) -> bool:
@@ -60,12 +76,7 @@ def two_groups_fit(rows: int, tiles: Tiles, head_dim: int) -> bool:
     query or key rows) in two groups of ``GROUP_ROWS``, 8 warps in all, a ring of at least two
     slots (with one, a group would wait for the next tile before releasing the slot it needs:
     a hang), and a head dim of 64 or 128 (rows that fill 128-byte swizzled shared memory)."""
-    return (
-        rows == 2 * GROUP_ROWS.value
-        and tiles.num_warps == 2 * GROUP_WARPS.value
-        and tiles.num_stages >= 2
-        and head_dim in (64, 128)
-    )
+    return groups_fit(2, rows, tiles, head_dim)
 
 
 @gluon.constexpr_function
@@ -111,10 +122,11 @@ def _producer_warp(produce: gl.constexpr, program, cfg):
 
 
 @gluon.jit
-def specialize(program, cfg, consume: gl.constexpr, produce: gl.constexpr):
-    """Run one program as two consumer warp groups, ``consume(0, program, cfg)`` (the default
-    partition) and ``consume(1, program, cfg)``, and a producer warp, ``produce(program,
-    cfg)``; ``cfg`` is its ``Config``.
+def specialize(program, cfg, consume: gl.constexpr, produce: gl.constexpr,
+               GROUPS: gl.constexpr = 2):
+    """Run one program as ``GROUPS`` (2 or 3) consumer warp groups, ``consume(0, program,
+    cfg)`` (the default partition), ``consume(1, program, cfg)``, ..., and a producer warp,
+    ``produce(program, cfg)``; ``cfg`` is its ``Config``.
 
     ``program`` is the kernel's runtime state by name: a ``NamedTuple`` (``_Program``) of
     shared memory, barriers, descriptors, pointers and scalars, which every partition gets
@@ -123,11 +135,20 @@ def specialize(program, cfg, consume: gl.constexpr, produce: gl.constexpr):
     The kernel assigns it to a local first, as it did the positional tuples: Triton then
     turns an integer argument that the launch specialised to a constexpr (a 1: ``batch``,
     ``group``, ``stride_hm``) into a tensor, as before."""
-    gl.warp_specialize([
-        (_consumer_group, (consume, 0, program, cfg)),
-        (_consumer_group, (consume, 1, program, cfg)),
-        (_producer_warp, (produce, program, cfg)),
-    ], [GROUP_WARPS, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if GROUPS == 3:
+        gl.warp_specialize([
+            (_consumer_group, (consume, 0, program, cfg)),
+            (_consumer_group, (consume, 1, program, cfg)),
+            (_consumer_group, (consume, 2, program, cfg)),
+            (_producer_warp, (produce, program, cfg)),
+        ], [GROUP_WARPS, GROUP_WARPS, 1],
+            [THREE_GROUP_REGS, THREE_GROUP_REGS, THREE_GROUP_PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer_group, (consume, 0, program, cfg)),
+            (_consumer_group, (consume, 1, program, cfg)),
+            (_producer_warp, (produce, program, cfg)),
+        ], [GROUP_WARPS, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 @gluon.jit
