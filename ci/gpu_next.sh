@@ -237,7 +237,7 @@
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|d64ab|swap|swap_ship|odd|even}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|s52|d64ab|swap|swap_ship|odd|even}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -341,6 +341,26 @@ elif [ "$PART" = s50 ]; then
     tests/test_kvcache_replay.py tests/test_page_block.py tests/test_append.py -n 12 \
     -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
   tail -n 4 "$OUT/tests.log"
+elif [ "$PART" = s52 ]; then
+  # session 52's second call, right after swap_ship (carry .fa4): golden verify of sm90 in a
+  # call of its own, the d64 forward in three consumer groups (tune_sm90's round
+  # d64-three-groups: bits column and TF/s against the table; perf-notes row 129) and its GPU
+  # bits tests, then on an H200 the decode table and host time in the time left
+  t0=$(date +%s)
+  step verify 240 python3 -m portattn golden verify --family sm90
+  tail -n 2 "$OUT/verify.log"
+  step d64g3 200 python3 ci/tune_sm90.py --round d64-three-groups --json "$OUT/d64g3.json"
+  grep -E "^\|" "$OUT/d64g3.log"
+  step g3tests 120 python3 -m pytest tests/test_table_variants.py -k "fwd_ws" -n 8 \
+    -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
+  tail -n 3 "$OUT/g3tests.log"
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    left=$(( 560 - $(date +%s) + t0 ))
+    source .fa4/install.sh >"$OUT/fa4_install.log" 2>&1
+    step decode "$left" python3 benchmarks/bench.py --decode --docs
+    cp docs/bench-decode-* "$OUT/"
+    grep -E "^\|" "$OUT/decode.log" | head -n 22
+  fi
 elif [ "$PART" = d64ab ]; then
   # perf-notes row 125: main's d64 training steps against session 43's tree (244bb29), which
   # must be in .old244 first (here: `mkdir .old244 && git archive 244bb29 portattn benchmarks |
