@@ -237,7 +237,7 @@
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|s52|d64ab|swap|swap_ship|odd|even}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|s52|d64ab|swap|odd|even}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -398,28 +398,6 @@ elif [ "$PART" = swap ]; then
   step swap_tests 150 python3 -m pytest tests/test_decode_ws.py -k swapped -n 8 \
     -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
   tail -n 4 "$OUT/swap_tests.log"
-elif [ "$PART" = swap_ship ]; then
-  # session 52's first call (perf-notes row 127): decode.SWAP_DECODE on
-  # (ci/patches/swap_decode_on.diff: the switch and golden/sm90.json's keys and fingerprints
-  # with it, 3.6 and 3.9; applied on the device unless in the tree), golden refresh of sm90
-  # (expect "same bits" on the varlen d128 decode cases; copied to $OUT), the decode paths'
-  # GPU tests. Verify in a call of its own after (`python3 -m portattn golden verify --family
-  # sm90`), then commit the patch with $OUT/sm90.json
-  patch=ci/patches/swap_decode_on.diff
-  if git apply --check "$patch" 2>/dev/null; then
-    git apply "$patch" && echo "SWAP_DECODE on (patched on the device)"
-  elif git apply -R --check "$patch" 2>/dev/null; then
-    echo "SWAP_DECODE on (in the tree)"
-  else
-    echo "$patch applies neither way"; exit 2
-  fi
-  step refresh 300 python3 -m ci.golden_dev refresh --family sm90
-  cp golden/sm90.json "$OUT/"
-  grep -vE "^\[" "$OUT/refresh.log" | tail -n 20
-  step tests 200 python3 -m pytest tests/test_decode_ws.py tests/test_kvcache.py \
-    tests/test_key_chunk.py tests/test_cuda_graphs.py tests/test_kvcache_replay.py -n 12 \
-    -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
-  tail -n 4 "$OUT/tests.log"
 elif [ "$PART" = llama ]; then
   step llama_prof 240 python3 ci/llama_decode_profile.py
   head -n 4 "$OUT/llama_prof.log"

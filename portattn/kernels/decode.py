@@ -253,10 +253,10 @@ SPLIT_MAX_BYTES = 1 << 28
 # Off only for tests and measurements (tests/test_decode_ws.py): a split decode's partials run as
 # the Gluon kernel where the unsplit one would, the Triton split's bits (perf-notes 123-124).
 GLUON_SPLIT = True
-# Off until the GPU has checked its bits and time (session 51): the Gluon decode's swapped
-# consumer (decode_swap.py: 16-row tiles, the products swapped) where it applies
+# Off only for tests and measurements: the Gluon decode's swapped consumer (decode_swap.py:
+# 16-row tiles, the products swapped, the same bits; perf-notes row 127) where it applies
 # (:func:`swapped_decode`).
-SWAP_DECODE = False
+SWAP_DECODE = True
 
 
 def split_slots(problem: VarlenProblem) -> int:
