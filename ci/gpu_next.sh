@@ -237,7 +237,7 @@
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|s52|d64ab|swap|odd|even}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|s52|g3|d64ab|swap|odd|even}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -361,6 +361,18 @@ elif [ "$PART" = s52 ]; then
     cp docs/bench-decode-* "$OUT/"
     grep -E "^\|" "$OUT/decode.log" | head -n 22
   fi
+elif [ "$PART" = g3 ]; then
+  # the three-group d64 forward with each causal group's own key tiles: the round again and
+  # the bits tests (perf-notes row 129); first the verify of sm90 with the swapped decode on
+  # (its refresh ran in session 52's swap_ship call)
+  step verify 240 python3 -m portattn golden verify --family sm90
+  tail -n 2 "$OUT/verify.log"
+  step d64g3 200 python3 ci/tune_sm90.py --round d64-three-groups --json "$OUT/d64g3.json"
+  grep -E "^\|" "$OUT/d64g3.log"
+  step g3tests 150 python3 -m pytest tests/test_decode_ws.py \
+    tests/test_table_variants.py::test_fwd_ws_same_bits_as_triton_gpu \
+    tests/test_table_variants.py::test_fwd_ws_three_groups_same_bits_as_triton_gpu -n 8 -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
+  tail -n 3 "$OUT/g3tests.log"
 elif [ "$PART" = d64ab ]; then
   # perf-notes row 125: main's d64 training steps against session 43's tree (244bb29), which
   # must be in .old244 first (here: `mkdir .old244 && git archive 244bb29 portattn benchmarks |

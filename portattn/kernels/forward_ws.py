@@ -192,12 +192,12 @@ def last_pv(i_tile, st, cfg, b_acc, b_p, o_layout: gl.constexpr,
 
 
 @gluon.jit
-def all_keys(q_tile, st, cfg, m_start, s_layout: gl.constexpr, o_layout: gl.constexpr,
-             p_layout: gl.constexpr):
-    """The key loop without ``KEY_CHUNK`` (also the Gluon decode's): the program's
-    ``st.n_tiles`` key tiles from the empty state, each tile's P V issued with the next one's
-    Q K^T. Returns (acc, m, l) in the accumulator's layouts; a program with no tile keeps the
-    empty state (normalised to out 0, lse -inf)."""
+def all_keys(q_tile, st, cfg, m_start, n_tiles, s_layout: gl.constexpr,
+             o_layout: gl.constexpr, p_layout: gl.constexpr):
+    """The key loop without ``KEY_CHUNK`` (also the Gluon decode's): key tiles [0, n_tiles)
+    from the empty state, each tile's P V issued with the next one's Q K^T. Returns (acc, m,
+    l) in the accumulator's layouts; a group with no tile keeps the empty state (normalised to
+    out 0, lse -inf)."""
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     b_acc = gl.zeros([ws.GROUP_ROWS, cfg.HEAD_DIM], gl.float32, layout=o_layout)
     b_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -205,13 +205,13 @@ def all_keys(q_tile, st, cfg, m_start, s_layout: gl.constexpr, o_layout: gl.cons
     b_p = gl.zeros([ws.GROUP_ROWS, cfg.BLOCK_N], gl.float32, layout=s_layout)
     if not cfg.SPLIT_P:
         b_p = b_p.to(st.v_ring.dtype)
-    if st.n_tiles > 0:
+    if n_tiles > 0:
         b_p, _, b_m, b_l = first_scores(q_tile, 0, st, cfg, m_start, b_m, b_l, s_layout)
-    for i_tile in range(0, st.n_tiles - 1):
+    for i_tile in range(0, n_tiles - 1):
         b_acc, b_p, b_m, b_l = next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_m, b_l,
                                           s_layout, o_layout, p_layout)
-    if st.n_tiles > 0:
-        b_acc = last_pv(st.n_tiles - 1, st, cfg, b_acc, b_p, o_layout, p_layout)
+    if n_tiles > 0:
+        b_acc = last_pv(n_tiles - 1, st, cfg, b_acc, b_p, o_layout, p_layout)
     b_l = gl.convert_layout(b_l, row_layout)
     b_m = gl.convert_layout(b_m, row_layout)
     return b_acc, b_m, b_l
@@ -271,9 +271,10 @@ def _merge_chunk(t_lo, t_hi, c_acc, c_m, c_l, r_m, r_l, st, cfg, m_start,
 
 
 @gluon.jit
-def _chunked_keys(q_tile, st, cfg, m_start, s_layout: gl.constexpr, o_layout: gl.constexpr,
-                  p_layout: gl.constexpr):
-    """The key loop with ``KEY_CHUNK`` (design §3.1): each chunk of tiles from the empty state
+def _chunked_keys(q_tile, st, cfg, m_start, n_tiles, s_layout: gl.constexpr,
+                  o_layout: gl.constexpr, p_layout: gl.constexpr):
+    """The key loop with ``KEY_CHUNK`` (design §3.1) over key tiles [0, n_tiles): each chunk
+    of tiles from the empty state
     (``_chunk``), merged in order into the running state, whose acc is parked in o32 between
     merges (a chunk's loop holds one accumulator). The slots' pipeline drains at each chunk
     end, where the merge runs with nothing else live. Returns the merged (acc, m, l)."""
@@ -281,7 +282,7 @@ def _chunked_keys(q_tile, st, cfg, m_start, s_layout: gl.constexpr, o_layout: gl
     CHUNK_TILES: gl.constexpr = cfg.KEY_CHUNK // cfg.BLOCK_N
     r_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=row_layout)
     r_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=row_layout)
-    for t_lo in range(0, st.n_tiles - CHUNK_TILES, CHUNK_TILES):  # all chunks but the last
+    for t_lo in range(0, n_tiles - CHUNK_TILES, CHUNK_TILES):  # all chunks but the last
         t_hi = t_lo + CHUNK_TILES
         c_acc, c_m, c_l = _chunk(q_tile, t_lo, t_hi, st, cfg, m_start, s_layout, o_layout,
                                  p_layout)
@@ -289,11 +290,11 @@ def _chunked_keys(q_tile, st, cfg, m_start, s_layout: gl.constexpr, o_layout: gl
                                                        st, cfg, m_start, o_layout)
         gl.store(p_park, r_acc, mask=m_park)
     r_acc = gl.zeros([ws.GROUP_ROWS, cfg.HEAD_DIM], gl.float32, layout=o_layout)
-    if st.n_tiles > 0:  # the last chunk, merged in registers (a tile-less program: none)
-        t_lo = ((st.n_tiles - 1) // CHUNK_TILES) * CHUNK_TILES
-        c_acc, c_m, c_l = _chunk(q_tile, t_lo, st.n_tiles, st, cfg, m_start, s_layout, o_layout,
+    if n_tiles > 0:  # the last chunk, merged in registers (a tile-less group: none)
+        t_lo = ((n_tiles - 1) // CHUNK_TILES) * CHUNK_TILES
+        c_acc, c_m, c_l = _chunk(q_tile, t_lo, n_tiles, st, cfg, m_start, s_layout, o_layout,
                                  p_layout)
-        r_acc, r_m, r_l, _, _ = _merge_chunk(t_lo, st.n_tiles, c_acc, c_m, c_l, r_m, r_l, st,
+        r_acc, r_m, r_l, _, _ = _merge_chunk(t_lo, n_tiles, c_acc, c_m, c_l, r_m, r_l, st,
                                              cfg, m_start, o_layout)
     return r_acc, r_m, r_l
 
@@ -319,12 +320,25 @@ def _consume(GROUP: gl.constexpr, st, cfg):
         ws.skip_ring(st.v_bars, st.free_bars, st.n_tiles, STAGES)
         return
     q_tile = st.q_smem.index(GROUP)
+    # The group's key tiles: the program's, but in three groups (192 rows) a causal group
+    # below the last stops at its own rows' last key tile: the tiles after it are masked
+    # whole for its rows and would leave their state unchanged, so skipping them keeps the
+    # bits. It still takes part in the ring for them (``ws.skip_ring``).
+    OWN_TILES: gl.constexpr = cfg.CAUSAL and cfg.BLOCK_M > 2 * ws.GROUP_ROWS and GROUP < 2
+    n_tiles = st.n_tiles
+    if OWN_TILES:
+        n_tiles = ws.query_key_tiles(m_start, st.seqlen_q, st.seqlen_k, ws.GROUP_ROWS,
+                                     BLOCK_N, True)[2]
 
     mbarrier.wait(st.q_bars.index(GROUP), 0)
     if cfg.KEY_CHUNK > 0:
-        b_acc, b_m, b_l = _chunked_keys(q_tile, st, cfg, m_start, s_layout, o_layout, p_layout)
+        b_acc, b_m, b_l = _chunked_keys(q_tile, st, cfg, m_start, n_tiles, s_layout, o_layout,
+                                        p_layout)
     else:
-        b_acc, b_m, b_l = all_keys(q_tile, st, cfg, m_start, s_layout, o_layout, p_layout)
+        b_acc, b_m, b_l = all_keys(q_tile, st, cfg, m_start, n_tiles, s_layout, o_layout,
+                                   p_layout)
+    if OWN_TILES:
+        ws.skip_ring(st.v_bars, st.free_bars, st.n_tiles, STAGES, n_tiles)
 
     # Rows that saw no key: out 0, lse -inf (as attn_fwd_kernel).
     b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [64, HEAD_DIM], [64]

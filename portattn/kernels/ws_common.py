@@ -296,10 +296,11 @@ def wait_free(free_bars, i, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def skip_ring(filled_bars, free_bars, n_tiles, STAGES: gl.constexpr):
-    """A consumer group with nothing to compute (all its rows, or keys, past the sequence
-    end) still takes part in the ring: it waits for each tile's fill and releases its slot,
-    so that the other group's waits keep telling the passes apart (module docstring)."""
-    for i in range(0, n_tiles):
+def skip_ring(filled_bars, free_bars, n_tiles, STAGES: gl.constexpr, first=0):
+    """A consumer group with nothing to compute on tiles [first, n_tiles) (all its rows, or
+    keys, past the sequence end; or, causal, past its rows' last key) still takes part in the
+    ring: it waits for each tile's fill and releases its slot, so that the other groups' waits
+    keep telling the passes apart (module docstring)."""
+    for i in range(first, n_tiles):
         wait_filled(filled_bars, i, STAGES)
         mbarrier.arrive(free_bars.index(i % STAGES), count=1)
