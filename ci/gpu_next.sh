@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Session 52 (30 device-minutes; check `status` first: refused starts cost 90-180 s each, and
-# session 51 lost 991 device-s to eight of them):
-# 1. `bash ci/gpu_next.sh swap_ship` (~6 min): the swapped Gluon decode on
-#    (ci/patches/swap_decode_on.diff), golden refresh of sm90 (expect same bits), decode GPU
-#    tests; then, in a call of its own, `python3 -m portattn golden verify --family sm90`;
-#    then commit the patch with the refreshed golden/sm90.json ($OUT/sm90.json).
-# 2. On an H200 (carry .fa4): `bash ci/gpu_next.sh s50` (~8 min): verify, the H200 decode
-#    table (docs/bench-decode-h200.* is still session 46's Triton decode), the eager host
-#    time, the decode/rollout/replay tests. On an H100 it runs the verify and tests only.
+# Session 53 (30 device-minutes; check `status` first: refused starts cost 90-180 s each):
+# 1. On an H200 (carry .fa4): `bash ci/gpu_next.sh s50` (~8 min): verify, the H200 decode
+#    table with the swapped decode on (docs/bench-decode-h200.* is still session 46's), the
+#    eager host time, the decode/rollout/replay tests. On an H100 it runs verify and tests.
+# 2. The d64 forward's causal side in three groups (perf-notes row 129): after a CPU change,
+#    `bash ci/gpu_next.sh g3` (verify, tune_sm90's round d64-three-groups, bits tests).
 # 3. The GPU suite in two halves (`bash ci/gpu_next.sh odd` / `even`, -n 12).
+# Session 52 ran (H100; four refused calls cost 376 s): `bash ci/gpu_next.sh swap_ship`
+# (part removed with its patch in d27c7ba: the swapped decode on, golden refresh same bits on
+# 8 cases, 240 tests passed), `bash ci/gpu_next.sh s52` (its verify ran on the tree without
+# the switch; the three-group round, 27 tests passed), `bash ci/gpu_next.sh g3` (verify 32/32
+# with the switch; the round again with each causal group's own key tiles; 114 passed), then
+# 288 + 93 + 111 tests of the invariance, rollout, replay, launch and integration paths
+# (perf-notes rows 129-130).
 # Session 51 ran (H100, one cold start after eight refused ones): `bash ci/gpu_next.sh swap`
 # (the swapped decode: bits equal on every row, 33 tests passed; +10-12% B1, +3-5% B8 and
 # GQA 8/1: perf-notes row 127), `bash ci/gpu_next.sh d64ab` (no d64 regression since 244bb29:

@@ -101,7 +101,8 @@ class KernelConfig:
     the forward runs as the warp-specialised Gluon kernel of ``kernels/forward_ws.py`` (a
     producer warp and two consumer warp groups whose softmax overlaps the products) where the
     descriptor path applies, else as the Triton kernel; the forward tiles mean the same
-    (BLOCK_M 128 = two groups of 64 rows, 8 consumer warps, ``num_stages`` K/V ring slots) and
+    (BLOCK_M 128 = two groups of 64 rows, 8 consumer warps, ``num_stages`` K/V ring slots; at
+    d64 also 192 = three groups, 12 warps, whose Triton kernel runs ``triton_fwd_tiles``) and
     so do the bits. ``bwd_ws`` (Hopper, with ``bwd_dkdv`` in ``tma`` and one pass): the dK/dV
     sums run as the warp-specialised Gluon kernel of ``kernels/backward_ws.py`` where the
     descriptor path applies, else as the Triton kernel at the same tiles (BLOCK_N 128 = two
