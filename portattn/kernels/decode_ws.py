@@ -114,8 +114,7 @@ def _consume(st, cfg):
     s_layout: gl.constexpr = ws.acc_layout(cfg.BLOCK_N)
     o_layout: gl.constexpr = ws.acc_layout(cfg.HEAD_DIM)
     p_layout: gl.constexpr = ws.operand_layout(o_layout)
-    b_acc, b_m, b_l = all_keys(st.q_smem, st, cfg, st.m_start, st.n_tiles, s_layout, o_layout,
-                               p_layout)
+    b_acc, b_m, b_l = all_keys(st.q_smem, st, cfg, st.m_start, s_layout, o_layout, p_layout)
     store_tile(st, cfg, b_acc, b_m, b_l, o_layout)
 
 

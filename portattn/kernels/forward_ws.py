@@ -118,6 +118,25 @@ class _Program(NamedTuple):
 
 
 @gluon.jit
+def _group_keys(st, m_start, BLOCK_N: gl.constexpr):
+    """``st`` with the key tiles of one group's 64 rows from ``m_start`` (causal): its own
+    ``t_full`` and ``n_tiles`` (``ws.query_key_tiles``) in place of the program's. The tiles
+    the program's rows see beyond the group's are masked whole for its rows and would leave
+    their state unchanged, and the tiles it no longer masks are seen whole by its rows, so the
+    bits are the same; three groups of a 192-row tile then skip that work."""
+    _, t_full, n_tiles = ws.query_key_tiles(m_start, st.seqlen_q, st.seqlen_k, ws.GROUP_ROWS,
+                                            BLOCK_N, True)
+    return _Program(
+        q_smem=st.q_smem, k_ring=st.k_ring, v_ring=st.v_ring, q_bars=st.q_bars,
+        k_bars=st.k_bars, v_bars=st.v_bars, free_bars=st.free_bars, o=st.o, lse=st.lse,
+        o32=st.o32, bos_q=st.bos_q, seqlen_q=st.seqlen_q, seqlen_k=st.seqlen_k, diag=st.diag,
+        t_full=t_full, n_tiles=n_tiles, m_tile=st.m_tile, i_h=st.i_h, n_heads_q=st.n_heads_q,
+        stride_ot=st.stride_ot, stride_oh=st.stride_oh, stride_o32t=st.stride_o32t,
+        stride_o32h=st.stride_o32h, scale_log2=st.scale_log2, q_desc=st.q_desc,
+        k_desc=st.k_desc, v_desc=st.v_desc, bos_k=st.bos_k, i_hk=st.i_hk)
+
+
+@gluon.jit
 def _softmax_p(b_s, b_m, b_l, i_tile, st, cfg, m_start, s_layout: gl.constexpr):
     """Mask key tile ``i_tile``'s raw scores where it needs it, then one online-softmax step;
     P comes rounded to the input dtype as P V rounds it (in float32 with ``SPLIT_P``, whose
@@ -192,12 +211,12 @@ def last_pv(i_tile, st, cfg, b_acc, b_p, o_layout: gl.constexpr,
 
 
 @gluon.jit
-def all_keys(q_tile, st, cfg, m_start, n_tiles, s_layout: gl.constexpr,
-             o_layout: gl.constexpr, p_layout: gl.constexpr):
-    """The key loop without ``KEY_CHUNK`` (also the Gluon decode's): key tiles [0, n_tiles)
-    from the empty state, each tile's P V issued with the next one's Q K^T. Returns (acc, m,
-    l) in the accumulator's layouts; a group with no tile keeps the empty state (normalised to
-    out 0, lse -inf)."""
+def all_keys(q_tile, st, cfg, m_start, s_layout: gl.constexpr, o_layout: gl.constexpr,
+             p_layout: gl.constexpr):
+    """The key loop without ``KEY_CHUNK`` (also the Gluon decode's): the program's
+    ``st.n_tiles`` key tiles from the empty state, each tile's P V issued with the next one's
+    Q K^T. Returns (acc, m, l) in the accumulator's layouts; a program with no tile keeps the
+    empty state (normalised to out 0, lse -inf)."""
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     b_acc = gl.zeros([ws.GROUP_ROWS, cfg.HEAD_DIM], gl.float32, layout=o_layout)
     b_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -205,13 +224,13 @@ def all_keys(q_tile, st, cfg, m_start, n_tiles, s_layout: gl.constexpr,
     b_p = gl.zeros([ws.GROUP_ROWS, cfg.BLOCK_N], gl.float32, layout=s_layout)
     if not cfg.SPLIT_P:
         b_p = b_p.to(st.v_ring.dtype)
-    if n_tiles > 0:
+    if st.n_tiles > 0:
         b_p, _, b_m, b_l = first_scores(q_tile, 0, st, cfg, m_start, b_m, b_l, s_layout)
-    for i_tile in range(0, n_tiles - 1):
+    for i_tile in range(0, st.n_tiles - 1):
         b_acc, b_p, b_m, b_l = next_tile(q_tile, i_tile, st, cfg, m_start, b_acc, b_p, b_m, b_l,
                                           s_layout, o_layout, p_layout)
-    if n_tiles > 0:
-        b_acc = last_pv(n_tiles - 1, st, cfg, b_acc, b_p, o_layout, p_layout)
+    if st.n_tiles > 0:
+        b_acc = last_pv(st.n_tiles - 1, st, cfg, b_acc, b_p, o_layout, p_layout)
     b_l = gl.convert_layout(b_l, row_layout)
     b_m = gl.convert_layout(b_m, row_layout)
     return b_acc, b_m, b_l
@@ -271,10 +290,9 @@ def _merge_chunk(t_lo, t_hi, c_acc, c_m, c_l, r_m, r_l, st, cfg, m_start,
 
 
 @gluon.jit
-def _chunked_keys(q_tile, st, cfg, m_start, n_tiles, s_layout: gl.constexpr,
-                  o_layout: gl.constexpr, p_layout: gl.constexpr):
-    """The key loop with ``KEY_CHUNK`` (design §3.1) over key tiles [0, n_tiles): each chunk
-    of tiles from the empty state
+def _chunked_keys(q_tile, st, cfg, m_start, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                  p_layout: gl.constexpr):
+    """The key loop with ``KEY_CHUNK`` (design §3.1): each chunk of tiles from the empty state
     (``_chunk``), merged in order into the running state, whose acc is parked in o32 between
     merges (a chunk's loop holds one accumulator). The slots' pipeline drains at each chunk
     end, where the merge runs with nothing else live. Returns the merged (acc, m, l)."""
@@ -282,7 +300,7 @@ def _chunked_keys(q_tile, st, cfg, m_start, n_tiles, s_layout: gl.constexpr,
     CHUNK_TILES: gl.constexpr = cfg.KEY_CHUNK // cfg.BLOCK_N
     r_m = gl.full([ws.GROUP_ROWS], float("-inf"), gl.float32, layout=row_layout)
     r_l = gl.zeros([ws.GROUP_ROWS], gl.float32, layout=row_layout)
-    for t_lo in range(0, n_tiles - CHUNK_TILES, CHUNK_TILES):  # all chunks but the last
+    for t_lo in range(0, st.n_tiles - CHUNK_TILES, CHUNK_TILES):  # all chunks but the last
         t_hi = t_lo + CHUNK_TILES
         c_acc, c_m, c_l = _chunk(q_tile, t_lo, t_hi, st, cfg, m_start, s_layout, o_layout,
                                  p_layout)
@@ -290,11 +308,11 @@ def _chunked_keys(q_tile, st, cfg, m_start, n_tiles, s_layout: gl.constexpr,
                                                        st, cfg, m_start, o_layout)
         gl.store(p_park, r_acc, mask=m_park)
     r_acc = gl.zeros([ws.GROUP_ROWS, cfg.HEAD_DIM], gl.float32, layout=o_layout)
-    if n_tiles > 0:  # the last chunk, merged in registers (a tile-less group: none)
-        t_lo = ((n_tiles - 1) // CHUNK_TILES) * CHUNK_TILES
-        c_acc, c_m, c_l = _chunk(q_tile, t_lo, n_tiles, st, cfg, m_start, s_layout, o_layout,
+    if st.n_tiles > 0:  # the last chunk, merged in registers (a tile-less program: none)
+        t_lo = ((st.n_tiles - 1) // CHUNK_TILES) * CHUNK_TILES
+        c_acc, c_m, c_l = _chunk(q_tile, t_lo, st.n_tiles, st, cfg, m_start, s_layout, o_layout,
                                  p_layout)
-        r_acc, r_m, r_l, _, _ = _merge_chunk(t_lo, n_tiles, c_acc, c_m, c_l, r_m, r_l, st,
+        r_acc, r_m, r_l, _, _ = _merge_chunk(t_lo, st.n_tiles, c_acc, c_m, c_l, r_m, r_l, st,
                                              cfg, m_start, o_layout)
     return r_acc, r_m, r_l
 
@@ -320,25 +338,21 @@ def _consume(GROUP: gl.constexpr, st, cfg):
         ws.skip_ring(st.v_bars, st.free_bars, st.n_tiles, STAGES)
         return
     q_tile = st.q_smem.index(GROUP)
-    # The group's key tiles: the program's, but in three groups (192 rows) a causal group
-    # below the last stops at its own rows' last key tile: the tiles after it are masked
-    # whole for its rows and would leave their state unchanged, so skipping them keeps the
-    # bits. It still takes part in the ring for them (``ws.skip_ring``).
-    OWN_TILES: gl.constexpr = cfg.CAUSAL and cfg.BLOCK_M > 2 * ws.GROUP_ROWS and GROUP < 2
-    n_tiles = st.n_tiles
-    if OWN_TILES:
-        n_tiles = ws.query_key_tiles(m_start, st.seqlen_q, st.seqlen_k, ws.GROUP_ROWS,
-                                     BLOCK_N, True)[2]
+    # In three groups (a 192-row tile) a causal group runs its own rows' key tiles
+    # (``_group_keys``), then takes part in the ring for the program's rest (``ws.skip_ring``).
+    OWN_KEYS: gl.constexpr = cfg.CAUSAL and cfg.BLOCK_M > 2 * ws.GROUP_ROWS
+    keys = st
+    if OWN_KEYS:
+        keys = _group_keys(st, m_start, BLOCK_N)
 
     mbarrier.wait(st.q_bars.index(GROUP), 0)
     if cfg.KEY_CHUNK > 0:
-        b_acc, b_m, b_l = _chunked_keys(q_tile, st, cfg, m_start, n_tiles, s_layout, o_layout,
+        b_acc, b_m, b_l = _chunked_keys(q_tile, keys, cfg, m_start, s_layout, o_layout,
                                         p_layout)
     else:
-        b_acc, b_m, b_l = all_keys(q_tile, st, cfg, m_start, n_tiles, s_layout, o_layout,
-                                   p_layout)
-    if OWN_TILES:
-        ws.skip_ring(st.v_bars, st.free_bars, st.n_tiles, STAGES, n_tiles)
+        b_acc, b_m, b_l = all_keys(q_tile, keys, cfg, m_start, s_layout, o_layout, p_layout)
+    if OWN_KEYS:
+        ws.skip_ring(st.v_bars, st.free_bars, st.n_tiles, STAGES, keys.n_tiles)
 
     # Rows that saw no key: out 0, lse -inf (as attn_fwd_kernel).
     b_out, b_lse = normalize_rows(b_acc, b_m, b_l)  # [64, HEAD_DIM], [64]
