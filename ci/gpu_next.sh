@@ -241,7 +241,7 @@
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|s52|g3|d64ab|swap|odd|even}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|s52|g3|d64var|d64ab|swap|odd|even}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -377,6 +377,22 @@ elif [ "$PART" = g3 ]; then
     tests/test_table_variants.py::test_fwd_ws_same_bits_as_triton_gpu \
     tests/test_table_variants.py::test_fwd_ws_three_groups_same_bits_as_triton_gpu -n 8 -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
   tail -n 3 "$OUT/g3tests.log"
+elif [ "$PART" = d64var ]; then
+  # the three-group d64 forward as an entry would ship it, in bench.py's own d64 workloads and
+  # the d64 decode rows (its decode at 128-key tiles), against the table, alternating
+  # processes (carry .fa4; ci/variant_bench.py; perf-notes row 129)
+  source .fa4/install.sh >"$OUT/fa4_install.log" 2>&1
+  g3=varlen:64:fwd=192/128/12/3,fwd_ws=1
+  for round in 1 2; do
+    step "table$round" 120 python3 ci/variant_bench.py -- --workloads d64 --impls "portattn varlen" \
+      --impls "FA4 det" --json "$OUT/table$round.json"
+    step "g3_$round" 120 python3 ci/variant_bench.py --variant "$g3" -- --workloads d64 \
+      --impls "portattn varlen" --impls "FA4 det" --json "$OUT/g3_$round.json"
+  done
+  grep -hE "^\| (equal|skewed)" "$OUT"/table1.log "$OUT"/g3_1.log "$OUT"/table2.log "$OUT"/g3_2.log
+  step dec_table 90 python3 ci/variant_bench.py -- --decode --workloads d64
+  step dec_g3 90 python3 ci/variant_bench.py --variant "$g3" -- --decode --workloads d64
+  grep -hE "^\| decode" "$OUT"/dec_table.log "$OUT"/dec_g3.log
 elif [ "$PART" = d64ab ]; then
   # perf-notes row 125: main's d64 training steps against session 43's tree (244bb29), which
   # must be in .old244 first (here: `mkdir .old244 && git archive 244bb29 portattn benchmarks |
