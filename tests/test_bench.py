@@ -395,6 +395,39 @@ def test_cli_list_and_unknown_workload(capsys):
     assert "equal 2x8192 h16 d128 full" in capsys.readouterr().err
 
 
+def test_variant_bench_installs_its_entry(capsys):
+    """``ci/variant_bench.py``: the variant's sm90 entry is in the table when bench.py runs
+    (here ``--list``), tiles and flags parsed; the table is restored after."""
+    from ci import tune_sm90, variant_bench
+    from portattn import configs
+
+    assert variant_bench.parse_variant("varlen:64:fwd=192/128/12/3,fwd_ws=1") == (
+        "varlen",
+        64,
+        {"fwd": (192, 128, 12, 3), "fwd_ws": True},
+    )
+    key = ("sm90", "varlen", 64, torch.bfloat16)
+    try:
+        assert (
+            variant_bench.main(
+                [
+                    "--variant",
+                    "varlen:64:fwd=192/64/12/3,fwd_ws=1",
+                    "--",
+                    "--list",
+                    "--workloads",
+                    "d64",
+                ]
+            )
+            == 0
+        )
+        assert configs.config_table()[key].fwd == configs.Tiles(192, 64, 12, 3)
+        assert "skewed 16k h16 d64 causal" in capsys.readouterr().out
+    finally:
+        tune_sm90.install("varlen", 64, tune_sm90.TABLE[key])
+    assert configs.config_table()[key] == tune_sm90.TABLE[key]
+
+
 def test_metadata_tolerates_missing_git(monkeypatch):
     import subprocess
 
