@@ -82,7 +82,7 @@ fi
 last=${OK[${#OK[@]}-1]}
 if [ "$last" != main ] && [ "${TESTS:-1}" = 1 ]; then
   use "$last"
-  step tests 200 python3 -m pytest tests/test_table_variants.py tests/test_key_chunk.py \
+  step tests 200 python3 -m pytest tests/test_table_variants.py tests/test_ws_variants.py tests/test_key_chunk.py \
     tests/test_launcher.py -n 8 -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
   echo "== tests on $last"; tail -n 3 "$OUT/tests.log"
 fi

@@ -355,7 +355,7 @@ elif [ "$PART" = s52 ]; then
   tail -n 2 "$OUT/verify.log"
   step d64g3 200 python3 ci/tune_sm90.py --round d64-three-groups --json "$OUT/d64g3.json"
   grep -E "^\|" "$OUT/d64g3.log"
-  step g3tests 120 python3 -m pytest tests/test_table_variants.py -k "fwd_ws" -n 8 \
+  step g3tests 120 python3 -m pytest tests/test_ws_variants.py -k "fwd_ws" -n 8 \
     -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
   tail -n 3 "$OUT/g3tests.log"
   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
@@ -374,8 +374,9 @@ elif [ "$PART" = g3 ]; then
   step d64g3 200 python3 ci/tune_sm90.py --round d64-three-groups --json "$OUT/d64g3.json"
   grep -E "^\|" "$OUT/d64g3.log"
   step g3tests 150 python3 -m pytest tests/test_decode_ws.py \
-    tests/test_table_variants.py::test_fwd_ws_same_bits_as_triton_gpu \
-    tests/test_table_variants.py::test_fwd_ws_three_groups_same_bits_as_triton_gpu -n 8 -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
+    tests/test_ws_variants.py::test_fwd_ws_same_bits_as_triton_gpu \
+    tests/test_ws_variants.py::test_fwd_ws_three_groups_same_bits_as_triton_gpu -n 8 \
+    -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
   tail -n 3 "$OUT/g3tests.log"
 elif [ "$PART" = d64var ]; then
   # the three-group d64 forward as an entry would ship it, in bench.py's own d64 workloads and

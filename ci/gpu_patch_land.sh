@@ -20,7 +20,7 @@ cd /tmp/patched || exit 2
 export PYTHONPATH=/tmp/patched
 step verify "${VERIFY_LIMIT:-130}" python3 -m portattn golden verify --family "${FAMILY:-sm90}"
 tail -n 4 "$OUT/verify.log"
-step tests "${TESTS_LIMIT:-190}" python3 -m pytest tests/test_table_variants.py \
+step tests "${TESTS_LIMIT:-190}" python3 -m pytest tests/test_table_variants.py tests/test_ws_variants.py \
   tests/test_key_chunk.py tests/test_launcher.py tests/test_descriptors.py -n 15 \
   -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
 tail -n 4 "$OUT/tests.log"

@@ -43,7 +43,7 @@ if [ "$PART" = ab ] || [ "$PART" = ab-bwd ]; then
 elif [ "$PART" = tests ]; then
   cd "$NEW" || exit 2
   export PYTHONPATH=$NEW
-  step tests 330 python3 -m pytest tests/test_table_variants.py tests/test_unseen_keys.py \
+  step tests 330 python3 -m pytest tests/test_table_variants.py tests/test_ws_variants.py tests/test_unseen_keys.py \
     tests/test_descriptors.py tests/test_launcher.py tests/test_forward_replay.py \
     tests/test_cuda_graphs.py tests/test_invariance_gpu.py tests/test_gpu.py \
     tests/test_key_chunk.py tests/test_direct_calls.py -n 8 -p no:cacheprovider \

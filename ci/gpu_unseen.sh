@@ -12,7 +12,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 step unseen 150 python3 -m pytest tests/test_unseen_keys.py tests/test_plan.py -v -n 8 \
   -p no:cacheprovider -W ignore::DeprecationWarning -rfE
 grep -E "FAILED|ERROR|passed|failed" "$OUT/unseen.log" | grep -v PASSED | tail -n 12
-step variants 240 python3 -m pytest tests/test_table_variants.py tests/test_invariance_gpu.py -v \
+step variants 240 python3 -m pytest tests/test_table_variants.py tests/test_ws_variants.py tests/test_invariance_gpu.py -v \
   -n 8 -p no:cacheprovider -W ignore::DeprecationWarning -rfE
 grep -E "FAILED|ERROR|passed|failed" "$OUT/variants.log" | grep -v PASSED | tail -n 8
 step bench 150 python3 ci/bench_repair.py --tokens 8x2048,1x32768 --head-dims 128 --passes 2

@@ -34,7 +34,7 @@ def parse_variant(text: str) -> tuple[str, int, dict]:
         name, value = item.split("=", 1)
         if "/" in value:
             overrides[name] = tuple(int(x) for x in value.split("/"))
-        elif name.endswith("_ws") or name in ("decode_ws",):
+        elif name.endswith("_ws"):  # fwd_ws, bwd_ws, dq_ws, decode_ws
             overrides[name] = value not in ("0", "false", "False")
         else:
             overrides[name] = int(value)

@@ -74,3 +74,23 @@ def poison_outputs(monkeypatch):
 @pytest.fixture
 def device() -> str:
     return "cuda" if HAS_GPU else "cpu"
+
+
+@pytest.fixture
+def override_entry(monkeypatch):
+    """Replace one table entry for the test's duration: (kernel, head_dim, dtype, **fields);
+    the interpreter's entry on the CPU, the GPU family's on a GPU."""
+    import dataclasses
+
+    from helpers import gpu_family
+
+    from portattn import configs
+
+    table = configs.config_table()
+
+    def apply(kernel: str, head_dim: int, dtype: torch.dtype, **fields):
+        family = gpu_family() if HAS_GPU else configs.INTERPRETER
+        key = (family, kernel, head_dim, dtype)
+        monkeypatch.setitem(table, key, dataclasses.replace(table[key], **fields))
+
+    return apply

@@ -216,3 +216,19 @@ def patch_key_chunk(mp, chunk: bool, size: int | None = None, ws: bool = False) 
             fwd_ws = cfg.fwd_ws and ws
             mp.setitem(table, key, dataclasses.replace(cfg, fwd_ws=fwd_ws, key_chunk=keys))
     plan.forget_problems()
+
+
+def gpu_family() -> str:
+    """The configuration family of this machine's GPU."""
+    from portattn.families import config_family
+
+    return config_family(torch.device("cuda"))
+
+
+def problem_of(p: Pack, kernel: str, cfg):
+    """The launchers' problem record of pack ``p`` (causal) with the table entry ``cfg``."""
+    from portattn.kernels.plan import plan_problem
+    from portattn.options import AttentionOptions
+
+    options = AttentionOptions(causal=True, softmax_scale=1.0, kernel=kernel)
+    return plan_problem(p.q, p.k, p.cu_q, p.q.shape[0], p.k.shape[0], options, cfg)

@@ -2,7 +2,7 @@
 row 103) and of the Triton forward (row 106). CPU: their shapes and strides, and that a copy's
 coordinates address the sequence's own rows and run out of bounds exactly at its end (modulo
 2**64, as the copy engine computes addresses); the kernels' copies through them are tested
-bitwise on the GPU (tests/test_table_variants.py: the Gluon kernels against the Triton ones,
+bitwise on the GPU (tests/test_ws_variants.py: the Gluon kernels against the Triton ones,
 the descriptor paths against the pointer path) and, for the Triton forward, under the
 interpreter too."""
 

@@ -23,7 +23,7 @@ Bits. Every element is computed by the same expressions as in ``attn_fwd_kernel`
 tiles, in the same order. Both groups visit the key tiles of the whole 128-row tile,
 as the Triton kernel does; a tile no row of a group sees leaves its (m, l, acc) unchanged. So
 the two kernels give the same bits for the same table tiles (GPU tests compare them bitwise,
-``tests/test_table_variants.py``). The table selects this kernel (``KernelConfig.fwd_ws``);
+``tests/test_ws_variants.py``). The table selects this kernel (``KernelConfig.fwd_ws``);
 the launcher falls back to ``attn_fwd_kernel`` where descriptors cannot be used, and Gluon
 has no CPU interpreter.
 
