@@ -1,7 +1,9 @@
 """portattn's benchmarks and the distributed demo: run from a checkout, not shipped.
 
 - ``python benchmarks/bench.py``: both kernels against SDPA and FlexAttention (``--decode``: the
-  decode/append benchmark against a KV cache; ``plot``: the chart from a run's JSON);
+  decode/append benchmark against a KV cache; ``plot``: the chart from a run's JSON), built
+  from ``workloads.py`` (the packs), ``peers.py`` (the implementations it times),
+  ``timing.py`` (do_bench, graphs, pass order) and ``bench_report.py`` (tables, chart);
 - ``python benchmarks/distributed_demo.py``: context- and tensor-parallel attention on several
   processes, checked against one;
 - ``python benchmarks/features.py``, ``transformers_llama.py``, ``api_overhead.py``: the speed

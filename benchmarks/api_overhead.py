@@ -24,14 +24,17 @@ if not __package__:  # run as `python benchmarks/api_overhead.py`: the checkout'
 import torch
 
 import portattn
-from benchmarks import bench
+from benchmarks.bench_report import CUDNN, FLEX
+from benchmarks.peers import Impl, build_impls
+from benchmarks.timing import gpu_timer, profile_cuda_us, write_rows
+from benchmarks.workloads import make_inputs, select_workloads
 
 WORKLOADS = ("equal 2x8192 h16 d128", "skewed 32k h16 d128")
 
 
 def kernel_ms(fn) -> float:
     """CUDA time of the forward kernel per call (median-free: mean of 5 profiled calls)."""
-    per_kernel = bench.profile_cuda_us(fn, 5)
+    per_kernel = profile_cuda_us(fn, 5)
     return sum(us for name, us in per_kernel.items() if name.startswith("attn_fwd_kernel")) / 5e3
 
 
@@ -40,8 +43,8 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     rows = []
-    for w in bench.select_workloads(patterns=list(WORKLOADS)):
-        q, k, v, cu = bench.make_inputs(w)[:4]
+    for w in select_workloads(patterns=list(WORKLOADS)):
+        q, k, v, cu = make_inputs(w)[:4]
         longest = max(w.lengths)
 
         def eager(q=q, k=k, v=v, cu=cu, w=w, longest=longest):
@@ -49,14 +52,14 @@ def main() -> int:
 
         compiled = torch.compile(eager, fullgraph=True)
         impls = {"eager": eager, "compiled": compiled}
-        peers = bench.build_impls(w, cu)
-        for name in (bench.FLEX, bench.CUDNN):
-            if isinstance(peers.get(name), bench.Impl):
+        peers = build_impls(w, cu)
+        for name in (FLEX, CUDNN):
+            if isinstance(peers.get(name), Impl):
                 impls[name] = lambda impl=peers[name], q=q, k=k, v=v: impl.fn(q, k, v)
         row = {"workload": w.name, "flops": w.flops("fwd")}
         for name, fn in impls.items():
             fn()
-            row[f"{name}_ms"] = bench.gpu_timer(fn)[0]
+            row[f"{name}_ms"] = gpu_timer(fn)[0]
         row["kernel_ms"] = kernel_ms(eager)
         for name in list(impls) + ["kernel"]:
             row[f"{name}_tf"] = row["flops"] / row[f"{name}_ms"] / 1e9
@@ -65,10 +68,10 @@ def main() -> int:
     print("| workload | eager TF | compiled TF | kernel TF | Flex TF | cuDNN TF |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        cells = [r.get(f"{n}_tf") for n in ("eager", "compiled", "kernel", bench.FLEX, bench.CUDNN)]
+        cells = [r.get(f"{n}_tf") for n in ("eager", "compiled", "kernel", FLEX, CUDNN)]
         print(f"| {r['workload']} | " + " | ".join("—" if c is None else f"{c:.0f}" for c in cells))
     if args.json:
-        bench.write_rows(args.json, rows)
+        write_rows(args.json, rows)
     return 0
 
 

@@ -50,18 +50,13 @@ options.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import json
-import random
 import re
 import shlex
 import subprocess
 import sys
 import time
-import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,20 +66,21 @@ if not __package__:  # run as `python benchmarks/bench.py`: the checkout's root 
 import torch
 
 from benchmarks import bench_report as report
-from benchmarks.bench_report import (
-    CUDNN,
-    FA4,
-    FA4_DET,
-    FIXED,
-    FLASH,
-    FLEX,
-    MODES,
-    TORCH_VARLEN,
-    VARLEN,
+from benchmarks.bench_report import FLEX, MODES
+from benchmarks.peers import Impl, build_impls, fa4_version
+from benchmarks.timing import (
+    REP_MS,
+    WARMUP_MS,
+    Step,
+    Timer,
+    attempt,
+    gpu_timer,
+    heat,
+    pass_order,
+    sync,
 )
+from benchmarks.workloads import Workload, make_inputs, select_workloads
 
-WARMUP_MS = 50  # do_bench's warm-up and repetition budgets: about 0.4 s per do_bench call
-REP_MS = 300
 PASSES = 2  # timed passes per (workload, mode); the reports keep each implementation's best
 # Seconds of untimed calls of every implementation, round robin, before a mode's first pass.
 # Without them the first pass's first implementation was timed faster than in its later pass
@@ -105,361 +101,8 @@ def docs_stem(stem: str) -> str:
     return f"{stem}-{match.group(1).lower() if match else 'gpu'}"
 
 
-SKEWED_CHOICES = (64, 128, 300, 512, 1000, 2048, 3000, 4096)
 # torch.cuda covers both: ROCm builds of torch answer through the same API.
 NEEDS_GPU = "a GPU (CUDA or ROCm)"
-
-
-@dataclass(frozen=True)
-class Workload:
-    """One packed batch: sequence lengths (queries and keys alike), heads, head dim, mask."""
-
-    name: str
-    lengths: tuple[int, ...]
-    n_heads_q: int
-    n_heads_k: int
-    head_dim: int
-    causal: bool
-
-    @property
-    def equal(self) -> bool:
-        """All sequences of one length: SDPA's dense layout is a view of the packed tensors."""
-        return len(set(self.lengths)) == 1
-
-    def flops(self, mode: str) -> float:
-        """Useful FLOPs of one call: ``4 * S^2 * D`` per query head and sequence (the two
-        matrix products), halved for causal; forward+backward is 3.5x the forward."""
-        fwd = sum(4.0 * n * n * self.head_dim * self.n_heads_q for n in self.lengths)
-        fwd = fwd / 2 if self.causal else fwd
-        return fwd * (3.5 if mode == "fwd+bwd" else 1.0)
-
-    def describe(self) -> dict[str, Any]:
-        """The workload as plain data for the JSON file."""
-        return dict(
-            name=self.name,
-            lengths=list(self.lengths),
-            n_heads_q=self.n_heads_q,
-            n_heads_k=self.n_heads_k,
-            head_dim=self.head_dim,
-            causal=self.causal,
-            flops={mode: self.flops(mode) for mode in MODES},
-        )
-
-
-def skewed_lengths(total: int, seed: int = 0) -> tuple[int, ...]:
-    """Lengths drawn from 64...4096 summing exactly to ``total`` (fixed seed: the same pack in
-    every run). Every length is one of ``SKEWED_CHOICES`` except the last, which is cut to what
-    is left of ``total`` and may therefore be shorter than 64 (it is 1224 for 16k and 396 for
-    32k with seed 0)."""
-    rng = random.Random(seed)
-    out: list[int] = []
-    while sum(out) < total:
-        out.append(min(rng.choice(SKEWED_CHOICES), total - sum(out)))
-    return tuple(out)
-
-
-def _workload(pack: str, lengths: tuple[int, ...], hq: int, hk: int, d: int, causal: bool):
-    heads = f"h{hq}" if hq == hk else f"gqa{hq}/{hk}"
-    name = f"{pack} {heads} d{d} {'causal' if causal else 'full'}"
-    return Workload(name, lengths, hq, hk, d, causal)
-
-
-def default_workloads() -> list[Workload]:
-    """The 12 workloads of a full run (names are stable: reports are compared by name)."""
-    equal = (8192, 8192)
-    packs = [  # (pack name, lengths, query heads, kv heads, head dim)
-        ("equal 2x8192", equal, 16, 16, 128),
-        ("skewed 32k", skewed_lengths(32768), 16, 16, 128),
-        ("equal 2x8192", equal, 16, 16, 64),
-        ("skewed 16k", skewed_lengths(16384), 16, 16, 64),
-        ("equal 2x8192", equal, 32, 8, 128),
-        ("skewed 32k", skewed_lengths(32768), 32, 8, 128),
-    ]
-    return [_workload(*p, causal) for p in packs for causal in (False, True)]
-
-
-def seed_workloads(seeds: int) -> list[Workload]:
-    """``--seeds N``: the skewed packs again with seeds 1 .. N - 1 ("skewed 32k seed1 h16 d128
-    causal", ...): other mixes of the same lengths, so a ratio is not one pack's luck."""
-    packs = [
-        ("skewed 32k", 32768, 16, 16, 128),
-        ("skewed 16k", 16384, 16, 16, 64),
-        ("skewed 32k", 32768, 32, 8, 128),
-    ]
-    return [
-        _workload(f"{pack} seed{seed}", skewed_lengths(total, seed), hq, hk, d, causal)
-        for seed in range(1, seeds)
-        for pack, total, hq, hk, d in packs
-        for causal in (False, True)
-    ]
-
-
-def quick_workloads() -> list[Workload]:
-    """``--quick``: equal 2x8192 and skewed 32k, H = 16, D = 128, causal and full."""
-    keep = ("equal 2x8192 h16 d128 ", "skewed 32k h16 d128 ")
-    return [w for w in default_workloads() if w.name.startswith(keep)]
-
-
-def overhead_workloads() -> list[Workload]:
-    """Packs where each program's fixed costs weigh most (not in a bench run; the GPU probes
-    in ci/ take them by name): a small varlen call, RL-like packs of 64 sequences of random
-    lengths 32..2048 (seeded), and 1024 sequences of one 128-row tile each."""
-    rng = random.Random(0)
-    rl = tuple(rng.randint(32, 2048) for _ in range(64))
-    return [
-        Workload("small 4x256 gqa32/8 d128 causal", (256,) * 4, 32, 8, 128, True),
-        Workload("rl 64x(32..2048) gqa32/8 d128 causal", rl, 32, 8, 128, True),
-        Workload("rl 64x(32..2048) h16 d128 full", rl, 16, 16, 128, False),
-        Workload("rl 64x(32..2048) h16 d64 causal", rl, 16, 16, 64, True),
-        Workload("tiles 1024x128 h16 d128 full", (128,) * 1024, 16, 16, 128, False),
-    ]
-
-
-def named_workloads(names: list[str]) -> list[Workload]:
-    """The bench's and ``overhead_workloads``' packs named exactly by ``names``, in their
-    order (the GPU probes in ci/ take workloads so); an unknown name raises ``ValueError``."""
-    known = {w.name: w for w in default_workloads() + overhead_workloads() + seed_workloads(3)}
-    missing = [name for name in names if name not in known]
-    if missing:
-        raise ValueError(f"unknown workload(s) {missing}; known: {sorted(known)}")
-    return [known[name] for name in names]
-
-
-def select_workloads(
-    quick: bool = False, patterns: list[str] | None = None, seeds: int = 1
-) -> list[Workload]:
-    """The workloads of a run: all or ``--quick`` (with ``seeds`` > 1 the skewed packs of
-    :func:`seed_workloads` too), then those whose name contains any of the ``--workloads``
-    substrings (case-insensitive)."""
-    out = quick_workloads() if quick else default_workloads() + seed_workloads(seeds)
-    if patterns:
-        out = [w for w in out if any(p.lower() in w.name.lower() for p in patterns)]
-    return out
-
-
-# --- implementations --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Impl:
-    """An attention implementation on packed [T, H, D] inputs. ``fn(q, k, v)`` returns the
-    output in the implementation's own layout; ``view`` maps a packed tensor to that layout
-    (without copying), so the output gradient can be made once, packed, for every peer."""
-
-    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-    view: Callable[[torch.Tensor], torch.Tensor]
-
-
-def _identity(x: torch.Tensor) -> torch.Tensor:
-    return x
-
-
-def _portattn(w: Workload, cu: torch.Tensor, kernel: str) -> Impl:
-    import portattn
-
-    longest = max(w.lengths)
-
-    # The public API as users call it, eager checks included (they read cu_seqlens on the host
-    # each call: a few microseconds against calls of milliseconds).
-    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return portattn.varlen_attention(
-            q, k, v, cu, cu, longest, longest, causal=w.causal, kernel=kernel
-        )
-
-    return Impl(fn, _identity)
-
-
-def _sdpa(w: Workload, backend_name: str) -> Impl:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-    backend = getattr(SDPBackend, backend_name)
-    b, s = len(w.lengths), w.lengths[0]
-    # GQA through enable_gqa=True, not by repeating kv heads: SDPA then reads the same 8 kv
-    # heads as portattn and FlexAttention do; a backend that refuses it is recorded as failed.
-    gqa = w.n_heads_q != w.n_heads_k
-
-    def dense(x: torch.Tensor) -> torch.Tensor:  # [B*S, H, D] -> [B, H, S, D], a view
-        return x.view(b, s, x.shape[1], x.shape[2]).transpose(1, 2)
-
-    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        with sdpa_kernel(backend):  # this backend only: an unsupported shape raises
-            return sdpa(dense(q), dense(k), dense(v), is_causal=w.causal, enable_gqa=gqa)
-
-    return Impl(fn, dense)
-
-
-def _flex(w: Workload, cu: torch.Tensor) -> Impl:
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    # A fresh Dynamo cache per workload: each workload compiles (and reports) its own kernels,
-    # and the per-function recompile limit (8) is never reached across workloads.
-    torch._dynamo.reset()
-    device = cu.device
-    counts = torch.tensor(w.lengths, device=device)
-    doc = torch.repeat_interleave(torch.arange(len(w.lengths), device=device), counts)
-
-    if w.causal:  # within one sequence, kv_idx <= q_idx is the causal mask
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            return (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
-
-    else:
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            return doc[q_idx] == doc[kv_idx]
-
-    total = doc.numel()
-    # Built once, outside the timings (a training step would reuse it across layers).
-    block_mask = create_block_mask(mask_mod, None, None, total, total, device=device)
-    flex = torch.compile(flex_attention, dynamic=False)
-    gqa = w.n_heads_q != w.n_heads_k
-
-    def packed_to_bhsd(x: torch.Tensor) -> torch.Tensor:  # [T, H, D] -> [1, H, T, D], a view
-        return x.transpose(0, 1).unsqueeze(0)
-
-    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        qs, ks, vs = packed_to_bhsd(q), packed_to_bhsd(k), packed_to_bhsd(v)
-        return flex(qs, ks, vs, block_mask=block_mask, enable_gqa=gqa)
-
-    return Impl(fn, packed_to_bhsd)
-
-
-def _torch_varlen(w: Workload, cu: torch.Tensor) -> Impl:
-    """torch's ``varlen_attn`` (its FlashAttention-2 kernels) on the packed tensors, where the
-    installed torch has it with what the workload needs: a causal form (``window_size`` (-1, 0)
-    or ``is_causal``) and, for GQA, ``enable_gqa`` (torch 2.11 has none: those rows record why)."""
-    import inspect
-
-    from torch.nn.attention.varlen import varlen_attn
-
-    if not cu.is_cuda:
-        raise RuntimeError(f"torch varlen_attn needs CUDA tensors (inputs are on {cu.device})")
-    kw = torch_varlen_options(w, inspect.signature(varlen_attn).parameters)
-    longest = max(w.lengths)
-
-    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return varlen_attn(q, k, v, cu, cu, longest, longest, **kw)
-
-    return Impl(fn, _identity)
-
-
-def torch_varlen_options(w: Workload, params: Any) -> dict[str, Any]:
-    """The keywords of torch's ``varlen_attn`` for ``w``, given its signature's ``params``;
-    NotImplementedError where that torch lacks one the workload needs."""
-    kw: dict[str, Any] = {}
-    if w.n_heads_q != w.n_heads_k:
-        if "enable_gqa" not in params:
-            raise NotImplementedError(
-                f"unsupported: torch {torch.__version__}'s varlen_attn: no enable_gqa"
-            )
-        kw["enable_gqa"] = True
-    if w.causal and "window_size" in params:
-        kw["window_size"] = (-1, 0)  # causal, bottom-right aligned (Sq == Sk here)
-    elif w.causal and "is_causal" in params:
-        kw["is_causal"] = True
-    elif w.causal:
-        raise NotImplementedError(f"unsupported: torch {torch.__version__}'s varlen_attn: causal")
-    return kw
-
-
-def fa4_available() -> bool:
-    """Whether FlashAttention-4 (``flash_attn.cute``) imports: a peer only where it is
-    installed (``source .fa4/install.sh`` on the H200; never a dependency of portattn)."""
-    try:
-        from flash_attn.cute import flash_attn_varlen_func  # noqa: F401
-    except Exception:  # not installed, or no CUDA toolchain for its DSL
-        return False
-    return True
-
-
-def _fa4(w: Workload, cu: torch.Tensor, deterministic: bool) -> Impl:
-    from flash_attn.cute import flash_attn_varlen_func
-
-    longest = max(w.lengths)
-
-    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        result = flash_attn_varlen_func(
-            q,
-            k,
-            v,
-            cu_seqlens_q=cu,
-            cu_seqlens_k=cu,
-            max_seqlen_q=longest,
-            max_seqlen_k=longest,
-            causal=w.causal,
-            deterministic=deterministic,
-        )
-        return result[0] if isinstance(result, tuple) else result  # (out, lse) in 4.0 betas
-
-    return Impl(fn, _identity)
-
-
-def build_impls(
-    w: Workload, cu: torch.Tensor, only: list[str] | None = None
-) -> dict[str, Impl | str]:
-    """The implementations that apply to ``w`` (with ``only``: those whose name contains one
-    of its substrings, case-insensitive); a setup failure maps to its error message."""
-    makers: dict[str, Callable[[], Impl]] = {
-        VARLEN: lambda: _portattn(w, cu, "varlen"),
-        FIXED: lambda: _portattn(w, cu, "fixed_order"),
-    }
-    if fa4_available():
-        makers[FA4_DET] = lambda: _fa4(w, cu, deterministic=True)
-        makers[FA4] = lambda: _fa4(w, cu, deterministic=False)
-    if w.equal:
-        makers[CUDNN] = lambda: _sdpa(w, "CUDNN_ATTENTION")
-        makers[FLASH] = lambda: _sdpa(w, "FLASH_ATTENTION")
-    makers[FLEX] = lambda: _flex(w, cu)
-    makers[TORCH_VARLEN] = lambda: _torch_varlen(w, cu)
-    if only:
-        wanted = [o.lower() for o in only]
-        makers = {n: m for n, m in makers.items() if any(o in n.lower() for o in wanted)}
-    out: dict[str, Impl | str] = {}
-    for name, make in makers.items():
-        impl, error = attempt(make)
-        out[name] = impl if error is None else error
-    return out
-
-
-# --- running ----------------------------------------------------------------------------------
-
-Step = Callable[[], object]
-Timer = Callable[[Step], tuple[float, float | None, float | None]]  # ms, peak GiB, resident GiB
-
-
-def cuda_graph(fn: Callable[[], Any], warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """``fn`` captured in a CUDA graph after ``warmup`` calls on a side stream (as
-    ``torch.cuda.graph``'s docs ask); returns the graph and the captured call's output."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
-
-
-def attempt(fn: Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
-    """``(fn(*args), None)``, or ``(None, message)`` if it raised. The message includes the
-    warnings raised meanwhile: SDPA gives the reasons why a backend cannot run only as
-    warnings before its "No available kernel" error."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            return fn(*args), None
-        except Exception as exc:  # report, do not hide: the tables show it as failed
-            text = f"{type(exc).__name__}: {exc}".strip()
-            extra = [m for m in dict.fromkeys(str(c.message) for c in caught) if m not in text]
-            return None, "; ".join([text, *extra])[:4000]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def make_step(impl: Impl, mode: str, q, k, v, do: torch.Tensor | None) -> Step:
@@ -475,81 +118,12 @@ def make_step(impl: Impl, mode: str, q, k, v, do: torch.Tensor | None) -> Step:
     return step
 
 
-@contextlib.contextmanager
-def _no_recompile() -> Iterator[None]:
-    """While timing, a recompile raises instead of being timed (torch >= 2.6)."""
-    set_stance = getattr(torch.compiler, "set_stance", None)
-    if set_stance is None:
-        yield
-        return
-    with set_stance("fail_on_recompile"):
-        yield
-
-
-def gpu_timer(
-    step: Step, warmup_ms: int = WARMUP_MS, rep_ms: int = REP_MS
-) -> tuple[float, float | None, float | None]:
-    """Median ms of ``do_bench`` (L2 flushed before each repeat: see the module docstring; its
-    warm-up and repeat budgets in ms), and the peak and resident memory in GiB of one call
-    measured before it."""
-    import triton.testing
-
-    with _no_recompile():
-        torch.cuda.synchronize()
-        resident = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated()
-        ms = triton.testing.do_bench(step, warmup=warmup_ms, rep=rep_ms, return_mode="median")
-    return ms, peak / 2**30, resident / 2**30
-
-
-def profile_cuda(step: Step, calls: int) -> Any:
-    """``torch.profiler``'s record of the CUDA activity of ``calls`` calls of ``step``, after
-    one call outside it."""
-    from torch.profiler import ProfilerActivity, profile
-
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            step()
-        torch.cuda.synchronize()
-    return prof
-
-
-def profile_cuda_us(step: Step, calls: int) -> dict[str, float]:
-    """CUDA microseconds of each kernel (by name) over ``calls`` calls of ``step``, after one
-    call outside the profile (``torch.profiler``; the CI scripts' per-kernel times)."""
-    return {evt.key: evt.device_time_total for evt in profile_cuda(step, calls).key_averages()}
-
-
-def write_rows(path: str, rows: list[dict[str, Any]]) -> None:
-    """The CI scripts' ``--json``: their rows, in order, as JSON indented by one space."""
-    with open(path, "w") as f:
-        json.dump(rows, f, indent=1)
-
-
-def make_inputs(w: Workload, device: str | torch.device = "cuda", dtype=torch.bfloat16):
-    """Packed q [T, Hq, D], k and v [T, Hkv, D] (seeded normal), and int32 cu_seqlens."""
-    total = sum(w.lengths)
-    gen = torch.Generator(device=device).manual_seed(0)
-
-    def mk(n_heads: int) -> torch.Tensor:
-        return torch.randn(total, n_heads, w.head_dim, device=device, generator=gen, dtype=dtype)
-
-    q, k, v = mk(w.n_heads_q), mk(w.n_heads_k), mk(w.n_heads_k)
-    cu = torch.tensor([0, *torch.tensor(w.lengths).cumsum(0).tolist()], dtype=torch.int32)
-    return q, k, v, cu.to(device)
-
-
 def _first_call(impl: Impl, mode: str, args: tuple, do: torch.Tensor | None):
     """The step of ``impl`` in ``mode`` and the seconds of its first call (compiles included)."""
     step = make_step(impl, mode, *args, do)
     t0 = time.perf_counter()
     step()
-    _sync(args[0].device)
+    sync(args[0].device)
     return step, time.perf_counter() - t0
 
 
@@ -617,30 +191,6 @@ def run_workload(
     return rows, compile_s
 
 
-def pass_order(names: list[str], pass_: int, passes: int) -> list[str]:
-    """The implementations' order in pass ``pass_`` of ``passes``: odd passes reverse the pass
-    before them, and each pair of passes starts ``len(names) / (passes / 2)`` places further
-    round, so over the passes every implementation is timed early and late alike (two passes:
-    the names, then reversed)."""
-    pairs = (passes + 1) // 2
-    turn = (pass_ // 2) * len(names) // pairs
-    order = names[turn:] + names[:turn]
-    return order[::-1] if pass_ % 2 else order
-
-
-def heat(steps: list[Step], seconds: float) -> None:
-    """Call ``steps`` round robin, untimed, for about ``seconds`` (none: nothing), then wait
-    for the GPU: the first timed call finds it as busy as every later one (:data:`HEAT_S`)."""
-    if seconds <= 0 or not steps:
-        return
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for step in steps:
-            attempt(step)
-        if torch.cuda.is_available():  # a round at a time: the queue never runs far ahead
-            torch.cuda.synchronize()
-
-
 def _git(*args: str) -> str | None:
     try:
         proc = subprocess.run(
@@ -673,18 +223,8 @@ def metadata() -> dict[str, Any]:
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command=shlex.join(argv),
         do_bench=dict(warmup_ms=WARMUP_MS, rep_ms=REP_MS, return_mode="median"),
-        fa4=_fa4_version(),
+        fa4=fa4_version(),
     )
-
-
-def _fa4_version() -> str | None:
-    """FlashAttention-4's installed version (``flash-attn-4``), or None."""
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("flash-attn-4")
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def run(

@@ -55,9 +55,10 @@ from typing import Any
 
 import torch
 
-from benchmarks import bench
+from benchmarks import bench, timing
 from benchmarks import bench_report as report
-from benchmarks.bench import attempt, docs_stem, metadata
+from benchmarks.bench import docs_stem, metadata
+from benchmarks.timing import attempt, cuda_graph
 
 PAGE_SIZE = 64
 KV_RANGE = (512, 8192)
@@ -337,7 +338,7 @@ def _flex(w: DecodeWorkload, inp: DecodeInputs) -> DecodeImpl:
 def graphed(impl: DecodeImpl) -> DecodeImpl:
     """``impl`` captured in a CUDA graph after two eager calls on a side stream (as
     ``torch.cuda.graphs`` recommends); ``fn`` replays it and returns the graph's output."""
-    graph, out = bench.cuda_graph(impl.fn, warmup=2)
+    graph, out = cuda_graph(impl.fn, warmup=2)
 
     def replay():
         graph.replay()
@@ -386,9 +387,9 @@ Timer = Callable[[Callable[[], object]], tuple[float, float | None, float | None
 
 
 def gpu_timer(step: Callable[[], object]) -> tuple[float, float | None, float | None]:
-    """:func:`benchmarks.bench.gpu_timer` with shorter budgets (``WARMUP_MS``, ``REP_MS``:
+    """:func:`benchmarks.timing.gpu_timer` with shorter budgets (``WARMUP_MS``, ``REP_MS``:
     calls here take 0.01-2 ms, so 150 ms is 75+ repeats): median ms, peak and resident GiB."""
-    return bench.gpu_timer(step, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
+    return timing.gpu_timer(step, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
 
 
 def _row(w: DecodeWorkload, impl: str, pass_: int | None, **fields: Any) -> dict[str, Any]:

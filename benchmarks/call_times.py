@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from benchmarks.bench import cuda_graph
+from benchmarks.timing import cuda_graph
 
 
 def gpu_times(call, n: int) -> dict[str, float]:

@@ -10,7 +10,7 @@ Rows (bf16, causal, H = 16 query heads, GQA 16/4 no; one packed batch each):
 Useful FLOPs count the visible (query, key) pairs exactly: ``2 * (D + Dv) * H * pairs``
 forward (QK^T and PV), ``2 * (4 * D + 3 * Dv) * H * pairs`` forward + backward (with the
 recomputed QK^T, dP, dV, dQ, dK): ``4 * D`` and 3.5x that where Dv == D. Timing:
-``benchmarks.bench.gpu_timer`` (do_bench medians, L2 flushed), each implementation
+``benchmarks.timing.gpu_timer`` (do_bench medians, L2 flushed), each implementation
 warmed first, two passes in alternating order, the better median kept. q, k, v require grad
 in the forward + backward rows.
 
@@ -30,7 +30,7 @@ if not __package__:  # run as `python benchmarks/features.py`: the checkout's ro
 import torch
 
 import portattn
-from benchmarks.bench import gpu_timer
+from benchmarks.timing import gpu_timer
 
 HEADS = 16
 

@@ -9,7 +9,7 @@ Model: 2 layers, 16 query heads on 4 kv heads (GQA), head dim 64 or 128 (hidden 
     sdpa: the block-causal mask transformers builds from them);
   * decode: 8 sequences of 2048 tokens in the cache, one new token each (an all-ones mask, as
     generate passes: portattn reads the [B, H, S, D] cache in place, heads fold).
-Timing: ``benchmarks.bench.gpu_timer`` (do_bench medians, L2 flushed), each
+Timing: ``benchmarks.timing.gpu_timer`` (do_bench medians, L2 flushed), each
 implementation warmed first, two passes in alternating order, the better median kept.
 
     python benchmarks/transformers_llama.py [--json PATH]
@@ -27,7 +27,7 @@ if not __package__:  # run by path: the checkout's root on sys.path
 
 import torch
 
-from benchmarks.bench import gpu_timer
+from benchmarks.timing import gpu_timer
 
 IMPLS = ("portattn", "sdpa")
 SEQ, BATCH = 2048, 4

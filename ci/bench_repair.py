@@ -17,13 +17,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import portattn  # noqa: E402
-from benchmarks.bench import cuda_graph, skewed_lengths  # noqa: E402
+from benchmarks.timing import cuda_graph  # noqa: E402
+from benchmarks.workloads import skewed_lengths  # noqa: E402
 from portattn.kernels import plan as plan_mod  # noqa: E402
 
 
 def pack_lengths(spec: str) -> list[int]:
     """``BxL`` (B sequences of L tokens) or ``skewedN`` / ``skewedNk`` (the bench's skewed pack
-    of N tokens, ``benchmarks.bench.skewed_lengths``)."""
+    of N tokens, ``benchmarks.workloads.skewed_lengths``)."""
     if spec.startswith("skewed"):
         size = spec[len("skewed") :]
         total = int(size[:-1]) * 1024 if size.endswith("k") else int(size)

@@ -32,7 +32,7 @@ if not __package__:  # run as `python ci/chunk_size_ab.py`: the checkout's root 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import portattn
-from benchmarks import bench
+from benchmarks.timing import gpu_timer
 from ci.split_decode_ab import (
     WORKLOADS,
     decode_rows,
@@ -70,7 +70,7 @@ def forward_rows(chunks: list[int], quick: bool) -> list[str]:
                 return portattn.varlen_attention(q, k, v, cu, cu, n, n, causal=True,
                                                  kernel=kernel)  # fmt: skip
 
-            ms = bench.gpu_timer(step)[0]
+            ms = gpu_timer(step)[0]
             best[chunk] = min(best.get(chunk, ms), ms)
         for chunk in [0, *chunks]:
             lines.append(f"| {name} d{dim} {kernel} | {chunk or 'none'} | {best[chunk]:.3f} | "

@@ -26,7 +26,7 @@ if not __package__:  # run as `python ci/gluon_decode_ab.py`: the checkout's roo
 import torch
 
 import portattn
-from benchmarks.bench import attempt
+from benchmarks.timing import attempt
 from portattn.kernels.decode_ws import launch_decode_ws, plan_decode_ws
 from portattn.tools.compile_launches import Entry
 

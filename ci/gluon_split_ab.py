@@ -32,7 +32,7 @@ if not __package__:  # run as `python ci/gluon_split_ab.py`: the checkout's root
 
 import torch
 
-from benchmarks.bench import attempt
+from benchmarks.timing import attempt
 from portattn.kernels import decode, forward, plan
 
 BATCHES = (1, 2, 4, 8)

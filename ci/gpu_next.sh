@@ -241,7 +241,7 @@
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|s52|g3|d64var|d64ab|swap|odd|even}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|s52|s53|g3|d64var|d64ab|swap|odd|even}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -345,6 +345,20 @@ elif [ "$PART" = s50 ]; then
     tests/test_kvcache_replay.py tests/test_page_block.py tests/test_append.py -n 12 \
     -p no:cacheprovider -W ignore::DeprecationWarning -rfE -q
   tail -n 4 "$OUT/tests.log"
+elif [ "$PART" = s53 ]; then
+  # session 53's first call (carry .fa4): golden verify of sm90, then on an H200 the decode
+  # table with the swapped decode on (issue 37: docs/bench-decode-h200.* from one run; the
+  # last was session 46's) and the eager host time; the GPU suite follows in `odd` / `even`
+  step verify 240 python3 -m portattn golden verify --family sm90
+  tail -n 2 "$OUT/verify.log"
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    source .fa4/install.sh >"$OUT/fa4_install.log" 2>&1
+    step decode 300 python3 benchmarks/bench.py --decode --docs
+    cp docs/bench-decode-* "$OUT/"
+    grep -E "^\|" "$OUT/decode.log" | head -n 22
+    step host 60 python3 benchmarks/host_overhead.py --gpu --n 1000
+    grep -E "^\|" "$OUT/host.log"
+  fi
 elif [ "$PART" = s52 ]; then
   # session 52's second call, right after swap_ship (carry .fa4): golden verify of sm90 in a
   # call of its own, the d64 forward in three consumer groups (tune_sm90's round

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 35 (issue 36, perf-notes row 102): where the forward loses on packs of short
-# sequences (bench.overhead_workloads: RL-like 64 x 32..2048, 1024 one-tile sequences), where
+# sequences (benchmarks/workloads.py overhead_workloads: RL-like 64 x 32..2048, 1024 one-tile sequences), where
 # portattn's forward is 0.67-0.76x FA4 deterministic's: CUDA µs per kernel (torch.profiler) of
 # both, then ci/gpu_stalls.sh (per-SASS stall sampling) on the RL causal pack. Carry .fa4.
 set -uo pipefail

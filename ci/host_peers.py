@@ -28,8 +28,8 @@ import torch
 
 import portattn
 from benchmarks import bench_decode as bd
-from benchmarks.bench import profile_cuda_us
 from benchmarks.call_times import gpu_times, profile
+from benchmarks.timing import profile_cuda_us
 
 
 def varlen_calls() -> dict:

@@ -31,6 +31,9 @@ import torch
 
 from benchmarks import bench
 from benchmarks.bench_report import FA4_DET, VARLEN
+from benchmarks.peers import build_impls
+from benchmarks.timing import profile_cuda_us
+from benchmarks.workloads import make_inputs, named_workloads
 
 
 def main() -> int:
@@ -40,12 +43,12 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="torch.profiler µs per kernel")
     parser.add_argument("--only", choices=("portattn", "fa4"), help="one implementation")
     args = parser.parse_args()
-    for w in bench.named_workloads(args.workloads):
-        q, k, v, cu = bench.make_inputs(w)
+    for w in named_workloads(args.workloads):
+        q, k, v, cu = make_inputs(w)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         do = torch.randn_like(q)
         only = {"portattn": [VARLEN], "fa4": [FA4_DET]}.get(args.only, [VARLEN, FA4_DET])
-        impls = bench.build_impls(w, cu, only=only)
+        impls = build_impls(w, cu, only=only)
         for name, impl in impls.items():
             if isinstance(impl, str):
                 print(f"{w.name} {name}: {impl}")
@@ -60,7 +63,7 @@ def main() -> int:
                 torch.cuda.synchronize()
                 torch.cuda.nvtx.range_pop()
                 if args.profile:
-                    times = bench.profile_cuda_us(step, 5)
+                    times = profile_cuda_us(step, 5)
                     print(f"\n### {w.name} {tag} {mode}: CUDA µs per call and kernel")
                     for kernel, us in sorted(times.items(), key=lambda kv: -kv[1])[:8]:
                         print(f"- {us / 5:9.1f}  {kernel[:110]}")

@@ -27,8 +27,8 @@ if not __package__:  # run as `python ci/split_decode_ab.py`: the checkout's roo
 import torch
 
 import portattn
-from benchmarks import bench
 from benchmarks import bench_decode as bd
+from benchmarks.timing import cuda_graph, gpu_timer
 from portattn import configs
 from portattn.families import config_family
 from portattn.kernels import decode, plan
@@ -87,7 +87,7 @@ def fa4_call(w: bd.DecodeWorkload, inp: bd.DecodeInputs):
 
 def tbps(w: bd.DecodeWorkload, fn) -> tuple[float, float]:
     """(graph replay, eager) K/V TB/s of ``fn``."""
-    graph, _ = bench.cuda_graph(fn, warmup=2)
+    graph, _ = cuda_graph(fn, warmup=2)
     ms_graph = bd.gpu_timer(graph.replay)[0]
     ms_eager = bd.gpu_timer(fn)[0]
     return w.kv_bytes() / ms_graph / 1e9, w.kv_bytes() / ms_eager / 1e9
@@ -185,7 +185,7 @@ def prefill_rows(chunks: list[int]) -> list[str]:
             def step(q=q, k=k, v=v, cu=cu, n=max(lens)):
                 return portattn.varlen_attention(q, k, v, cu, cu, n, n, causal=True)
 
-            ms = bench.gpu_timer(step)[0]
+            ms = gpu_timer(step)[0]
             best = prefill_rows.best.get((name, label))
             prefill_rows.best[(name, label)] = ms if best is None else min(best, ms)
         for label, *_ in variants:

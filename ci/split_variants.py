@@ -26,8 +26,8 @@ if not __package__:  # run as `python ci/split_variants.py`: the checkout's root
 import torch
 
 import portattn
-from benchmarks import bench
 from benchmarks import bench_decode as bd
+from benchmarks.timing import gpu_timer
 from ci.split_decode_ab import (
     TRAINING_PACKS,
     WORKLOADS,
@@ -122,7 +122,7 @@ def forward_rows(kernels: tuple[str, ...] = ("varlen", "fixed_order")) -> list[s
                     return portattn.varlen_attention(q, k, v, cu, cu, n, n, causal=True,
                                                      kernel=kernel)  # fmt: skip
 
-                ms = bench.gpu_timer(step)[0]
+                ms = gpu_timer(step)[0]
                 key = (name, kernel, label)
                 best[key] = min(best.get(key, ms), ms)
                 if key not in outputs:

@@ -29,7 +29,8 @@ import torch
 import triton
 
 import portattn
-from benchmarks.bench import profile_cuda_us, skewed_lengths, write_rows
+from benchmarks.timing import profile_cuda_us, write_rows
+from benchmarks.workloads import skewed_lengths
 from ci.wait_barrier_probe import digest  # the bits column (out, and the gradients)
 from portattn import configs
 from portattn.configs import Tiles

@@ -29,6 +29,7 @@ import triton
 
 from benchmarks import bench
 from benchmarks.bench_report import FIXED, VARLEN
+from benchmarks.timing import profile_cuda
 from ci.wait_barrier_probe import digest, probe_impls
 
 DEFAULT = ("skewed 16k h16 d64 causal", "skewed 16k h16 d64 full")
@@ -95,7 +96,7 @@ def kernel_times_us(step, calls: int) -> dict[str, list[float]]:
     """Each kernel's CUDA µs per launch (by name) over ``calls`` steps, after one step outside
     the profile (``torch.profiler``): the spread of one kernel within this process shows."""
     times: dict[str, list[float]] = {}
-    for event in bench.profile_cuda(step, calls).events():
+    for event in profile_cuda(step, calls).events():
         if event.device_time_total > 0 and event.device_type == torch.autograd.DeviceType.CUDA:
             times.setdefault(event.name, []).append(event.device_time_total)
     return times

@@ -22,6 +22,8 @@ import triton
 
 from benchmarks import bench
 from benchmarks.bench_report import FA4_DET, FIXED, VARLEN
+from benchmarks.peers import build_impls
+from benchmarks.workloads import Workload, make_inputs, named_workloads
 
 DEFAULT = ("equal 2x8192 h16 d128 causal", "equal 2x8192 h16 d128 full",
            "skewed 32k h16 d128 causal", "equal 2x8192 gqa32/8 d128 causal",
@@ -35,9 +37,9 @@ def digest(*tensors: torch.Tensor) -> str:
     return h.hexdigest()[:12]
 
 
-def probe_inputs(w: bench.Workload) -> tuple[torch.Tensor, ...]:
+def probe_inputs(w: Workload) -> tuple[torch.Tensor, ...]:
     """q, k, v (requiring grad), cu_seqlens and dO of workload ``w``, the same in every run."""
-    q, k, v, cu = bench.make_inputs(w)
+    q, k, v, cu = make_inputs(w)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     gen = torch.Generator(device=q.device).manual_seed(1)  # the same dO in every run
     do = torch.randn(q.shape, device=q.device, dtype=q.dtype, generator=gen)
@@ -48,9 +50,9 @@ def probe_impls(workloads: list[str], only: list[str], tag: str = "") -> Iterato
     """(workload, implementation name, impl, q, k, v, dO) for each of ``only`` on each named
     workload (``probe_inputs``); an implementation that cannot run prints its reason (after
     ``tag``) and is skipped."""
-    for w in bench.named_workloads(workloads):
+    for w in named_workloads(workloads):
         q, k, v, cu, do = probe_inputs(w)
-        for name, impl in bench.build_impls(w, cu, only=only).items():
+        for name, impl in build_impls(w, cu, only=only).items():
             if isinstance(impl, str):
                 print(f"{tag}{w.name} | {name} | {impl[:200]}")
                 continue

@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 
-from benchmarks import bench
-from benchmarks.bench import Impl, Workload
+from benchmarks import bench, peers, timing, workloads
 from benchmarks.bench_report import CUDNN, FA4, FA4_DET, FIXED, FLASH, FLEX, TORCH_VARLEN, VARLEN
+from benchmarks.peers import Impl
+from benchmarks.workloads import Workload
 
 # --- FLOPs ------------------------------------------------------------------------------------
 
@@ -31,7 +32,7 @@ def test_flops_convention():
 
 
 def test_default_workloads_cover_every_family():
-    ws = bench.default_workloads()
+    ws = workloads.default_workloads()
     names = [w.name for w in ws]
     assert len(names) == len(set(names)), "names must be unique: reports match rows by name"
     assert 10 <= len(ws) <= 12, "a full run must stay within ~6 minutes on an H200"
@@ -71,12 +72,12 @@ def test_run_size_is_moderate():
     """Timings of a full run: 2 modes x implementations x 2 passes, about 0.4 s each (FlexAttention
     compiles come on top), so keep well under the ~6 minutes a run may take."""
     # portattn x 2, Flex and torch's varlen_attn; SDPA x 2 on equal packs (FA4 x 2 on top)
-    timings = sum(2 * (6 if w.equal else 4) * 2 for w in bench.default_workloads())
+    timings = sum(2 * (6 if w.equal else 4) * 2 for w in workloads.default_workloads())
     assert timings * 0.4 < 120
 
 
 def test_quick_and_filter():
-    quick = [w.name for w in bench.select_workloads(quick=True)]
+    quick = [w.name for w in workloads.select_workloads(quick=True)]
     assert sorted(quick) == sorted(
         [
             "equal 2x8192 h16 d128 full",
@@ -85,21 +86,21 @@ def test_quick_and_filter():
             "skewed 32k h16 d128 causal",
         ]
     )
-    gqa = bench.select_workloads(patterns=["GQA"])
+    gqa = workloads.select_workloads(patterns=["GQA"])
     assert gqa and all("gqa32/8" in w.name for w in gqa)
-    both = bench.select_workloads(patterns=["d64", "gqa"])
-    assert len(both) == len(gqa) + len(bench.select_workloads(patterns=["d64"]))
-    assert [w.name for w in bench.select_workloads(quick=True, patterns=["causal"])] == [
+    both = workloads.select_workloads(patterns=["d64", "gqa"])
+    assert len(both) == len(gqa) + len(workloads.select_workloads(patterns=["d64"]))
+    assert [w.name for w in workloads.select_workloads(quick=True, patterns=["causal"])] == [
         n for n in quick if n.endswith("causal")
     ]
-    assert bench.select_workloads(patterns=["no such workload"]) == []
+    assert workloads.select_workloads(patterns=["no such workload"]) == []
 
 
 def test_seeds_add_other_skewed_packs():
     """``--seeds 3``: the six skewed workloads again for seeds 1 and 2, other packs of the same
     token count; the default run is unchanged; the probes find them by name."""
-    default = bench.select_workloads()
-    seeded = bench.select_workloads(seeds=3)
+    default = workloads.select_workloads()
+    seeded = workloads.select_workloads(seeds=3)
     extra = seeded[len(default) :]
     assert seeded[: len(default)] == default and len(extra) == 12
     assert len({w.name for w in seeded}) == len(seeded)
@@ -110,7 +111,7 @@ def test_seeds_add_other_skewed_packs():
         assert (w.n_heads_q, w.n_heads_k, w.head_dim, w.causal) == (
             base.n_heads_q, base.n_heads_k, base.head_dim, base.causal
         )  # fmt: skip
-    assert bench.named_workloads(["skewed 16k seed2 h16 d64 causal"]) == [
+    assert workloads.named_workloads(["skewed 16k seed2 h16 d64 causal"]) == [
         w for w in extra if w.name == "skewed 16k seed2 h16 d64 causal"
     ]
 
@@ -118,9 +119,9 @@ def test_seeds_add_other_skewed_packs():
 @pytest.mark.parametrize("total", [16384, 32768, 5000])
 @pytest.mark.parametrize("seed", [0, 1, 7])
 def test_skewed_lengths(total: int, seed: int):
-    lengths = bench.skewed_lengths(total, seed)
+    lengths = workloads.skewed_lengths(total, seed)
     assert sum(lengths) == total
-    assert lengths == bench.skewed_lengths(total, seed), "must be the same pack every run"
+    assert lengths == workloads.skewed_lengths(total, seed), "must be the same pack every run"
     # every length but the last is drawn from 64...4096; the last is what is left of the
     # total, so it may be shorter than 64 (never empty, never longer than 4096)
     assert all(64 <= n <= 4096 for n in lengths[:-1])
@@ -128,9 +129,9 @@ def test_skewed_lengths(total: int, seed: int):
 
 
 def test_skewed_workloads_are_skewed():
-    for w in bench.default_workloads():
+    for w in workloads.default_workloads():
         if w.name.startswith("skewed"):
-            assert w.lengths == bench.skewed_lengths(sum(w.lengths))
+            assert w.lengths == workloads.skewed_lengths(sum(w.lengths))
             assert max(w.lengths) >= 8 * min(w.lengths)
             assert max(w.lengths) <= 4096
 
@@ -141,11 +142,11 @@ def test_skewed_workloads_are_skewed():
 def test_overhead_workloads_stay_out_of_runs_and_repeat():
     """The GPU probes' packs of short sequences (ci/wait_barrier_probe.py, ci/ncu_peers.py take
     them by name): distinct names none of the bench's, the same seeded lengths every call."""
-    extra = bench.overhead_workloads()
+    extra = workloads.overhead_workloads()
     names = [w.name for w in extra]
     assert len(set(names)) == len(names)
-    assert not set(names) & {w.name for w in bench.default_workloads()}
-    assert [w.lengths for w in extra] == [w.lengths for w in bench.overhead_workloads()]
+    assert not set(names) & {w.name for w in workloads.default_workloads()}
+    assert [w.lengths for w in extra] == [w.lengths for w in workloads.overhead_workloads()]
     rl = next(w for w in extra if w.name.startswith("rl "))
     assert len(rl.lengths) == 64 and min(rl.lengths) >= 32 and max(rl.lengths) <= 2048
     assert len(set(rl.lengths)) > 32  # random lengths, not one repeated
@@ -153,9 +154,9 @@ def test_overhead_workloads_stay_out_of_runs_and_repeat():
 
 def test_named_workloads_exact_names_in_order_unknown_raises():
     names = ["rl 64x(32..2048) h16 d128 full", "equal 2x8192 h16 d128 causal"]
-    assert [w.name for w in bench.named_workloads(names)] == names
+    assert [w.name for w in workloads.named_workloads(names)] == names
     with pytest.raises(ValueError, match="unknown workload"):
-        bench.named_workloads(["equal 2x8192"])  # a substring is not a name
+        workloads.named_workloads(["equal 2x8192"])  # a substring is not a name
 
 
 def test_build_impls_peers_per_pack(monkeypatch):
@@ -167,15 +168,15 @@ def test_build_impls_peers_per_pack(monkeypatch):
     def broken(*args, **kwargs) -> Impl:
         raise RuntimeError("no flex here")
 
-    monkeypatch.setattr(bench, "_portattn", fake)
-    monkeypatch.setattr(bench, "_sdpa", fake)
-    monkeypatch.setattr(bench, "_flex", broken)
+    monkeypatch.setattr(peers, "_portattn", fake)
+    monkeypatch.setattr(peers, "_sdpa", fake)
+    monkeypatch.setattr(peers, "_flex", broken)
     cu = torch.tensor([0, 8, 16], dtype=torch.int32)
-    equal = bench.build_impls(Workload("e", (8, 8), 2, 2, 64, False), cu)
+    equal = peers.build_impls(Workload("e", (8, 8), 2, 2, 64, False), cu)
     assert list(equal) == [VARLEN, FIXED, CUDNN, FLASH, FLEX, TORCH_VARLEN]
     assert equal[FLEX] == "RuntimeError: no flex here"
     assert "needs CUDA tensors" in equal[TORCH_VARLEN]  # cu is on the CPU
-    skewed = bench.build_impls(Workload("s", (4, 12), 2, 2, 64, False), cu)
+    skewed = peers.build_impls(Workload("s", (4, 12), 2, 2, 64, False), cu)
     assert list(skewed) == [VARLEN, FIXED, FLEX, TORCH_VARLEN]
 
 
@@ -185,14 +186,14 @@ def test_torch_varlen_options_follow_its_signature():
     causal_gqa = Workload("g", (8, 8), 4, 2, 64, causal=True)
     full = Workload("f", (8, 8), 2, 2, 64, causal=False)
     new = ("window_size", "enable_gqa")
-    assert bench.torch_varlen_options(causal_gqa, new) == dict(enable_gqa=True, window_size=(-1, 0))
-    assert bench.torch_varlen_options(full, new) == {}
+    assert peers.torch_varlen_options(causal_gqa, new) == dict(enable_gqa=True, window_size=(-1, 0))
+    assert peers.torch_varlen_options(full, new) == {}
     old = Workload("c", (8, 8), 2, 2, 64, causal=True)
-    assert bench.torch_varlen_options(old, ("is_causal",)) == dict(is_causal=True)
+    assert peers.torch_varlen_options(old, ("is_causal",)) == dict(is_causal=True)
     with pytest.raises(NotImplementedError, match="no enable_gqa"):
-        bench.torch_varlen_options(causal_gqa, ("window_size",))
+        peers.torch_varlen_options(causal_gqa, ("window_size",))
     with pytest.raises(NotImplementedError, match="causal"):
-        bench.torch_varlen_options(old, ())
+        peers.torch_varlen_options(old, ())
 
 
 def test_build_impls_fa4_where_it_imports_and_the_impls_filter(monkeypatch):
@@ -205,16 +206,16 @@ def test_build_impls_fa4_where_it_imports_and_the_impls_filter(monkeypatch):
         return Impl(lambda q, k, v: q, lambda x: x)
 
     for name in ("_portattn", "_sdpa", "_flex", "_fa4", "_torch_varlen"):
-        monkeypatch.setattr(bench, name, fake)
+        monkeypatch.setattr(peers, name, fake)
     cu = torch.tensor([0, 4, 16], dtype=torch.int32)
     skewed = Workload("s", (4, 12), 2, 2, 64, False)
-    monkeypatch.setattr(bench, "fa4_available", lambda: False)
-    assert FA4_DET not in bench.build_impls(skewed, cu)
-    monkeypatch.setattr(bench, "fa4_available", lambda: True)
-    assert list(bench.build_impls(skewed, cu)) == [VARLEN, FIXED, FA4_DET, FA4, FLEX, TORCH_VARLEN]
+    monkeypatch.setattr(peers, "fa4_available", lambda: False)
+    assert FA4_DET not in peers.build_impls(skewed, cu)
+    monkeypatch.setattr(peers, "fa4_available", lambda: True)
+    assert list(peers.build_impls(skewed, cu)) == [VARLEN, FIXED, FA4_DET, FA4, FLEX, TORCH_VARLEN]
     # deterministic=True, then FA4's default (then Flex and torch's varlen_attn)
     assert made[-4:-2] == [True, False]
-    only = bench.build_impls(skewed, cu, only=["PORTATTN v", "fa4 det"])
+    only = peers.build_impls(skewed, cu, only=["PORTATTN v", "fa4 det"])
     assert list(only) == [VARLEN, FA4_DET]
 
 
@@ -296,7 +297,7 @@ def test_run_workload_alternates_and_records_failures(monkeypatch):
 )
 def test_pass_order_puts_each_implementation_early_and_late(passes, orders):
     names = list("abcd")
-    got = ["".join(bench.pass_order(names, p, passes)) for p in range(passes)]
+    got = ["".join(timing.pass_order(names, p, passes)) for p in range(passes)]
     assert got == orders
     if passes == 4:  # each name first once and last once over the four passes
         assert sorted(o[0] for o in got) == names and sorted(o[-1] for o in got) == names
@@ -305,17 +306,17 @@ def test_pass_order_puts_each_implementation_early_and_late(passes, orders):
 def test_heat_calls_every_step_until_its_time_is_up(monkeypatch):
     # The round robin alone: on a GPU machine each round also waits for the GPU, and the first
     # wait (the process's CUDA start) outlasted the 0.05 s (session 47's H100 run).
-    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     calls: list[str] = []
 
     def failing():
         calls.append("f")
         raise RuntimeError("out of memory")  # a failing step neither stops the heat nor raises
 
-    bench.heat([lambda: calls.append("a"), failing], 0.05)
+    timing.heat([lambda: calls.append("a"), failing], 0.05)
     assert calls[:2] == ["a", "f"] and len(calls) > 2 and len(calls) % 2 == 0
     calls.clear()
-    bench.heat([lambda: calls.append("a")], 0.0)
+    timing.heat([lambda: calls.append("a")], 0.0)
     assert calls == []
 
 
@@ -329,14 +330,14 @@ def test_passes_must_be_positive(capsys):
 def test_run_hands_over_the_rows_after_each_workload(monkeypatch):
     """A run cut short by a time limit keeps its JSON: ``after_workload`` sees each workload's
     rows as soon as they are measured."""
-    workloads = [Workload(name, (4,), 1, 1, 4, causal=True) for name in ("first", "second")]
+    packs = [Workload(name, (4,), 1, 1, 4, causal=True) for name in ("first", "second")]
     monkeypatch.setattr(bench, "make_inputs", lambda w: (None, None, None, None))
     monkeypatch.setattr(bench, "build_impls", lambda w, cu, only: {})
     monkeypatch.setattr(
         bench, "run_workload", lambda w, impls, inputs, **kw: ([{"workload": w.name}], {})
     )
     seen: list[list[str]] = []
-    data = bench.run(workloads, after_workload=lambda d: seen.append(
+    data = bench.run(packs, after_workload=lambda d: seen.append(
         [r["workload"] for r in d["rows"]]
     ))  # fmt: skip
     assert seen == [["first"], ["first", "second"]]
@@ -364,11 +365,11 @@ def test_attempt_keeps_warnings_in_the_message():
         warnings.warn("Flash attention requires q, k, v to have the same head dim", stacklevel=1)
         raise RuntimeError("No available kernel. Aborting execution.")
 
-    result, error = bench.attempt(sdpa_like)
+    result, error = timing.attempt(sdpa_like)
     assert result is None
     assert error.startswith("RuntimeError: No available kernel")
     assert "same head dim" in error
-    assert bench.attempt(lambda x: x + 1, 1) == (2, None)
+    assert timing.attempt(lambda x: x + 1, 1) == (2, None)
 
 
 # --- command line -----------------------------------------------------------------------------
@@ -449,8 +450,8 @@ def test_gpu_smoke():
     """The real timer and implementations on a small pack (FlexAttention left out: it compiles
     for tens of seconds)."""
     w = Workload("smoke", (256, 256), 2, 2, 64, causal=True)
-    inputs = bench.make_inputs(w)
-    impls = {n: i for n, i in bench.build_impls(w, inputs[3]).items() if n != FLEX}
+    inputs = workloads.make_inputs(w)
+    impls = {n: i for n, i in peers.build_impls(w, inputs[3]).items() if n != FLEX}
     rows, _ = bench.run_workload(w, impls, inputs, log=lambda s: None)
     timed = {(r["impl"], r["mode"]) for r in rows if r["ms"] is not None}
     assert {(VARLEN, m) for m in ("fwd", "fwd+bwd")} <= timed
