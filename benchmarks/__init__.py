@@ -4,6 +4,7 @@
   decode/append benchmark against a KV cache; ``plot``: the chart from a run's JSON), built
   from ``workloads.py`` (the packs), ``peers.py`` (the implementations it times),
   ``timing.py`` (do_bench, graphs, pass order) and ``bench_report.py`` (tables, chart);
+  ``--decode`` is ``bench_decode.py`` on ``decode_workloads.py``;
 - ``python benchmarks/distributed_demo.py``: context- and tensor-parallel attention on several
   processes, checked against one;
 - ``python benchmarks/features.py``, ``transformers_llama.py``, ``api_overhead.py``: the speed

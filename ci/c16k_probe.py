@@ -16,7 +16,7 @@ if not __package__:  # run as `python ci/c16k_probe.py`: the checkout's root on 
 
 import torch
 
-from benchmarks import bench_decode as bd
+from benchmarks import decode_workloads as dw
 from ci import split_decode_ab as ab
 from portattn.kernels import decode
 
@@ -37,8 +37,8 @@ def main() -> int:
     print("| --- | --- | --- | ---: | ---: | --- |")
     for batch in BATCHES:
         name = f"B{batch} 32k"
-        w = bd.DecodeWorkload(name, (32768,) * batch, 1, 32, 8, 128)
-        inp = bd.make_inputs(w)
+        w = dw.DecodeWorkload(name, (32768,) * batch, 1, 32, 8, 128)
+        inp = dw.make_inputs(w)
         for kernel in ("varlen", "fixed_order"):
             rows, outputs = [], {}
             for label, (chunk, below, stages) in VARIANTS.items():

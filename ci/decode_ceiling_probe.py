@@ -34,6 +34,7 @@ import torch
 
 import portattn
 from benchmarks import bench_decode as bd
+from benchmarks import decode_workloads as dw
 
 HKV, D = 8, 128
 SHAPES = (("decode gqa32/8 Sq1", 32, 1), ("decode h16/8 Sq32", 16, 32),
@@ -69,7 +70,7 @@ def main() -> int:
     print("| batch | shape | impl | graph TB/s | us per key tile a program |")
     print("| --- | --- | --- | ---: | ---: |")
     for batch in (1, 8):
-        lens = bd.kv_lengths(batch)
+        lens = dw.kv_lengths(batch)
         gen = torch.Generator(device="cuda").manual_seed(0)
         kv = [torch.randn(sum(lens), HKV, D, device="cuda", dtype=torch.bfloat16, generator=gen)
               for _ in range(2)]  # fmt: skip

@@ -23,6 +23,7 @@ import torch
 
 import portattn
 from benchmarks import bench_decode as bd
+from benchmarks import decode_workloads as dw
 from ci.tune_decode_sm90 import call as paged_call
 
 WORKLOADS = ("decode B8 gqa32/8 d128", "decode B64 gqa32/8 d128", "decode B1 32k gqa32/8 d128")
@@ -30,12 +31,12 @@ PAGES = (16, 64, 256)
 VARIANTS = ("packed",) + tuple(f"paged {p}" for p in PAGES)
 
 
-def calls(w: bd.DecodeWorkload, kernel: str) -> dict[str, object]:
+def calls(w: dw.DecodeWorkload, kernel: str) -> dict[str, object]:
     """variant -> a zero-argument call of ``kernel`` returning (out [B, Hq, D] rows, lse)."""
     out = {}
     for page in PAGES:
-        bd.PAGE_SIZE = page  # make_inputs lays the pages out at the module's page size
-        inp = bd.make_inputs(w)
+        dw.PAGE_SIZE = page  # make_inputs lays the pages out at the module's page size
+        inp = dw.make_inputs(w)
 
         def paged(inp=inp):
             o, lse = paged_call(inp, kernel)  # [B, 1, Hq, D], [B, Hq, 1]
@@ -72,7 +73,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     wanted = tuple(args.workloads or WORKLOADS)
-    workloads = [w for w in bd.default_workloads() if w.name.startswith(wanted)]
+    workloads = [w for w in dw.default_workloads() if w.name.startswith(wanted)]
     print("| workload | kernel | " + " | ".join(f"{v} graph TB/s" for v in VARIANTS) + " | bits |")
     print("| --- | --- |" + " ---: |" * len(VARIANTS) + " --- |")
     with torch.no_grad():

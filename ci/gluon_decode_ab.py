@@ -91,11 +91,13 @@ def gpu_row(bd, w, kernel: str, page: int, swap: bool = False) -> str:
     """One table row: the shipped decode's graph TB/s, the Gluon decode's at each slot count
     (``swap``: at the entry's slots, unswapped then swapped), and whether each gives the
     shipped bits."""
+    from benchmarks import decode_workloads as dw
+
     block_n, slots = variants(kernel, w.head_dim)
     stages = Entry("sm90", kernel, w.head_dim, "bf16").config().decode_tiles().num_stages
     runs = [(stages, False), (stages, True)] if swap else [(n, False) for n in slots]
-    bd.PAGE_SIZE = page or 64  # make_inputs lays the pages out at this size
-    inp = bd.make_inputs(w)
+    dw.PAGE_SIZE = page or 64  # make_inputs lays the pages out at this size
+    inp = dw.make_inputs(w)
     ref_out, ref_lse = shipped(inp, w, page, kernel)
     ref = bd.graphed(bd.DecodeImpl(lambda: shipped(inp, w, page, kernel), lambda o: o[0])).fn
     cells, bits = [], []
@@ -127,11 +129,12 @@ def gpu_row(bd, w, kernel: str, page: int, swap: bool = False) -> str:
 
 def gpu(quick: bool, swap: bool = False) -> int:
     from benchmarks import bench_decode as bd
+    from benchmarks import decode_workloads as dw
 
     wanted = WORKLOADS[:2] if quick else WORKLOADS[2:]
     if swap:
         wanted = SWAP_WORKLOADS
-    workloads = [w for w in bd.default_workloads() if w.name in wanted]
+    workloads = [w for w in dw.default_workloads() if w.name in wanted]
     print("| workload | kernel | K/V | shipped graph TB/s | gluon TB/s (slots) | bits | FA4 det "
           "paged TB/s |")  # fmt: skip
     print("| --- | --- | --- | ---: | --- | --- | ---: |")

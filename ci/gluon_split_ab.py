@@ -75,9 +75,11 @@ def planned(bd, w, inp, kernel: str, gluon: bool):
 
 def workloads(bd) -> list:
     """(workload, block-table pages a sequence or None: the workload's own width)."""
-    long = [bd.DecodeWorkload(f"decode B{b} 32k gqa32/8 d128", (KEYS,) * b, 1, 32, 8, 128)
+    from benchmarks import decode_workloads as dw
+
+    long = [dw.DecodeWorkload(f"decode B{b} 32k gqa32/8 d128", (KEYS,) * b, 1, 32, 8, 128)
             for b in BATCHES]  # fmt: skip
-    short = [w for w in bd.default_workloads() if w.name in SHORT]
+    short = [w for w in dw.default_workloads() if w.name in SHORT]
     return [(w, None) for w in long] + [(w, n) for w in short for n in (None, KEYS // 64)]
 
 
@@ -88,13 +90,14 @@ def gpu() -> int:
     import dataclasses
 
     from benchmarks import bench_decode as bd
+    from benchmarks import decode_workloads as dw
 
     print("| workload | table | kernel | Triton split graph TB/s | Gluon split graph TB/s | bits "
           "| kernels (Gluon) | FA4 det paged TB/s |")  # fmt: skip
     print("| --- | --- | --- | ---: | ---: | --- | --- | ---: |")
     with torch.no_grad():
         for w, width in workloads(bd):
-            inp = bd.make_inputs(w)
+            inp = dw.make_inputs(w)
             table = "own"
             if width is not None:  # an engine's table (pages of 64): unused entries 0, unread
                 pad = width - inp.block_table.shape[1]

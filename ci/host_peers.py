@@ -28,6 +28,7 @@ import torch
 
 import portattn
 from benchmarks import bench_decode as bd
+from benchmarks import decode_workloads as dw
 from benchmarks.call_times import gpu_times, profile
 from benchmarks.timing import profile_cuda_us
 
@@ -60,8 +61,8 @@ def varlen_calls() -> dict:
 
 
 def decode_calls() -> dict:
-    w = bd.select_workloads(patterns=["decode B1 gqa32/8 d128"])[0]
-    inp = bd.make_inputs(w)
+    w = dw.select_workloads(patterns=["decode B1 gqa32/8 d128"])[0]
+    inp = dw.make_inputs(w)
     calls = {}
     pa = bd.portattn_impl(w, inp, "varlen", True).fn
     calls["paged decode B1: portattn"] = lambda: pa()

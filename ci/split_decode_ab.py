@@ -28,6 +28,7 @@ import torch
 
 import portattn
 from benchmarks import bench_decode as bd
+from benchmarks import decode_workloads as dw
 from benchmarks.timing import cuda_graph, gpu_timer
 from portattn import configs
 from portattn.families import config_family
@@ -36,9 +37,9 @@ from portattn.kernels import decode, plan
 WORKLOADS = {
     "B1 32k": (32768,),
     "B8 32k": (32768,) * 8,
-    "B1": bd.kv_lengths(1),
-    "B8": bd.kv_lengths(8),
-    "B64": bd.kv_lengths(64),
+    "B1": dw.kv_lengths(1),
+    "B8": dw.kv_lengths(8),
+    "B64": dw.kv_lengths(64),
 }
 
 
@@ -68,14 +69,14 @@ def patch_entries(
     plan.forget_problems()
 
 
-def decode_call(inp: bd.DecodeInputs, kernel: str):
+def decode_call(inp: dw.DecodeInputs, kernel: str):
     return lambda: portattn.flash_attn_with_kvcache(
         inp.q, inp.k_pages, inp.v_pages, cache_seqlens=inp.seqlens, block_table=inp.block_table,
         causal=True, return_softmax_lse=True, kernel=kernel,
     )  # fmt: skip
 
 
-def fa4_call(w: bd.DecodeWorkload, inp: bd.DecodeInputs):
+def fa4_call(w: dw.DecodeWorkload, inp: dw.DecodeInputs):
     try:
         from flash_attn.cute import flash_attn_varlen_func as fa4
     except ImportError:
@@ -85,7 +86,7 @@ def fa4_call(w: bd.DecodeWorkload, inp: bd.DecodeInputs):
     return lambda: fa4(inp.q, inp.k_pages, inp.v_pages, **kw)
 
 
-def tbps(w: bd.DecodeWorkload, fn) -> tuple[float, float]:
+def tbps(w: dw.DecodeWorkload, fn) -> tuple[float, float]:
     """(graph replay, eager) K/V TB/s of ``fn``."""
     graph, _ = cuda_graph(fn, warmup=2)
     ms_graph = bd.gpu_timer(graph.replay)[0]
@@ -97,8 +98,8 @@ def decode_rows(chunks: list[int], names: list[str]) -> list[str]:
     lines = ["| decode (paged 64, bf16 gqa32/8 d128) | variant | graph TB/s | eager TB/s | bits |",
              "| --- | --- | ---: | ---: | --- |"]  # fmt: skip
     for name in names:
-        w = bd.DecodeWorkload(name, WORKLOADS[name], 1, 32, 8, 128)
-        inp = bd.make_inputs(w)
+        w = dw.DecodeWorkload(name, WORKLOADS[name], 1, 32, 8, 128)
+        inp = dw.make_inputs(w)
         variants: list[tuple[str, int | None, int, int]] = [("shipped", None, 0, 0)]
         for c in chunks:  # split, and the same entries unsplit (the chunks in registers);
             # the split at one stage: spill-free at d128 (row 94), what an entry would ship

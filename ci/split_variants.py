@@ -26,7 +26,7 @@ if not __package__:  # run as `python ci/split_variants.py`: the checkout's root
 import torch
 
 import portattn
-from benchmarks import bench_decode as bd
+from benchmarks import decode_workloads as dw
 from benchmarks.timing import gpu_timer
 from ci.split_decode_ab import (
     TRAINING_PACKS,
@@ -61,8 +61,8 @@ def split_rows(names: list[str]) -> list[str]:
                 "fixed_order": [None, (8, 3), (8, 2), (4, 2), (8, 1)]}  # fmt: skip
     decode.SPLIT_BELOW_PROGRAMS = 1 << 30
     for name in names:
-        w = bd.DecodeWorkload(name, WORKLOADS[name], 1, 32, 8, 128)
-        inp = bd.make_inputs(w)
+        w = dw.DecodeWorkload(name, WORKLOADS[name], 1, 32, 8, 128)
+        inp = dw.make_inputs(w)
         for kernel, options in variants.items():
             reference = None
             for option in options:

@@ -28,6 +28,7 @@ import torch
 
 import portattn
 from benchmarks import bench_decode as bd
+from benchmarks import decode_workloads as dw
 from portattn import configs
 from portattn.configs import Tiles
 
@@ -70,7 +71,7 @@ def with_decode(base: configs.KernelConfig, variant: tuple | None) -> configs.Ke
     return dataclasses.replace(base, decode=tiles)
 
 
-def call(inp: bd.DecodeInputs, kernel: str):
+def call(inp: dw.DecodeInputs, kernel: str):
     return portattn.flash_attn_with_kvcache(
         inp.q,
         inp.k_pages,
@@ -90,7 +91,7 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args()
-    workloads = [w for w in bd.default_workloads() if w.name.startswith(WORKLOADS)]
+    workloads = [w for w in dw.default_workloads() if w.name.startswith(WORKLOADS)]
     workloads = [w for w in workloads if w.head_dim == args.head_dim]
     if args.list:
         for variant in VARIANTS:
@@ -98,7 +99,7 @@ def main() -> int:
         print(*(w.name for w in workloads), sep="\n")
         return 0
     base = entry(args.kernel, args.head_dim)
-    inputs = {w.name: bd.make_inputs(w) for w in workloads}
+    inputs = {w.name: dw.make_inputs(w) for w in workloads}
     reference = {name: call(inp, args.kernel) for name, inp in inputs.items()}
     rows = []
     for variant in VARIANTS:

@@ -11,13 +11,15 @@ import torch
 
 from benchmarks import bench, bench_report
 from benchmarks import bench_decode as bd
-from benchmarks.bench_decode import DecodeImpl, DecodeWorkload
+from benchmarks import decode_workloads as dw
+from benchmarks.bench_decode import DecodeImpl
+from benchmarks.decode_workloads import DecodeWorkload
 
 # --- workloads --------------------------------------------------------------------------------
 
 
 def test_default_workloads():
-    ws = bd.default_workloads()
+    ws = dw.default_workloads()
     names = [w.name for w in ws]
     assert len(names) == len(set(names)), "names must be unique: reports match rows by name"
     main = [w for w in ws if (w.n_heads_q, w.n_heads_k, w.head_dim) == (32, 8, 128)]
@@ -37,7 +39,7 @@ def test_default_workloads():
         assert f"B{w.batch}" in w.name
         if w not in long:
             assert all(512 <= n <= 8192 for n in w.kv_lens)
-            assert w.kv_lens == bd.kv_lengths(w.batch), "same B, same lengths, every workload"
+            assert w.kv_lens == dw.kv_lengths(w.batch), "same B, same lengths, every workload"
     flex = [w.name for w in ws if w.flex]
     assert flex == [w.name for w in main if w.batch >= 64 and max(w.kv_lens) <= 8192]
     assert len(flex) == 6
@@ -46,28 +48,28 @@ def test_default_workloads():
 def test_run_size_is_moderate():
     """About 0.4 s per do_bench: timed implementations (graph replays included) x 2 passes must
     stay near 4 minutes, inside one device call with the compiles."""
-    timed = sum((len(bd.IMPLS) - (0 if w.flex else 1)) * 2 for w in bd.default_workloads())
+    timed = sum((len(bd.IMPLS) - (0 if w.flex else 1)) * 2 for w in dw.default_workloads())
     assert timed * 0.4 < 240
 
 
 def test_quick_and_filter():
-    assert [w.name for w in bd.select_workloads(quick=True)] == [
+    assert [w.name for w in dw.select_workloads(quick=True)] == [
         "decode B64 gqa32/8 d128",
         "decode B256 gqa32/8 d128",
     ]
-    d64 = bd.select_workloads(patterns=["D64"])
+    d64 = dw.select_workloads(patterns=["D64"])
     assert d64 and all(w.head_dim == 64 for w in d64)
-    assert bd.select_workloads(patterns=["nothing like this"]) == []
+    assert dw.select_workloads(patterns=["nothing like this"]) == []
 
 
 def test_kv_lengths_are_seeded():
-    a = bd.kv_lengths(256, seed=3)
+    a = dw.kv_lengths(256, seed=3)
     torch.manual_seed(123)  # the global generator must not matter
-    assert bd.kv_lengths(256, seed=3) == a
-    assert bd.kv_lengths(256, seed=4) != a
+    assert dw.kv_lengths(256, seed=3) == a
+    assert dw.kv_lengths(256, seed=4) != a
     assert len(a) == 256 and all(isinstance(n, int) and 512 <= n <= 8192 for n in a)
     assert max(a) - min(a) > 4096, "uniform over 512...8192, not a narrow band"
-    assert bd.kv_lengths(8, seed=0, lo=5, hi=5) == (5,) * 8
+    assert dw.kv_lengths(8, seed=0, lo=5, hi=5) == (5,) * 8
 
 
 def test_kv_bytes():
@@ -84,7 +86,7 @@ def test_kv_bytes():
 
 def test_paged_layout():
     lens = (70, 128, 1, 200)
-    table, slots, n_pages = bd.paged_layout(lens, page_size=64, seed=5)
+    table, slots, n_pages = dw.paged_layout(lens, page_size=64, seed=5)
     assert n_pages == 2 + 2 + 1 + 4
     assert table.dtype == torch.int32 and table.shape == (4, 4)
     used = torch.cat([table[b, : math.ceil(n / 64)] for b, n in enumerate(lens)])
@@ -92,11 +94,11 @@ def test_paged_layout():
     assert used.tolist() != list(range(n_pages)), "pages shuffled"
     assert slots.numel() == sum(lens) and slots.unique().numel() == sum(lens)
     assert int(slots.max()) < n_pages * 64
-    again = bd.paged_layout(lens, page_size=64, seed=5)
+    again = dw.paged_layout(lens, page_size=64, seed=5)
     assert torch.equal(again[0], table) and torch.equal(again[1], slots)
 
 
-def _paged_attention(w: DecodeWorkload, inp: bd.DecodeInputs) -> torch.Tensor:
+def _paged_attention(w: DecodeWorkload, inp: dw.DecodeInputs) -> torch.Tensor:
     """Attention read from the paged cache through block_table (SDPA, bottom-right causal)."""
     out = []
     for b, n in enumerate(inp.seqlens.tolist()):
@@ -115,7 +117,7 @@ def _paged_attention(w: DecodeWorkload, inp: bd.DecodeInputs) -> torch.Tensor:
 @pytest.mark.parametrize("q_len", [1, 4])
 def test_layouts_hold_the_same_keys_and_reference(q_len):
     w = DecodeWorkload("t", (70, 5, 130), q_len, 4, 2, 8)
-    inp = bd.make_inputs(w, device="cpu", dtype=torch.float32, seed=1)
+    inp = dw.make_inputs(w, device="cpu", dtype=torch.float32, seed=1)
     assert inp.q.shape == (3, q_len, 4, 8) and inp.k.shape == (205, 2, 8)
     assert inp.cu_k.tolist() == [0, 70, 75, 205] and inp.seqlens.tolist() == [70, 5, 130]
     assert inp.cu_q.tolist() == [0, q_len, 2 * q_len, 3 * q_len]
@@ -126,15 +128,15 @@ def test_layouts_hold_the_same_keys_and_reference(q_len):
         assert torch.equal(inp.k_dense[b, :n], packed)
         assert torch.equal(inp.v_dense[b, :n], inp.v[inp.cu_k[b] : inp.cu_k[b + 1]])
     assert (inp.k_dense[1, 5:] != 0).any(), "unused slots are random, not zeros"
-    ref = bd.reference_rows(w, inp, [0, 1, 2])
+    ref = dw.reference_rows(w, inp, [0, 1, 2])
     assert torch.allclose(ref, _paged_attention(w, inp), atol=1e-5)
-    assert torch.equal(bd.reference_rows(w, inp, [2]), ref[2 * q_len :])
+    assert torch.equal(dw.reference_rows(w, inp, [2]), ref[2 * q_len :])
 
 
 def test_check_seqs():
-    assert bd.check_seqs(1) == [0]
-    assert bd.check_seqs(2) == [0, 1]
-    assert bd.check_seqs(256) == [0, 1, 128, 255]
+    assert dw.check_seqs(1) == [0]
+    assert dw.check_seqs(2) == [0, 1]
+    assert dw.check_seqs(256) == [0, 1, 128, 255]
 
 
 # --- implementations and the runner's loop ----------------------------------------------------
@@ -145,7 +147,7 @@ def test_build_impls_without_cuda_reports_reasons():
         DecodeWorkload("t", (70, 5), 1, 4, 2, 8),
         DecodeWorkload("t", (9,), 4, 4, 2, 8, True),
     ):
-        inp = bd.make_inputs(w, device="cpu", dtype=torch.bfloat16)
+        inp = dw.make_inputs(w, device="cpu", dtype=torch.bfloat16)
         impls = bd.build_impls(w, inp)
         assert tuple(impls) == bd.IMPLS
         for name in (bd.FA4_DET, bd.FA4_DEFAULT, bd.FA4_PAGED, bd.TORCH_VARLEN, bd.TORCH_PAGED):
@@ -160,7 +162,7 @@ def test_build_impls_without_cuda_reports_reasons():
 
 
 def _fake_impls(w, inp):
-    full = bd.reference_rows(w, inp, list(range(w.batch)))
+    full = dw.reference_rows(w, inp, list(range(w.batch)))
 
     def fails():
         raise ValueError("unsupported head dim")
@@ -176,7 +178,7 @@ def _fake_impls(w, inp):
 
 def test_run_workload_alternates_and_records_failures():
     w = DecodeWorkload("tiny", (70, 5, 130), 4, 4, 2, 8)
-    inp = bd.make_inputs(w, device="cpu", dtype=torch.float32)
+    inp = dw.make_inputs(w, device="cpu", dtype=torch.float32)
     impls = _fake_impls(w, inp)
     order: list[object] = []
     fn_of = {id(impl.fn): name for name, impl in impls.items() if not isinstance(impl, str)}
@@ -205,7 +207,7 @@ def test_run_workload_alternates_and_records_failures():
 
 def test_timer_failure_is_a_row():
     w = DecodeWorkload("tiny", (7,), 1, 2, 2, 4)
-    inp = bd.make_inputs(w, device="cpu", dtype=torch.float32)
+    inp = dw.make_inputs(w, device="cpu", dtype=torch.float32)
 
     def timer(step):
         raise torch.cuda.OutOfMemoryError("out of memory")
@@ -264,9 +266,9 @@ def test_cli_parse_and_list(capsys):
     assert bench.build_parser().parse_args([]).decode is False
     assert bench.main(["--decode", "--quick", "--list"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [line.split("  ")[0] for line in out] == [w.name for w in bd.quick_workloads()]
+    assert [line.split("  ")[0] for line in out] == [w.name for w in dw.quick_workloads()]
     assert bench.main(["--decode", "--list"]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == len(bd.default_workloads())
+    assert len(capsys.readouterr().out.splitlines()) == len(dw.default_workloads())
     assert bench.main(["--decode", "--workloads", "nothing like this"]) == 2
 
 
@@ -296,8 +298,8 @@ FA4_PARAMS = ("q", "k", "v", "qv", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q
 
 def _small():
     w = DecodeWorkload("t", (70, 5, 130), 4, 4, 2, 8, True)
-    inp = bd.make_inputs(w, device="cpu", dtype=torch.float32)
-    return w, inp, bd.reference_rows(w, inp, [0, 1, 2])
+    inp = dw.make_inputs(w, device="cpu", dtype=torch.float32)
+    return w, inp, dw.reference_rows(w, inp, [0, 1, 2])
 
 
 def _check(impl: DecodeImpl, ref: torch.Tensor) -> None:
@@ -398,7 +400,7 @@ def test_portattn_calls(monkeypatch):
         # the cache as given, read back through a block table: dense [B, S_cache, Hkv, D] is
         # a pool of B pages of S_cache keys
         table = torch.arange(3, dtype=torch.int32)[:, None] if block_table is None else block_table
-        pages = bd.DecodeInputs(**{**vars(inp), "k_pages": k_cache, "v_pages": v_cache})
+        pages = dw.DecodeInputs(**{**vars(inp), "k_pages": k_cache, "v_pages": v_cache})
         pages.block_table = table
         kernels.append((kernel, block_table is not None))
         out = _paged_attention(w, pages)
