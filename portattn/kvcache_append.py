@@ -24,11 +24,15 @@ def cache_cu_seqlens(seqlens: torch.Tensor | int, new: int, batch: int, device, 
     """int32 [B + 1]: 0, then the running sum of each sequence's keys (cache plus new). Made
     once per decode step by its caller's memo (``kvcache._step_indices``)."""
     if isinstance(seqlens, int):
-        return ramp(batch + 1, 1, device, capturing) * (seqlens + new)
+        return ramp(batch + 1, seqlens + new, device, capturing)
     counts = seqlens + new if new else seqlens
-    # int32 sums: the same bits as int64 sums stored to int32 (both wrap mod 2**32)
-    total = torch.cumsum(counts, 0, dtype=torch.int32)
-    return torch.cat((ramp(1, 0, device, capturing), total))  # a leading 0
+    # Two kernels (a CUDA graph replays each of every layer's call): the leading 0, then the
+    # running sum written behind it. int32 sums: the same bits as int64 sums stored to int32
+    # (both wrap mod 2**32).
+    cu = torch.empty(batch + 1, dtype=torch.int32, device=device)
+    cu[:1].zero_()
+    torch.cumsum(counts, 0, dtype=torch.int32, out=cu[1:])
+    return cu
 
 
 def int_lengths(value: int, batch: int, device) -> torch.Tensor:

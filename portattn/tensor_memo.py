@@ -166,12 +166,23 @@ def ramp(length: int, step: int, device: torch.device, capturing: bool) -> torch
     after its making); while a CUDA graph is captured or ``torch.compile`` traces (
     ``capturing``), made and not kept."""
     if capturing:  # nothing read from or written to the kept ones (a trace would guard on them)
-        return torch.arange(length, dtype=torch.int32, device=device) * step
+        return _make_ramp(length, step, device)
     key = (length, step, device, stream_key(device))
     kept = _RAMPS.get(key)
     if kept is None:
-        kept = torch.arange(length, dtype=torch.int32, device=device) * step
+        kept = _make_ramp(length, step, device)
         if len(_RAMPS) >= _RAMPS_MAX:
             del _RAMPS[next(iter(_RAMPS))]  # the oldest (dicts keep insertion order)
         _RAMPS[key] = kept
     return kept
+
+
+def _make_ramp(length: int, step: int, device: torch.device) -> torch.Tensor:
+    """``arange(length) * step`` in int32 by one kernel where its values fit int32 (a CUDA
+    graph of a decode step replays each kernel of each layer's call: a tiny kernel costs about
+    as much GPU time as the next), else by two, whose product wraps as int32 arithmetic does."""
+    if step == 0:
+        return torch.zeros(length, dtype=torch.int32, device=device)
+    if step > 0 and length * step < 2**31:
+        return torch.arange(0, length * step, step, dtype=torch.int32, device=device)
+    return torch.arange(length, dtype=torch.int32, device=device) * step
