@@ -6,7 +6,10 @@
 # 2. The GPU suite in two halves (`bash ci/gpu_next.sh odd` / `even`, -n 12): session 53's odd
 #    half reached 858 of 863 items in 540 s (tests/test_property_features.py was running):
 #    give it PYTEST_LIMIT=580 and the call 595 s.
-# 3. `bash ci/gpu_next.sh d64var` if time is left (perf-notes rows 129, 131).
+# 3. `bash ci/gpu_next.sh gidx` (~5 min): the captured calls' index kernels, 6 -> 3 a call
+#    (perf-notes row 132, not measured on a GPU yet), old against new, and the capture / replay
+#    / rollout GPU tests. Put it first if no H200 comes.
+# 4. `bash ci/gpu_next.sh d64var` if time is left (perf-notes rows 129, 131).
 # Session 53 ran (H100; six refused or unasked calls first cost ~480 device-s, one cold start
 # at 00:12 UTC): `PYTEST_LIMIT=540 bash ci/gpu_next.sh odd` (839 passed, 19 skipped, none
 # failed; 5 of 863 items unfinished at the limit) and `bash ci/gpu_next.sh even` (851 passed,
@@ -246,7 +249,7 @@
 #   Then, with .fa4 carried, python benchmarks/bench.py --decode (docs/bench-decode-h200.*).
 # Logs go to $OUT (at most 8 files come back).
 set -uo pipefail
-PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|s52|s53|g3|d64var|d64ab|swap|odd|even}
+PART=${1:?usage: bash ci/gpu_next.sh 1|2|3|4|6|first|host|llama|s49|s50|s52|s53|gidx|g3|d64var|d64ab|swap|odd|even}
 OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -364,6 +367,16 @@ elif [ "$PART" = s53 ]; then
     step host 60 python3 benchmarks/host_overhead.py --gpu --n 1000
     grep -E "^\|" "$OUT/host.log"
   fi
+elif [ "$PART" = gidx ]; then
+  # session 53's captured index tensors (perf-notes row 132): a captured decode step with the
+  # old and the new index kernels (bits, µs per step), then the GPU tests of captured and
+  # replayed kvcache calls
+  step gidx 120 python3 ci/graph_index_ab.py --layers 8 --rounds 3
+  grep -E "^\|" "$OUT/gidx.log"
+  step gidx_tests 300 python3 -m pytest tests/test_cuda_graphs.py tests/test_kvcache_replay.py \
+    tests/test_rollout_gpu.py tests/test_graph_indices.py -n 12 -p no:cacheprovider \
+    -W ignore::DeprecationWarning -rfE -q
+  tail -n 3 "$OUT/gidx_tests.log"
 elif [ "$PART" = s52 ]; then
   # session 52's second call, right after swap_ship (carry .fa4): golden verify of sm90 in a
   # call of its own, the d64 forward in three consumer groups (tune_sm90's round
