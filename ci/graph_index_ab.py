@@ -24,7 +24,7 @@ import torch
 import portattn
 from benchmarks import decode_workloads as dw
 from benchmarks.timing import cuda_graph, gpu_timer
-from portattn import kvcache_append, tensor_memo
+from portattn import kvcache, tensor_memo
 
 WORKLOADS = ("decode B1 gqa32/8 d128", "decode B8 gqa32/8 d128", "decode B64 gqa32/8 d128")
 
@@ -45,16 +45,17 @@ def old_ramp(length, step, device):
 
 @contextlib.contextmanager
 def variant(name: str) -> Iterator[None]:
-    """Within it, captured calls make their index tensors the ``name`` way."""
+    """Within it, captured calls make their index tensors the ``name`` way (``old``: the two
+    functions as they were, patched where they are called from)."""
     if name == "new":
         yield
         return
-    saved = kvcache_append.cache_cu_seqlens, tensor_memo._make_ramp
-    kvcache_append.cache_cu_seqlens, tensor_memo._make_ramp = old_cu_seqlens, old_ramp
+    saved = kvcache.cache_cu_seqlens, tensor_memo._make_ramp
+    kvcache.cache_cu_seqlens, tensor_memo._make_ramp = old_cu_seqlens, old_ramp
     try:
         yield
     finally:
-        kvcache_append.cache_cu_seqlens, tensor_memo._make_ramp = saved
+        kvcache.cache_cu_seqlens, tensor_memo._make_ramp = saved
 
 
 def step_graph(inp: dw.DecodeInputs, layers: int, name: str):
