@@ -1,6 +1,6 @@
 """``python benchmarks/bench.py``: portattn's kernels against SDPA and FlexAttention, one run.
 
-Workloads (:func:`default_workloads`) are packed varlen batches in bfloat16: equal-length packs
+Workloads (``benchmarks/workloads.py``) are packed varlen batches in bfloat16: equal-length packs
 (2 x 8192 tokens, so dense SDPA is a natural peer) and skewed packs (16k or 32k tokens in
 sequences of 64...4096, fixed seed), H = 16 with D = 128 or 64, and GQA with 32 query / 8 kv
 heads at D = 128; each causal and full; timed forward and forward+backward.
