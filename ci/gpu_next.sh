@@ -254,6 +254,20 @@ OUT=${OUT:-/tmp/portattn-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
+# Golden verify of sm90 in a call of its own, then where the card is an H200 the decode
+# benchmark (issue 37 asks docs/bench-decode-h200.* from one run) and the eager host time.
+verify_and_h200_decode() {
+  step verify 240 python3 -m portattn golden verify --family sm90  # cold: 120 s was too short
+  tail -n 2 "$OUT/verify.log"
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    source .fa4/install.sh >"$OUT/fa4_install.log" 2>&1
+    step decode 300 python3 benchmarks/bench.py --decode --docs
+    cp docs/bench-decode-* "$OUT/"
+    grep -E "^\|" "$OUT/decode.log" | head -n 22
+    step host 60 python3 benchmarks/host_overhead.py --gpu --n 1000
+    grep -E "^\|" "$OUT/host.log"
+  fi
+}
 if [ "$PART" = 1 ]; then
   step gpu_tests 200 python3 -m pytest tests/test_kvcache.py tests/test_kvcache_replay.py \
     tests/test_page_block.py tests/test_append.py tests/test_rollout_gpu.py \
@@ -338,16 +352,7 @@ elif [ "$PART" = s50 ]; then
   # an H200 (issue 37 asks docs/bench-decode-h200.* from one run), then the GPU tests of
   # decode == prefill, rollout and replay in the time left
   t0=$(date +%s)
-  step verify 240 python3 -m portattn golden verify --family sm90  # cold: 120 s was too short
-  tail -n 2 "$OUT/verify.log"
-  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-    source .fa4/install.sh >"$OUT/fa4_install.log" 2>&1
-    step decode 300 python3 benchmarks/bench.py --decode --docs
-    cp docs/bench-decode-* "$OUT/"
-    grep -E "^\|" "$OUT/decode.log" | head -n 22
-    step host 60 python3 benchmarks/host_overhead.py --gpu --n 1000
-    grep -E "^\|" "$OUT/host.log"
-  fi
+  verify_and_h200_decode
   left=$(( 570 - $(date +%s) + t0 ))
   step tests "$left" python3 -m pytest tests/test_invariance_gpu.py tests/test_rollout_gpu.py \
     tests/test_kvcache_replay.py tests/test_page_block.py tests/test_append.py -n 12 \
@@ -357,16 +362,7 @@ elif [ "$PART" = s53 ]; then
   # session 53's first call (carry .fa4): golden verify of sm90, then on an H200 the decode
   # table with the swapped decode on (issue 37: docs/bench-decode-h200.* from one run; the
   # last was session 46's) and the eager host time; the GPU suite follows in `odd` / `even`
-  step verify 240 python3 -m portattn golden verify --family sm90
-  tail -n 2 "$OUT/verify.log"
-  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-    source .fa4/install.sh >"$OUT/fa4_install.log" 2>&1
-    step decode 300 python3 benchmarks/bench.py --decode --docs
-    cp docs/bench-decode-* "$OUT/"
-    grep -E "^\|" "$OUT/decode.log" | head -n 22
-    step host 60 python3 benchmarks/host_overhead.py --gpu --n 1000
-    grep -E "^\|" "$OUT/host.log"
-  fi
+  verify_and_h200_decode
 elif [ "$PART" = gidx ]; then
   # session 53's captured index tensors (perf-notes row 132): a captured decode step with the
   # old and the new index kernels (bits, µs per step), then the GPU tests of captured and

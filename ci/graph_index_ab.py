@@ -1,9 +1,10 @@
-"""A decode step captured in a CUDA graph, as rollout engines replay it: ``LAYERS`` paged
-``flash_attn_with_kvcache`` calls (GQA 32/8, d128, bf16, pages of 64, one ``cache_seqlens``
-tensor for all), timed as graph replays with the captured calls' index tensors made the way
-they were before session 53 (``old``: cu_seqlens_k by cumsum, arange, mul and cat; ramps by
-arange and mul, six kernels a call) and as on main (``new``: three), alternating, best of
-rounds. Each variant's outputs must equal the other's bit for bit (the same index values).
+"""A decode step captured in a CUDA graph, as rollout engines replay it: ``--layers`` paged
+``flash_attn_with_kvcache`` calls (``ci/tune_decode_sm90.call``: GQA 32/8, d128, bf16, pages of
+64, one ``cache_seqlens`` tensor for all, out and lse returned), timed as graph replays with the
+captured calls' index tensors made the way they were before session 53 (``old``: cu_seqlens_k
+by cumsum, arange, mul and cat; ramps by arange and mul, six kernels a call) and as on main
+(``new``: three), alternating, best of rounds. Each variant's outputs must equal the other's
+bit for bit (the same index values).
 
 Usage (GPU): python ci/graph_index_ab.py [--layers 8] [--rounds 3]
 """
@@ -21,9 +22,9 @@ if not __package__:  # run as `python ci/graph_index_ab.py`: the checkout's root
 
 import torch
 
-import portattn
 from benchmarks import decode_workloads as dw
 from benchmarks.timing import cuda_graph, gpu_timer
+from ci.tune_decode_sm90 import call as paged_call
 from portattn import kvcache, tensor_memo
 
 WORKLOADS = ("decode B1 gqa32/8 d128", "decode B8 gqa32/8 d128", "decode B64 gqa32/8 d128")
@@ -62,17 +63,7 @@ def step_graph(inp: dw.DecodeInputs, layers: int, name: str):
     """The graph of one decode step (``layers`` calls) and its outputs."""
 
     def step():
-        return [
-            portattn.flash_attn_with_kvcache(
-                inp.q,
-                inp.k_pages,
-                inp.v_pages,
-                cache_seqlens=inp.seqlens,
-                block_table=inp.block_table,
-                causal=True,
-            )
-            for _ in range(layers)
-        ]
+        return [paged_call(inp, "varlen") for _ in range(layers)]  # (out, lse) each
 
     with variant(name):
         graph, outs = cuda_graph(step)
@@ -98,7 +89,8 @@ def main() -> int:
                 graph = graphs[name][0]
                 best[name] = min(best[name], gpu_timer(graph.replay)[0] * 1e3)
         torch.cuda.synchronize()
-        same = all(torch.equal(a, b) for a, b in zip(graphs["old"][1], graphs["new"][1]))
+        pairs = zip(graphs["old"][1], graphs["new"][1])
+        same = all(torch.equal(a, b) for old, new in pairs for a, b in zip(old, new))
         ratio = best["new"] / best["old"]
         print(f"| {w.name} | {args.layers} | {best['old']:.1f} | {best['new']:.1f} | "
               f"{ratio:.3f} | {'equal' if same else 'DIFFER'} |")  # fmt: skip
